@@ -1,0 +1,104 @@
+"""Segmentation networks by name, built from MONAI architectures (no hand-written copies).
+
+Every network maps ``(B, in_channels, *spatial)`` images to ``(B, num_classes, *spatial)``
+logits. The keyword arguments a caller passes are what a model bundle stores as
+``network_kwargs``, so a bundle can rebuild exactly the same network.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from monai.networks import nets
+from torch import nn
+
+__all__ = ["NETWORKS", "build_network"]
+
+
+class _FirstOutput(nn.Module):
+    """Returns the first (full-resolution) output of networks that give a list (deep supervision)."""
+
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.network = network
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        outputs = self.network(images)
+        return outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+
+
+def _unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
+    options = {"channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2), "num_res_units": 2, **kw}
+    return nets.UNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
+
+
+def _attention_unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
+    options = {"channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2), **kw}
+    return nets.AttentionUnet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
+
+
+def _unetpp(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
+    options = {"features": (16, 16, 32, 64, 128, 16), **kw}
+    network = nets.BasicUNetPlusPlus(
+        spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options
+    )
+    return _FirstOutput(network)
+
+
+def _basic_unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
+    options = {"features": (16, 16, 32, 64, 128, 16), **kw}
+    return nets.BasicUNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
+
+
+def _dynunet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
+    # nnU-Net-like defaults: five resolution levels, stride-2 down-sampling.
+    options = {
+        "kernel_size": [3, 3, 3, 3, 3],
+        "strides": [1, 2, 2, 2, 2],
+        "upsample_kernel_size": [2, 2, 2, 2],
+        "filters": [16, 32, 64, 128, 256],
+        "norm_name": "instance",
+        **kw,
+    }
+    return _FirstOutput(
+        nets.DynUNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
+    )
+
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "unet": _unet,
+    "attention_unet": _attention_unet,
+    "unetpp": _unetpp,
+    "basic_unet": _basic_unet,
+    "dynunet": _dynunet,
+}
+
+NETWORKS: tuple[str, ...] = tuple(_BUILDERS)
+
+
+def build_network(
+    name: str, in_channels: int, num_classes: int, spatial_dims: int = 2, **kw: Any
+) -> nn.Module:
+    """Build the MONAI network called ``name``.
+
+    Args:
+        name: one of :data:`NETWORKS`.
+        in_channels: image channels (1 for MRI/CT).
+        num_classes: output channels, background included.
+        spatial_dims: 2 for slice-wise networks, 3 for volumetric ones.
+        kw: architecture options passed to the MONAI class (e.g. ``channels``), overriding
+            CalibSeg's defaults.
+
+    Returns:
+        A module mapping ``(B, in_channels, *spatial)`` to ``(B, num_classes, *spatial)`` logits.
+    """
+    if name not in _BUILDERS:
+        raise KeyError(f"Unknown network {name!r}; choose one of {', '.join(NETWORKS)}.")
+    if spatial_dims not in (2, 3):
+        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims}.")
+    if in_channels < 1 or num_classes < 2:
+        raise ValueError(
+            f"in_channels must be >= 1 and num_classes >= 2, got {in_channels} and {num_classes}."
+        )
+    return _BUILDERS[name](spatial_dims, in_channels, num_classes, **kw)
