@@ -12,6 +12,7 @@ of both directions' surface distances pooled together.
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -66,7 +67,10 @@ def _surface_metric(prediction, reference, num_classes: int, spacing, compute) -
             values[k - 1] = np.nan
         else:
             as_batch = lambda mask: torch.from_numpy(mask)[None, None]  # noqa: E731  (B=1, C=1)
-            values[k - 1] = float(compute(as_batch(predicted), as_batch(expected), spacing))
+            with warnings.catch_warnings():
+                # MONAI 1.5+ warns about its own internal use of a deprecated argument on every call.
+                warnings.simplefilter("ignore", FutureWarning)
+                values[k - 1] = float(compute(as_batch(predicted), as_batch(expected), spacing))
     return values
 
 

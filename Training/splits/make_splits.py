@@ -1,0 +1,75 @@
+"""Writes CalibSeg's fixed, patient-level ACDC splits (stratified by diagnostic group).
+
+    python Training/splits/make_splits.py /path/to/acdc SampleData/ACDC
+
+ACDC numbers patients in five diagnostic groups of 20 consecutive ids (001–020 DCM,
+021–040 HCM, 041–060 MINF, 061–080 NOR, 081–100 RV). Each group's patients present in the
+folder are shuffled with a fixed seed and dealt into train/val/test in proportion
+11/2/3 of 16 (the full set: 55/10/15 patients); the shipped 2-per-group sample is split
+6/2/2 (one val and one test patient from alternating groups). The output is committed,
+so the split never changes unless this script is rerun on purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+GROUPS = ("DCM", "HCM", "MINF", "NOR", "RV")
+
+
+def group_of(patient_id: str) -> str:
+    number = int(re.sub(r"\D", "", patient_id))
+    return GROUPS[(number - 1) // 20]
+
+
+def patients_in(folder: Path) -> list[str]:
+    return sorted({path.name.split("_")[0] for path in folder.glob("patient*_frame*.h5")})
+
+
+def split_full(patients: list[str], seed: int = 2024) -> dict[str, list[str]]:
+    split: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    generator = random.Random(seed)
+    for group in GROUPS:
+        members = [patient for patient in patients if group_of(patient) == group]
+        generator.shuffle(members)
+        n_test = round(len(members) * 3 / 16)
+        n_val = round(len(members) * 2 / 16)
+        split["test"] += members[:n_test]
+        split["val"] += members[n_test:n_test + n_val]
+        split["train"] += members[n_test + n_val:]
+    return {key: sorted(value) for key, value in split.items()}
+
+
+def split_sample(patients: list[str]) -> dict[str, list[str]]:
+    split: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    for index, group in enumerate(GROUPS):
+        members = sorted(patient for patient in patients if group_of(patient) == group)
+        if group == "RV":  # five groups cannot share two held-out patients each; RV trains only
+            split["train"] += members
+            continue
+        split["val" if index % 2 else "test"].append(members[-1])
+        split["train"] += members[:-1]
+    return {key: sorted(value) for key, value in split.items()}
+
+
+def write(path: Path, dataset: str, split: dict[str, list[str]], description: str) -> None:
+    payload = {"dataset": dataset, "description": description, **split,
+               "groups": {patient: group_of(patient) for values in split.values() for patient in values}}
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"{path}: " + ", ".join(f"{key} {len(value)}" for key, value in split.items()))
+
+
+def main(full_folder: str, sample_folder: str) -> None:
+    here = Path(__file__).parent
+    write(here / "acdc.json", "acdc", split_full(patients_in(Path(full_folder))),
+          "ACDC (80 patients of the WSL4MIS copy), patient-level, stratified by diagnostic group, seed 2024")
+    write(here / "acdc_sample.json", "acdc", split_sample(patients_in(Path(sample_folder))),
+          "Shipped ACDC sample (SampleData/ACDC), 2 patients per group: 6 train, 2 val, 2 test")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
