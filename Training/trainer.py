@@ -57,6 +57,8 @@ class TrainConfig:
     num_classes: int = 4
     class_names: list[str] = field(default_factory=lambda: list(ACDC_CLASS_NAMES))
     class_colors: list[tuple[float, float, float]] = field(default_factory=lambda: list(ACDC_CLASS_COLORS))
+    iterations_per_epoch: int | None = None  # None: one pass over the slices
+    augment: bool = True  # random 90° rotations and flips of training slices (standard for ACDC)
     progress: bool = True
     stop_after_steps: int | None = None  # simulates a killed run (tests): KeyboardInterrupt after N steps
 
@@ -156,14 +158,15 @@ class Trainer:
         from tqdm import tqdm
 
         self.model.train()
-        order = torch.randperm(len(self.train_slices), generator=self.data_order)
-        batches = order.split(self.config.batch_size)
+        batches = self._epoch_batches()
         total, seen = 0.0, 0
         bar = tqdm(batches, desc=f"epoch {self.epoch + 1}/{self.config.epochs}", unit="batch", leave=False,
                    disable=not (self.config.progress and sys.stderr.isatty()))
         for indices in bar:
-            images = self.train_slices.images[indices].to(self.device)
-            target = self.train_slices.labels[indices].to(self.device)
+            images, target = self.train_slices.images[indices], self.train_slices.labels[indices]
+            if self.config.augment:
+                images, target = self._augment(images, target)
+            images, target = images.to(self.device), target.to(self.device)
             with torch.autocast(self.device.type, enabled=self.config.amp):
                 logits = self.model(images)
                 value = self.loss(logits.float(), target, model=self.model, images=images)
@@ -179,6 +182,29 @@ class Trainer:
                 raise KeyboardInterrupt(f"stopped after {self.steps} steps")
         self.scheduler.step()
         return total / max(seen, 1)
+
+    def _augment(self, images: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per slice: rotate by k·90° and maybe flip, drawn from the checkpointed data-order generator."""
+        turns = torch.randint(0, 4, (len(images),), generator=self.data_order).tolist()
+        flips = torch.randint(0, 2, (len(images),), generator=self.data_order).tolist()
+        out_images, out_target = [], []
+        for image, label, turn, flip in zip(images, target, turns, flips):
+            image, label = torch.rot90(image, turn, (-2, -1)), torch.rot90(label, turn, (-2, -1))
+            if flip:
+                image, label = image.flip(-1), label.flip(-1)
+            out_images.append(image)
+            out_target.append(label)
+        return torch.stack(out_images), torch.stack(out_target)
+
+    def _epoch_batches(self) -> list[torch.Tensor]:
+        """Index batches of one epoch: one shuffled pass, or ``iterations_per_epoch`` batches drawn
+        from consecutive shuffled passes (so a small dataset still gets enough steps per ALM update)."""
+        count = len(self.train_slices)
+        if self.config.iterations_per_epoch is None:
+            return list(torch.randperm(count, generator=self.data_order).split(self.config.batch_size))
+        needed = self.config.iterations_per_epoch * self.config.batch_size
+        passes = [torch.randperm(count, generator=self.data_order) for _ in range(-(-needed // count))]
+        return list(torch.cat(passes)[:needed].split(self.config.batch_size))
 
     @torch.no_grad()
     def _slice_logits(self, slices: SliceData):
@@ -269,8 +295,10 @@ class Trainer:
             scalars["time/epoch_s"] = time.perf_counter() - started
             self._log(scalars)
             self.history.append({"epoch": self.epoch + 1, **scalars})
-            with open(self.run_dir / HISTORY_NAME, "a") as log:
-                log.write(json.dumps(self.history[-1]) + "\n")
+            # Rewritten whole from the checkpointed history, so a resumed run never repeats an epoch.
+            history_file = self.run_dir / HISTORY_NAME
+            history_file.with_suffix(".tmp").write_text("".join(json.dumps(row) + "\n" for row in self.history))
+            history_file.with_suffix(".tmp").replace(history_file)
             self.epoch += 1
             save_checkpoint(checkpoint, self.state())
             self._print_epoch(scalars)
