@@ -3,52 +3,81 @@
     python -m CalibSegLib.predict --bundle model.calibseg --image case.nii.gz --out-dir out/ [--reference ref.nii.gz]
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
-``<stem>_confidence.nii.gz`` (max probability) and ``<stem>_entropy.nii.gz`` (normalised
-entropy in [0, 1]); with ``--reference`` also ``<stem>_metrics.json``. This is the same
-library path the Slicer module runs. Errors print one line and exit with status 2.
+``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
+(normalised entropy in [0, 1], float32); with ``--reference`` also ``<stem>_metrics.json``
+(Dice/HD95/ASD per class in mm, calibration metrics streamed batch by batch, error
+detection). The work is done by :func:`predict_files` on the same library path the Slicer
+module runs; errors print one line and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
+import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
 from CalibSegLib.inference import Predictor
-from CalibSegLib.io import read_image, write_image
+from CalibSegLib.io import image_stem, read_image, write_image, write_json_atomic
 
-__all__ = ["main", "write_json_atomic", "image_stem"]
+__all__ = ["predict_files", "main"]
 
-
-def image_stem(path: Path) -> str:
-    """File name without image extensions (``case.nii.gz`` → ``case``)."""
-    name = path.name
-    for suffix in (".nii.gz", ".nii", ".nrrd", ".mha", ".mhd"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem
+OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 
 
-def write_json_atomic(path: Path, payload: dict) -> Path:
-    """Write JSON to a temporary file beside ``path``, then rename it over ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(payload, handle, indent=2, allow_nan=True)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+def predict_files(
+    predictor: Predictor,
+    image_path: str | Path,
+    out_dir: str | Path,
+    reference_path: str | Path | None = None,
+    progress: Callable[[float], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> dict[str, Path]:
+    """Predict the image at ``image_path`` and write its maps (and metrics) into ``out_dir``.
+
+    Returns:
+        ``{"labels", "confidence", "entropy"[, "metrics"]}`` → written paths.
+
+    Raises:
+        ValueError: unreadable image/reference, a reference not on the image's grid or with
+            labels the model does not have, or an image the predictor refuses.
+    """
+    image_path, out_dir = Path(image_path), Path(out_dir)
+    image, geometry = read_image(image_path)
+    stem = image_stem(image_path)
+    outputs: dict[str, Path] = {}
+    if reference_path is None:
+        prediction = predictor.predict(image, geometry.spacing, progress=progress, cancel=cancel)
+    else:
+        reference, reference_geometry = read_image(reference_path)
+        if reference.shape != image.shape or not reference_geometry.matches(geometry):
+            raise ValueError(
+                f"The reference {Path(reference_path).name} is not on the image's grid (shape {reference.shape} "
+                f"vs {image.shape}, or different spacing, origin or direction); resample it onto the image first."
+            )
+        if not np.issubdtype(reference.dtype, np.integer):
+            reference = _integer_labels(reference, Path(reference_path).name)
+        evaluation = predict_and_evaluate(predictor, image, reference.astype(np.int64), geometry.spacing,
+                                          progress=progress, cancel=cancel)
+        prediction = evaluation.prediction
+        row = case_metrics_row(evaluation, predictor.bundle.metadata.class_names)
+        outputs["metrics"] = write_json_atomic(out_dir / f"{stem}_metrics.json", row)
+    for name in OUTPUT_MAPS:
+        outputs[name] = write_image(out_dir / f"{stem}_{name}.nii.gz", getattr(prediction, name), geometry)
+    return outputs
+
+
+def _integer_labels(reference: np.ndarray, name: str) -> np.ndarray:
+    """Label images saved as floats (common for NIfTI) are accepted when every value is a whole number."""
+    rounded = np.rint(reference)
+    if not np.array_equal(rounded, reference):
+        raise ValueError(f"The reference {name} holds non-integer values; give a label image.")
+    return rounded.astype(np.int64)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,43 +86,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--image", required=True, type=Path, help="3D image (NIfTI, NRRD, MHA)")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
     parser.add_argument("--reference", type=Path, help="reference label image on the same grid, for metrics")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    parser.add_argument("--batch-size", type=int, default=16, help="slices per forward pass")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)")
+    parser.add_argument("--batch-size", type=int, default=16, help="slices per forward pass (default: 16)")
     return parser
 
 
-def run(arguments: argparse.Namespace) -> dict[str, Path]:
-    """Predict, write the outputs and return their paths."""
-    predictor = Predictor(arguments.bundle, device=arguments.device, batch_size=arguments.batch_size)
-    image, geometry = read_image(arguments.image)
-    stem = image_stem(arguments.image)
-    outputs: dict[str, Path] = {}
-    if arguments.reference is not None:
-        reference, reference_geometry = read_image(arguments.reference)
-        if reference.shape != image.shape or not np.allclose(reference_geometry.spacing, geometry.spacing, atol=1e-4):
-            raise ValueError(
-                f"The reference {arguments.reference.name} is not on the image's grid "
-                f"(shape {reference.shape} vs {image.shape}); resample it onto the image first."
-            )
-        evaluation = predict_and_evaluate(predictor, image, reference.astype(np.int64), geometry.spacing)
-        prediction = evaluation.prediction
-        names = predictor.bundle.metadata.class_names
-        outputs["metrics"] = write_json_atomic(
-            arguments.out_dir / f"{stem}_metrics.json", case_metrics_row(evaluation, names)
-        )
-    else:
-        prediction = predictor.predict(image, geometry.spacing)
-    for name, array in (("labels", prediction.labels), ("confidence", prediction.confidence),
-                        ("entropy", prediction.entropy)):
-        outputs[name] = write_image(arguments.out_dir / f"{stem}_{name}.nii.gz", array, geometry)
-    return outputs
-
-
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 done, 2 bad input)."""
     arguments = _parser().parse_args(argv)
     try:
-        outputs = run(arguments)
-    except (BundleError, ValueError) as error:
+        predictor = Predictor(arguments.bundle, device=arguments.device, batch_size=arguments.batch_size)
+        outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference)
+    except (BundleError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for name, path in outputs.items():

@@ -1,0 +1,71 @@
+"""Small, deterministic model bundles for tests (bundle, inference, training, Slicer logic).
+
+    from bundle_factory import make_test_bundle
+    path = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, target_size=(64, 64))
+
+The network is a two-level MONAI UNet with a few thousand weights drawn from ``seed``, so
+the same arguments always give byte-identical weights and identical predictions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from CalibSegLib.bundle import BundleMetadata, Preprocessing, save_bundle
+from CalibSegLib.networks import build_network
+
+__all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle"]
+
+TINY_UNET: dict[str, Any] = {"channels": [4, 8], "strides": [2], "num_res_units": 0}
+
+
+def make_test_metadata(
+    num_classes: int = 4, target_size: tuple[int, int] = (64, 64), **overrides: Any
+) -> BundleMetadata:
+    """Metadata of a tiny UNet bundle with every section filled; ``overrides`` replace fields."""
+    values: dict[str, Any] = {
+        "network": "unet",
+        "network_kwargs": dict(TINY_UNET),
+        "in_channels": 1,
+        "num_classes": num_classes,
+        "spatial_dims": 2,
+        "class_names": ["background"] + [f"class {index}" for index in range(1, num_classes)],
+        "class_colors": [(0.0, 0.0, 0.0)] + [(index / num_classes, 0.5, 1.0 - index / num_classes)
+                                             for index in range(1, num_classes)],
+        "preprocessing": Preprocessing(target_size=tuple(target_size)),
+        "training": {"method": "crac", "loss_hyperparameters": {"margin": 5.0}, "epochs": 1, "lr": 1e-3,
+                     "batch_size": 2, "seed": 0,
+                     "crac_multipliers": {"outer": [1e-6] * num_classes, "inner": [1e-6] * num_classes}},
+        "data": {"dataset": "synthetic", "split": "none", "cases": {"train": ["case0"], "val": ["case1"]}},
+        "validation_metrics": {"dice_mean": 0.5, "ece": 0.1},
+    }
+    values.update(overrides)
+    return BundleMetadata(**values)
+
+
+def make_test_bundle(
+    path: str | Path,
+    num_classes: int = 4,
+    target_size: tuple[int, int] = (64, 64),
+    seed: int = 0,
+    half: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Write a tiny, deterministic UNet bundle to ``path`` and return the path.
+
+    Args:
+        num_classes: output classes, background included.
+        target_size: in-plane ``(y, x)`` size the network sees (multiples of 2).
+        seed: draws the weights; same seed → byte-identical bundle weights.
+        half: store the weights as float16.
+        overrides: :class:`BundleMetadata` fields to replace (e.g. ``temperature=2.0``).
+    """
+    metadata = make_test_metadata(num_classes, target_size, **overrides)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_network(metadata.network, metadata.in_channels, num_classes, metadata.spatial_dims,
+                              **metadata.network_kwargs)
+    return save_bundle(path, model, metadata, half=half)

@@ -1,0 +1,170 @@
+"""Training: every method learns, CRaC's schedule survives resume, exact resume, bad data, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from CalibSegLib.bundle import load_bundle
+from CalibSegLib.losses import LOSSES
+from Training import train as train_cli
+from Training.checkpoint import CheckpointError, load_checkpoint
+from Training.data import DataError, find_cases, load_cases, make_slices
+from Training.splits import SPLITS_DIR, load_split
+from Training.trainer import TrainConfig, Trainer
+
+TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
+
+
+@pytest.fixture(scope="module")
+def sample_cases(sample_acdc_dir):
+    files = find_cases(sample_acdc_dir)
+    split = load_split(SPLITS_DIR / "acdc_sample.json")
+    pick = lambda patients: load_cases([f for f in files if f.patient_id in patients], 4)  # noqa: E731
+    return pick(split["train"][:1]), pick(split["val"][:1])
+
+
+def tiny_trainer(tmp_path, cases, method="crac", **overrides) -> Trainer:
+    options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, image_size=(32, 32), device="cpu",
+                   lr_step_epoch=1, deterministic=True, progress=False, augment=True, iterations_per_epoch=3)
+    config = TrainConfig(**{**options, **overrides})
+    train_cases, val_cases = cases
+    return Trainer(config, train_cases, val_cases, tmp_path, {"dataset": "test"})
+
+
+@pytest.mark.parametrize("method", LOSSES)
+def test_every_method_decreases_its_loss_on_a_fixed_batch(method, sample_cases, tmp_path):
+    trainer = tiny_trainer(tmp_path, sample_cases, method, seed=1)
+    images, target = trainer.train_slices.images[:8], trainer.train_slices.labels[:8]
+    trainer.model.train()
+    values = []
+    for _ in range(15):
+        torch.manual_seed(0)  # the same BWCR view each step, so the loss sequence is comparable
+        value = trainer.loss(trainer.model(images), target, model=trainer.model, images=images)
+        trainer.optimizer.zero_grad()
+        value.backward()
+        trainer.optimizer.step()
+        values.append(value.item())
+    assert values[-1] < values[0]
+
+
+def test_crac_multipliers_change_and_survive_resume(sample_cases, tmp_path):
+    trainer = tiny_trainer(tmp_path / "a", sample_cases)
+    initial = trainer.loss.multipliers.clone()
+    trainer.fit()
+    assert not torch.equal(trainer.loss.multipliers, initial)
+    resumed = tiny_trainer(tmp_path / "b", sample_cases)
+    resumed.resume(tmp_path / "a" / "checkpoint.pt")
+    torch.testing.assert_close(resumed.loss.multipliers, trainer.loss.multipliers)
+    torch.testing.assert_close(resumed.loss.penalty, trainer.loss.penalty)
+    assert resumed.epoch == 2 and int(resumed.loss.updates) == 2
+
+
+def test_interrupted_run_resumes_to_identical_weights(sample_cases, tmp_path):
+    uninterrupted = tiny_trainer(tmp_path / "full", sample_cases, epochs=3)
+    uninterrupted.fit()
+    killed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3, stop_after_steps=5)  # dies mid epoch 2
+    with pytest.raises(KeyboardInterrupt):
+        killed.fit()
+    assert load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["epoch"] == 1
+    resumed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3)
+    resumed.resume(tmp_path / "killed" / "checkpoint.pt")
+    resumed.fit()
+    for name, tensor in uninterrupted.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0)
+    torch.testing.assert_close(resumed.loss.multipliers, uninterrupted.loss.multipliers, rtol=0, atol=0)
+    history = [json.loads(line)["epoch"] for line in (tmp_path / "killed" / "history.jsonl").read_text().splitlines()]
+    assert history == [1, 2, 3]
+
+
+def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):
+    trainer = tiny_trainer(tmp_path, sample_cases, epochs=1)
+    trainer.fit()
+    checkpoint = tmp_path / "checkpoint.pt"
+    truncated = checkpoint.read_bytes()[:1000]
+    checkpoint.write_bytes(truncated)
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        tiny_trainer(tmp_path, sample_cases).resume(checkpoint)
+    assert checkpoint.read_bytes() == truncated
+
+
+def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--image-size", "32",
+                           "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg", "strides=[2]",
+                           "--network-arg", "num_res_units=0", "--device", "cpu", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    bundle = load_bundle(out / "model.calibseg")
+    assert bundle.metadata.training["method"] == "nacl" and bundle.metadata.temperature > 0
+    summary = json.loads((out / "evaluation" / "summary.json").read_text())
+    assert len(summary["cases"]) == 4 and "pooled_calibration" in summary["scaled"]
+    assert (out / "evaluation" / "reliability.png").stat().st_size > 1000
+    assert (out / "evaluation" / "per_case.csv").read_text().count("\n") == 9
+    # a second run into the same folder must not overwrite it
+    assert train_cli.main(["--out", str(out), "--epochs", "1"]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def write_h5(path, image, label):
+    with h5py.File(path, "w") as handle:
+        handle["image"] = image
+        handle["label"] = label
+
+
+@pytest.mark.parametrize("prepare,message", [
+    (lambda d: d / "missing", "does not exist"),
+    (lambda d: d, "No training volumes"),
+    (lambda d: (d / "a_image.nii.gz").write_bytes(b"") and d or d, "No label file"),
+    (lambda d: write_h5(d / "patient001_frame01.h5", np.random.rand(3, 20, 20), np.zeros((3, 20, 21), np.uint8)) or d,
+     "same 3D shape"),
+    (lambda d: write_h5(d / "patient001_frame01.h5", np.random.rand(3, 20, 20), np.full((3, 20, 20), 7, np.uint8)) or d,
+     "labels range"),
+])
+def test_bad_data_stops_before_training_with_one_sentence(tmp_path, capsys, prepare, message):
+    data = tmp_path / "data"
+    data.mkdir()
+    target = prepare(data)
+    split = tmp_path / "split.json"
+    split.write_text(json.dumps({"train": ["patient001"], "val": ["patient001x"], "test": []}))
+    code = train_cli.main(["--data", str(target), "--split", str(split), "--out", str(tmp_path / "run")])
+    error = capsys.readouterr().err
+    assert code == 2 and message in error and error.count("\n") == 1
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_splits_have_no_patient_on_two_sides():
+    for name in ("acdc.json", "acdc_sample.json"):
+        split = load_split(SPLITS_DIR / name)
+        sides = [set(split[key]) for key in ("train", "val", "test")]
+        assert not (sides[0] & sides[1] or sides[0] & sides[2] or sides[1] & sides[2])
+    full = load_split(SPLITS_DIR / "acdc.json")
+    assert (len(full["train"]), len(full["val"]), len(full["test"])) == (55, 10, 15)
+
+
+def test_overlapping_split_file_is_refused(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"train": ["a", "b"], "val": ["b"], "test": []}))
+    with pytest.raises(DataError, match="two sides"):
+        load_split(path)
+
+
+def test_nifti_pairs_and_decathlon_layouts(tmp_path):
+    from CalibSegLib.io import ImageGeometry, write_image
+    geometry = ImageGeometry((3.0, 1.0, 1.0), (0.0, 0.0, 0.0), (1, 0, 0, 0, 1, 0, 0, 0, 1))
+    image, label = np.random.rand(3, 20, 20).astype(np.float32), np.random.randint(0, 3, (3, 20, 20)).astype(np.uint8)
+    (tmp_path / "pairs").mkdir()
+    write_image(tmp_path / "pairs" / "c1_image.nii.gz", image, geometry)
+    write_image(tmp_path / "pairs" / "c1_label.nii.gz", label, geometry)
+    for sub in ("imagesTr", "labelsTr"):
+        (tmp_path / "msd" / sub).mkdir(parents=True)
+    write_image(tmp_path / "msd" / "imagesTr" / "c2_0000.nii.gz", image, geometry)
+    write_image(tmp_path / "msd" / "labelsTr" / "c2.nii.gz", label, geometry)
+    for folder, case_id in (("pairs", "c1"), ("msd", "c2")):
+        cases = load_cases(find_cases(tmp_path / folder), 3)
+        assert cases[0].case_id == case_id and cases[0].spacing == (3.0, 1.0, 1.0)
+        np.testing.assert_array_equal(cases[0].label, label)
