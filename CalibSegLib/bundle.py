@@ -79,12 +79,19 @@ class Preprocessing:
         """Raise :class:`BundleError` when a value is out of range."""
         if self.normalization not in NORMALIZATIONS:
             raise BundleError(
-                f"The bundle's normalization {self.normalization!r} is unknown; known: {', '.join(NORMALIZATIONS)}."
+                f"The bundle's normalization {self.normalization!r} is unknown; "
+                f"known: {', '.join(NORMALIZATIONS)}."
             )
         if not _is_number(self.upper_percentile) or not 0 < self.upper_percentile <= 100:
-            raise BundleError(f"The bundle's upper_percentile must lie in (0, 100], got {self.upper_percentile!r}.")
+            raise BundleError(
+                f"The bundle's upper_percentile must lie in (0, 100], got {self.upper_percentile!r}."
+            )
         size = self.target_size
-        if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(_is_int(value) and value >= MIN_IN_PLANE for value in size):
+        if (
+            not isinstance(size, (list, tuple))
+            or len(size) != 2
+            or not all(_is_int(value) and value >= MIN_IN_PLANE for value in size)
+        ):
             raise BundleError(
                 f"The bundle's target_size must be two integers >= {MIN_IN_PLANE} (y, x), got {list(size)}."
             )
@@ -127,11 +134,16 @@ class BundleMetadata:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "BundleMetadata":
         """Metadata from parsed ``bundle.json``; unknown keys (from newer minor writers) are ignored."""
-        required = [item.name for item in dataclasses.fields(cls)
-                    if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING]
+        required = [
+            item.name
+            for item in dataclasses.fields(cls)
+            if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        ]
         missing = [name for name in required if name not in values]
         if missing:
-            raise BundleError(f"{METADATA_MEMBER} lacks the required field(s) {', '.join(missing)}; re-export the bundle.")
+            raise BundleError(
+                f"{METADATA_MEMBER} lacks the required field(s) {', '.join(missing)}; re-export the bundle."
+            )
         known = {item.name: values[item.name] for item in dataclasses.fields(cls) if item.name in values}
         preprocessing = known.get("preprocessing", {})
         if not isinstance(preprocessing, dict):
@@ -140,17 +152,22 @@ class BundleMetadata:
             known["preprocessing"] = Preprocessing(**preprocessing)
         except TypeError:
             unknown = sorted(set(preprocessing) - {item.name for item in dataclasses.fields(Preprocessing)})
-            raise BundleError(f"{METADATA_MEMBER}'s preprocessing has unknown field(s) {', '.join(unknown)}.") from None
+            raise BundleError(
+                f"{METADATA_MEMBER}'s preprocessing has unknown field(s) {', '.join(unknown)}."
+            ) from None
         if isinstance(known["preprocessing"].target_size, list):
             known["preprocessing"].target_size = tuple(known["preprocessing"].target_size)
         if isinstance(known["class_colors"], list):
-            known["class_colors"] = [tuple(color) if isinstance(color, list) else color
-                                     for color in known["class_colors"]]
+            known["class_colors"] = [
+                tuple(color) if isinstance(color, list) else color for color in known["class_colors"]
+            ]
         return cls(**known)
 
     def validate(self) -> None:
         """Raise :class:`BundleError` when a field has the wrong type or contradicts another."""
-        if not _is_int(self.schema_version) or self.schema_version > SCHEMA_VERSION:
+        if not _is_int(self.schema_version):
+            raise BundleError(f"The bundle's schema_version must be an integer, got {self.schema_version!r}.")
+        if self.schema_version > SCHEMA_VERSION:
             raise BundleError(
                 f"The bundle uses schema version {self.schema_version!r}, newer than this CalibSeg "
                 f"({__version__}) reads ({SCHEMA_VERSION}); update CalibSeg."
@@ -160,29 +177,45 @@ class BundleMetadata:
         for name in ("in_channels", "num_classes", "spatial_dims"):
             if not _is_int(getattr(self, name)):
                 raise BundleError(f"The bundle's {name} must be an integer, got {getattr(self, name)!r}.")
-        if self.in_channels < 1 or not 2 <= self.num_classes <= _MAX_CLASSES or self.spatial_dims not in (2, 3):
+        if (
+            self.in_channels < 1
+            or not 2 <= self.num_classes <= _MAX_CLASSES
+            or self.spatial_dims not in (2, 3)
+        ):
             raise BundleError(
                 f"The bundle declares in_channels={self.in_channels}, num_classes={self.num_classes}, "
                 f"spatial_dims={self.spatial_dims}; need >= 1, 2..{_MAX_CLASSES} and 2 or 3."
             )
-        if (not isinstance(self.class_names, list) or not isinstance(self.class_colors, list)
-                or len(self.class_names) != self.num_classes or len(self.class_colors) != self.num_classes):
+        if (
+            not isinstance(self.class_names, (list, tuple))
+            or not isinstance(self.class_colors, (list, tuple))
+            or len(self.class_names) != self.num_classes
+            or len(self.class_colors) != self.num_classes
+        ):
             raise BundleError(
                 f"The bundle declares {self.num_classes} classes but not one name and one colour for each."
             )
         if not all(isinstance(name, str) for name in self.class_names):
             raise BundleError(f"The bundle's class_names must be strings, got {self.class_names!r}.")
-        if not all(isinstance(color, (list, tuple)) and len(color) == 3 and all(_is_number(value) and 0 <= value <= 1 for value in color)
-                   for color in self.class_colors):
-            raise BundleError(f"The bundle's class_colors must be RGB triples in [0, 1], got {self.class_colors!r}.")
+        if not all(
+            isinstance(color, (list, tuple))
+            and len(color) == 3
+            and all(_is_number(value) and 0 <= value <= 1 for value in color)
+            for color in self.class_colors
+        ):
+            raise BundleError(
+                f"The bundle's class_colors must be RGB triples in [0, 1], got {self.class_colors!r}."
+            )
         if not isinstance(self.preprocessing, Preprocessing):
             raise BundleError("The bundle's preprocessing must be a Preprocessing object.")
         self.preprocessing.validate()
-        temperatures = self.temperature if isinstance(self.temperature, list) else [self.temperature]
-        if (len(temperatures) not in (1, self.num_classes)
-                or not all(_is_number(value) and math.isfinite(value) and value > 0 for value in temperatures)):
+        temperatures = self.temperature if isinstance(self.temperature, (list, tuple)) else [self.temperature]
+        if len(temperatures) not in (1, self.num_classes) or not all(
+            _is_number(value) and math.isfinite(value) and value > 0 for value in temperatures
+        ):
             raise BundleError(
-                f"The bundle's temperature must be one positive number or one per class, got {self.temperature!r}."
+                f"The bundle's temperature must be one positive number or one per class, "
+                f"got {self.temperature!r}."
             )
 
 
@@ -213,7 +246,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` with tensors/arrays as lists, tuples as lists, paths as strings, NumPy scalars as Python numbers."""
+    """``value`` made JSON-ready: tensors, arrays, tuples → lists; paths → str; NumPy scalars → numbers."""
     if isinstance(value, dict):
         return {str(key): _plain(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
@@ -229,7 +262,10 @@ def _build_network(metadata: BundleMetadata) -> nn.Module:
     """The declared network with random weights; :class:`BundleError` when it cannot be built."""
     try:
         return networks.build_network(
-            metadata.network, metadata.in_channels, metadata.num_classes, metadata.spatial_dims,
+            metadata.network,
+            metadata.in_channels,
+            metadata.num_classes,
+            metadata.spatial_dims,
             **metadata.network_kwargs,
         )
     except KeyError:
@@ -250,15 +286,18 @@ def _check_weights_fit(metadata: BundleMetadata, state_dict: dict[str, torch.Ten
     unexpected = [name for name in state_dict if name not in expected]
     mismatched = [
         f"{name} {tuple(state_dict[name].shape)} vs {tuple(expected[name].shape)}"
-        for name in expected if name in state_dict and state_dict[name].shape != expected[name].shape
+        for name in expected
+        if name in state_dict and state_dict[name].shape != expected[name].shape
     ]
     problems = [
         f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched)) if names
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched))
+        if names
     ]
     if problems:
         raise BundleError(
-            f"The bundle's weights do not fit the declared network {metadata.network!r} ({'; '.join(problems)})."
+            f"The bundle's weights do not fit the declared network {metadata.network!r} "
+            f"({'; '.join(problems)})."
         )
 
 
@@ -281,18 +320,28 @@ def save_bundle(
             nothing is written then.
     """
     path = Path(path)
-    state = model_or_state_dict.state_dict() if isinstance(model_or_state_dict, nn.Module) else model_or_state_dict
+    state = (
+        model_or_state_dict.state_dict()
+        if isinstance(model_or_state_dict, nn.Module)
+        else model_or_state_dict
+    )
     stored_dtype = torch.float16 if half else torch.float32
     # clone(): safetensors refuses tensors sharing storage (tied weights, views).
     tensors = {
-        name: (tensor.detach().to("cpu", stored_dtype) if tensor.is_floating_point() else tensor.detach().cpu())
-        .contiguous().clone()
+        name: (
+            tensor.detach().to("cpu", stored_dtype) if tensor.is_floating_point() else tensor.detach().cpu()
+        )
+        .contiguous()
+        .clone()
         for name, tensor in state.items()
     }
     weights = save_safetensors(tensors)
     metadata = dataclasses.replace(
-        metadata, schema_version=SCHEMA_VERSION, library_version=__version__,
-        weights_dtype=str(stored_dtype).removeprefix("torch."), weights_sha256=hashlib.sha256(weights).hexdigest(),
+        metadata,
+        schema_version=SCHEMA_VERSION,
+        library_version=__version__,
+        weights_dtype=str(stored_dtype).removeprefix("torch."),
+        weights_sha256=hashlib.sha256(weights).hexdigest(),
     )
     metadata.validate()
     _check_weights_fit(metadata, tensors)
@@ -309,7 +358,9 @@ def _read_members(path: Path) -> tuple[bytes, bytes]:
     if not path.is_file():
         raise BundleError(f"No model bundle at {path}; check the path (bundles end in {BUNDLE_SUFFIX}).")
     if not zipfile.is_zipfile(path):
-        raise BundleError(f"{path.name} is not a CalibSeg bundle (not a zip file); choose a {BUNDLE_SUFFIX} file.")
+        raise BundleError(
+            f"{path.name} is not a CalibSeg bundle (not a zip file); choose a {BUNDLE_SUFFIX} file."
+        )
     try:
         with zipfile.ZipFile(path) as archive:
             members = archive.namelist()
@@ -325,19 +376,25 @@ def _read_members(path: Path) -> tuple[bytes, bytes]:
                 raise BundleError(f"{path.name} has no {WEIGHTS_MEMBER}; re-export the bundle.")
             return archive.read(METADATA_MEMBER), archive.read(WEIGHTS_MEMBER)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError) as error:
-        raise BundleError(f"{path.name} is corrupt or truncated ({error}); re-export or re-download it.") from None
+        raise BundleError(
+            f"{path.name} is corrupt or truncated ({error}); re-export or re-download it."
+        ) from None
 
 
 def _parse_metadata(name: str, raw: bytes) -> BundleMetadata:
     try:
         values = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise BundleError(f"{name}'s {METADATA_MEMBER} is not valid JSON ({error}); re-export the bundle.") from None
+        raise BundleError(
+            f"{name}'s {METADATA_MEMBER} is not valid JSON ({error}); re-export the bundle."
+        ) from None
     if not isinstance(values, dict):
         raise BundleError(f"{name}'s {METADATA_MEMBER} must be a JSON object; re-export the bundle.")
     for required in ("schema_version", "weights_sha256"):
         if required not in values:
-            raise BundleError(f"{name}'s {METADATA_MEMBER} lacks the required field {required}; re-export the bundle.")
+            raise BundleError(
+                f"{name}'s {METADATA_MEMBER} lacks the required field {required}; re-export the bundle."
+            )
     version = values["schema_version"]
     if _is_int(version) and version > SCHEMA_VERSION:
         raise BundleError(
@@ -349,16 +406,27 @@ def _parse_metadata(name: str, raw: bytes) -> BundleMetadata:
     return metadata
 
 
+def _is_safetensors(data: bytes) -> bool:
+    """Safetensors starts with a little-endian u64 header length followed by that many bytes of JSON."""
+    return len(data) >= 9 and data[8:9] == b"{" and 8 + int.from_bytes(data[:8], "little") <= len(data)
+
+
 def _parse_weights(name: str, weights: bytes) -> dict[str, torch.Tensor]:
-    if weights.startswith(_PICKLE_SIGNATURES):
+    if not _is_safetensors(weights):
+        if weights.startswith(_PICKLE_SIGNATURES):
+            raise BundleError(
+                f"{name}'s weights are a pickle (torch.save) file, which is refused because loading "
+                f"it can run code; re-export the bundle with save_bundle."
+            )
         raise BundleError(
-            f"{name}'s weights are a pickle (torch.save) file, which is refused because loading it can run code; "
-            f"re-export the bundle with save_bundle."
+            f"{name}'s weights are not a safetensors file; re-export the bundle with save_bundle."
         )
     try:
         tensors = load_safetensors(weights)
     except (SafetensorError, ValueError, RuntimeError) as error:
-        raise BundleError(f"{name}'s weights cannot be read as safetensors ({error}); re-export the bundle.") from None
+        raise BundleError(
+            f"{name}'s weights cannot be read as safetensors ({error}); re-export the bundle."
+        ) from None
     return {key: tensor.float() if tensor.is_floating_point() else tensor for key, tensor in tensors.items()}
 
 
@@ -374,7 +442,9 @@ def load_bundle(path: str | Path) -> Bundle:
     raw_metadata, weights = _read_members(path)
     metadata = _parse_metadata(path.name, raw_metadata)
     if hashlib.sha256(weights).hexdigest() != metadata.weights_sha256:
-        raise BundleError(f"{path.name}'s weights do not match their checksum; the file is corrupt, re-export it.")
+        raise BundleError(
+            f"{path.name}'s weights do not match their checksum; the file is corrupt, re-export it."
+        )
     state_dict = _parse_weights(path.name, weights)
     _check_weights_fit(metadata, state_dict)
     return Bundle(metadata=metadata, state_dict=state_dict, path=path)

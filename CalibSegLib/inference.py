@@ -92,7 +92,9 @@ class Predictor:
         batch_size: slices per forward pass; memory grows with it, not with the volume.
     """
 
-    def __init__(self, bundle: Bundle | str | Path, device: str | torch.device = "auto", batch_size: int = 16) -> None:
+    def __init__(
+        self, bundle: Bundle | str | Path, device: str | torch.device = "auto", batch_size: int = 16
+    ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         metadata = self.bundle.metadata
         metadata.validate()
@@ -113,7 +115,7 @@ class Predictor:
 
     @torch.inference_mode()
     def slice_probabilities(self, slices: np.ndarray) -> torch.Tensor:
-        """Normalised ``(n, y, x)`` slices → ``(n, C, y, x)`` float32 probabilities on the slices' grid (on ``device``)."""
+        """Normalised ``(n, y, x)`` slices → ``(n, C, y, x)`` float32 probabilities on ``device``."""
         metadata = self.bundle.metadata
         batch = torch.from_numpy(np.ascontiguousarray(slices, dtype=np.float32)).to(self.device).unsqueeze(1)
         logits = self.model(resize_slices(batch, metadata.preprocessing.target_size))
@@ -157,19 +159,26 @@ class Predictor:
             labels=np.empty(image.shape, np.uint8),
             confidence=np.empty(image.shape, np.float32),
             entropy=np.empty(image.shape, np.float32),
-            probabilities=np.empty((self.num_classes, *image.shape), np.float32) if keep_probabilities else None,
+            probabilities=np.empty((self.num_classes, *image.shape), np.float32)
+            if keep_probabilities
+            else None,
         )
         # Slice-first views: writing into them fills the outputs in the input's own layout.
         source = np.moveaxis(image, axis, 0)
-        targets = [np.moveaxis(array, axis, 0) for array in (prediction.labels, prediction.confidence, prediction.entropy)]
-        kept = None if prediction.probabilities is None else np.moveaxis(prediction.probabilities, axis + 1, 1)
+        targets = [
+            np.moveaxis(array, axis, 0)
+            for array in (prediction.labels, prediction.confidence, prediction.entropy)
+        ]
+        kept = (
+            None if prediction.probabilities is None else np.moveaxis(prediction.probabilities, axis + 1, 1)
+        )
         count = source.shape[0]
         for start in range(0, count, self.batch_size):
             if cancel is not None and cancel.is_set():
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
             probabilities = self.slice_probabilities(scale_intensity(source[batch], intensity))
-            for target, values in zip(targets, confidence_maps(probabilities)):
+            for target, values in zip(targets, confidence_maps(probabilities), strict=True):
                 target[batch] = values.cpu().numpy()
             if kept is not None or probability_sink is not None:
                 class_first = probabilities.transpose(0, 1).cpu().numpy()

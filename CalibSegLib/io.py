@@ -23,6 +23,7 @@ import SimpleITK as sitk
 
 __all__ = [
     "IMAGE_SUFFIXES",
+    "WRITE_SUFFIXES",
     "ImageGeometry",
     "read_image",
     "write_image",
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 IMAGE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
+# Single-file formats only: a detached header (.mhd, .nhdr) names its data file, which a rename would break.
+WRITE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".mha")
 
 # SimpleITK has no bool or float16 pixel types; these are written as the nearest type it has.
 _WRITABLE_DTYPES = {np.dtype(bool): np.uint8, np.dtype(np.float16): np.float32}
@@ -66,8 +69,11 @@ class ImageGeometry:
         """True when both grids have the same spacing, origin and direction (within ``tolerance`` mm)."""
         return all(
             np.allclose(mine, theirs, atol=tolerance, rtol=0.0)
-            for mine, theirs in ((self.spacing, other.spacing), (self.origin, other.origin),
-                                 (self.direction, other.direction))
+            for mine, theirs in (
+                (self.spacing, other.spacing),
+                (self.origin, other.origin),
+                (self.direction, other.direction),
+            )
         )
 
 
@@ -86,7 +92,9 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
     try:
         image = sitk.ReadImage(str(path))
     except RuntimeError as error:
-        reason = str(error).strip().splitlines()[-1].strip() if str(error).strip() else "unknown format"
+        # ITK's message ends with one line naming the cause, prefixed and quoting the full path.
+        reason = (str(error).strip().splitlines() or ["unknown format"])[-1]
+        reason = reason.replace("sitk::ERROR:", "").replace(f' for "{path}"', "").strip()
         raise ValueError(
             f"Cannot read {path.name} as an image ({reason}); give a NIfTI, NRRD or MHA file."
         ) from None
@@ -94,7 +102,8 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
         raise ValueError(f"{path.name} is a {image.GetDimension()}D image; CalibSeg needs a 3D volume.")
     if image.GetNumberOfComponentsPerPixel() != 1:
         raise ValueError(
-            f"{path.name} has {image.GetNumberOfComponentsPerPixel()} components per voxel; give a scalar volume."
+            f"{path.name} has {image.GetNumberOfComponentsPerPixel()} components per voxel; "
+            "give a scalar volume."
         )
     return sitk.GetArrayFromImage(image), ImageGeometry.from_sitk(image)
 
@@ -126,8 +135,9 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix="".join(path.suffixes),
-                                             dir=path.parent)
+    descriptor, temporary = tempfile.mkstemp(
+        prefix=f".{path.name}.", suffix="".join(path.suffixes), dir=path.parent
+    )
     os.close(descriptor)
     try:
         yield Path(temporary)
@@ -138,8 +148,16 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
 
 
 def write_image(path: str | Path, array: np.ndarray, geometry: ImageGeometry) -> Path:
-    """Write a ``(z, y, x)`` array on ``geometry`` to ``path`` (format from the extension), atomically."""
+    """Write a ``(z, y, x)`` array on ``geometry`` to ``path`` (format from the extension), atomically.
+
+    Raises:
+        ValueError: the extension is not one of :data:`WRITE_SUFFIXES` or the array is not 3D.
+    """
     path = Path(path)
+    if not path.name.lower().endswith(WRITE_SUFFIXES):
+        raise ValueError(
+            f"Cannot write {path.name}: give it one of the extensions {', '.join(WRITE_SUFFIXES)}."
+        )
     image = image_from_array(array, geometry)
     with atomic_output(path) as temporary:
         sitk.WriteImage(image, str(temporary), useCompression=True)

@@ -1,8 +1,9 @@
 """Segmentation networks by name, built from MONAI architectures (no hand-written copies).
 
 Every network maps ``(B, in_channels, *spatial)`` images to ``(B, num_classes, *spatial)``
-logits. The keyword arguments a caller passes are what a model bundle stores as
-``network_kwargs``, so a bundle can rebuild exactly the same network.
+logits, one tensor, in training and in evaluation mode. The keyword arguments a caller
+passes are what a model bundle stores as ``network_kwargs``, so a bundle can rebuild
+exactly the same network.
 """
 
 from __future__ import annotations
@@ -16,16 +17,22 @@ from torch import nn
 __all__ = ["NETWORKS", "build_network"]
 
 
-class _FirstOutput(nn.Module):
-    """Returns the first (full-resolution) output of networks that give a list (deep supervision)."""
+class _FinalOutput(nn.Module):
+    """Unwraps networks that return a list of outputs (MONAI's UNet++) into their last, full-depth one."""
 
     def __init__(self, network: nn.Module) -> None:
         super().__init__()
         self.network = network
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        outputs = self.network(images)
-        return outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+        return self.network(images)[-1]
+
+
+def _refuse_deep_supervision(name: str, options: dict[str, Any]) -> None:
+    # Deep supervision changes the output to a stack of heads; CalibSeg's losses, metrics and
+    # predictor all expect the single full-resolution logits map.
+    if options.get("deep_supervision"):
+        raise ValueError(f"{name} is built without deep supervision in CalibSeg; drop deep_supervision=True.")
 
 
 def _unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
@@ -40,10 +47,11 @@ def _attention_unet(spatial_dims: int, in_channels: int, num_classes: int, **kw:
 
 def _unetpp(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
     options = {"features": (16, 16, 32, 64, 128, 16), **kw}
+    _refuse_deep_supervision("unetpp", options)
     network = nets.BasicUNetPlusPlus(
         spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options
     )
-    return _FirstOutput(network)
+    return _FinalOutput(network)
 
 
 def _basic_unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
@@ -52,7 +60,7 @@ def _basic_unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any
 
 
 def _dynunet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
-    # nnU-Net-like defaults: five resolution levels, stride-2 down-sampling.
+    # nnU-Net-like defaults: five resolution levels, stride-2 down-sampling, instance norm.
     options = {
         "kernel_size": [3, 3, 3, 3, 3],
         "strides": [1, 2, 2, 2, 2],
@@ -61,9 +69,8 @@ def _dynunet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -
         "norm_name": "instance",
         **kw,
     }
-    return _FirstOutput(
-        nets.DynUNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
-    )
+    _refuse_deep_supervision("dynunet", options)
+    return nets.DynUNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
 
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
@@ -82,16 +89,22 @@ def build_network(
 ) -> nn.Module:
     """Build the MONAI network called ``name``.
 
+    Defaults (override any of them through ``kw``): ``unet`` and ``attention_unet`` channels
+    (16, 32, 64, 128, 256) with strides (2, 2, 2, 2) (``unet``: 2 residual units);
+    ``unetpp`` and ``basic_unet`` features (16, 16, 32, 64, 128, 16); ``dynunet`` filters
+    (16, 32, 64, 128, 256), kernels 3, strides (1, 2, 2, 2, 2), instance norm.
+
     Args:
         name: one of :data:`NETWORKS`.
         in_channels: image channels (1 for MRI/CT).
-        num_classes: output channels, background included.
+        num_classes: output channels C, background included.
         spatial_dims: 2 for slice-wise networks, 3 for volumetric ones.
-        kw: architecture options passed to the MONAI class (e.g. ``channels``), overriding
-            CalibSeg's defaults.
+        kw: options of the MONAI class (e.g. ``channels``); an option it does not take raises
+            ``TypeError``.
 
     Returns:
-        A module mapping ``(B, in_channels, *spatial)`` to ``(B, num_classes, *spatial)`` logits.
+        A module mapping ``(B, in_channels, *spatial)`` to ``(B, num_classes, *spatial)`` logits
+        (spatial sizes divisible by the product of the strides, 16 with the defaults).
     """
     if name not in _BUILDERS:
         raise KeyError(f"Unknown network {name!r}; choose one of {', '.join(NETWORKS)}.")

@@ -1,6 +1,7 @@
 """Command line: segment a volume with a bundle and write labels, confidence and entropy images.
 
-    python -m CalibSegLib.predict --bundle model.calibseg --image case.nii.gz --out-dir out/ [--reference ref.nii.gz]
+    python -m CalibSegLib.predict --bundle model.calibseg --image case.nii.gz --out-dir out/ \
+        [--reference ref.nii.gz] [--device auto] [--batch-size 16]
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
@@ -57,13 +58,15 @@ def predict_files(
         reference, reference_geometry = read_image(reference_path)
         if reference.shape != image.shape or not reference_geometry.matches(geometry):
             raise ValueError(
-                f"The reference {Path(reference_path).name} is not on the image's grid (shape {reference.shape} "
-                f"vs {image.shape}, or different spacing, origin or direction); resample it onto the image first."
+                f"The reference {Path(reference_path).name} is not on the image's grid "
+                f"(shape {reference.shape} vs {image.shape}, or different spacing, origin or direction); "
+                f"resample it onto the image first."
             )
         if not np.issubdtype(reference.dtype, np.integer):
             reference = _integer_labels(reference, Path(reference_path).name)
-        evaluation = predict_and_evaluate(predictor, image, reference.astype(np.int64), geometry.spacing,
-                                          progress=progress, cancel=cancel)
+        evaluation = predict_and_evaluate(
+            predictor, image, reference.astype(np.int64), geometry.spacing, progress=progress, cancel=cancel
+        )
         prediction = evaluation.prediction
         row = case_metrics_row(evaluation, predictor.bundle.metadata.class_names)
         outputs["metrics"] = write_json_atomic(out_dir / f"{stem}_metrics.json", row)
@@ -81,12 +84,16 @@ def _integer_labels(reference: np.ndarray, name: str) -> np.ndarray:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m CalibSegLib.predict", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m CalibSegLib.predict", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--bundle", required=True, type=Path, help="model bundle (.calibseg)")
     parser.add_argument("--image", required=True, type=Path, help="3D image (NIfTI, NRRD, MHA)")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
     parser.add_argument("--reference", type=Path, help="reference label image on the same grid, for metrics")
-    parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)"
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="slices per forward pass (default: 16)")
     return parser
 

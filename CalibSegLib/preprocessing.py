@@ -29,7 +29,9 @@ MIN_IN_PLANE = 8  # voxels; smaller slices carry too little context for a 2D net
 
 
 def check_volume(
-    image: np.ndarray, spacing: Sequence[float] | None = None, slice_axis: int = 0,
+    image: np.ndarray,
+    spacing: Sequence[float] | None = None,
+    slice_axis: int = 0,
     min_in_plane: int = MIN_IN_PLANE,
 ) -> None:
     """Raise one clear ``ValueError`` when ``image`` cannot be segmented.
@@ -43,7 +45,9 @@ def check_volume(
     if not isinstance(image, np.ndarray):
         raise ValueError(f"The image must be a NumPy array, got {type(image).__name__}.")
     if image.ndim != 3:
-        raise ValueError(f"The image must be a 3D (z, y, x) volume, got {image.ndim}D with shape {image.shape}.")
+        raise ValueError(
+            f"The image must be a 3D (z, y, x) volume, got {image.ndim}D with shape {image.shape}."
+        )
     if image.size == 0:
         raise ValueError(f"The image is empty (shape {image.shape}); give a volume with voxels in it.")
     if not (np.issubdtype(image.dtype, np.integer) or np.issubdtype(image.dtype, np.floating)):
@@ -51,12 +55,15 @@ def check_volume(
     in_plane = tuple(size for axis, size in enumerate(image.shape) if axis != slice_axis)
     if min(in_plane) < min_in_plane:
         raise ValueError(
-            f"The image's slices are {in_plane[0]}×{in_plane[1]} voxels; at least {min_in_plane}×{min_in_plane} are needed."
+            f"The image's slices are {in_plane[0]}×{in_plane[1]} voxels; "
+            f"at least {min_in_plane}×{min_in_plane} are needed."
         )
     if np.issubdtype(image.dtype, np.floating) and not np.isfinite(image).all():
         raise ValueError("The image contains NaN or infinite values; fix or mask them before segmenting.")
     if image.min() == image.max():
-        raise ValueError(f"The image is constant (every voxel is {image.flat[0]}); there is nothing to segment.")
+        raise ValueError(
+            f"The image is constant (every voxel is {image.flat[0]}); there is nothing to segment."
+        )
     if spacing is not None:
         try:
             values = np.asarray(spacing, dtype=np.float64).reshape(-1)
@@ -75,7 +82,9 @@ def intensity_range(
     (the maximum when the percentile equals the minimum, as in mostly-empty volumes).
     """
     if normalization not in NORMALIZATIONS:
-        raise ValueError(f"Unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATIONS)}.")
+        raise ValueError(
+            f"Unknown normalization {normalization!r}; choose one of {', '.join(NORMALIZATIONS)}."
+        )
     if normalization == "none":
         return None
     low = float(volume.min())
@@ -102,7 +111,9 @@ def scale_intensity(slices: np.ndarray, intensity: tuple[float, float] | None) -
     return scaled
 
 
-def normalize_intensity(volume: np.ndarray, normalization: str = "percentile", upper_percentile: float = 99.0) -> np.ndarray:
+def normalize_intensity(
+    volume: np.ndarray, normalization: str = "percentile", upper_percentile: float = 99.0
+) -> np.ndarray:
     """Whole-volume intensity normalisation to float32 (:func:`intensity_range` then :func:`scale_intensity`).
 
     ``percentile``: clip to ``[min, p_upper]`` and scale to [0, 1] — how the ACDC volumes were

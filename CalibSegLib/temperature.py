@@ -1,4 +1,4 @@
-"""Post-hoc temperature scaling (Guo et al., ICML 2017): ``softmax(logits / T)`` with T fitted on validation data.
+"""Post-hoc temperature scaling (Guo et al., ICML 2017): ``softmax(logits / T)``, T fitted on validation data.
 
 One temperature for all classes keeps the argmax (and so the segmentation) unchanged; one
 per class (``per_class=True``) can recalibrate classes separately but may move boundaries.
@@ -14,13 +14,17 @@ import torch.nn.functional as F
 __all__ = ["apply_temperature", "fit_temperature", "temperature_nll"]
 
 
-def apply_temperature(logits: torch.Tensor, temperature: float | Sequence[float] | torch.Tensor) -> torch.Tensor:
-    """Divide ``(B, C, *spatial)`` or ``(N, C)`` logits by one temperature or by one per class (along dim 1)."""
+def apply_temperature(
+    logits: torch.Tensor, temperature: float | Sequence[float] | torch.Tensor
+) -> torch.Tensor:
+    """Divide ``(B, C, *spatial)`` or ``(N, C)`` logits by one temperature, or by one per class (dim 1)."""
     values = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device).reshape(-1)
     if values.numel() == 1:
         return logits / values
     if values.numel() != logits.shape[1]:
-        raise ValueError(f"Got {values.numel()} temperatures for {logits.shape[1]} classes; give one or one per class.")
+        raise ValueError(
+            f"Got {values.numel()} temperatures for {logits.shape[1]} classes; give one or one per class."
+        )
     return logits / values.view(1, -1, *([1] * (logits.dim() - 2)))
 
 
@@ -44,7 +48,8 @@ def fit_temperature(
     """
     if logits.dim() != 2 or labels.shape != logits.shape[:1]:
         raise ValueError(
-            f"Temperature fitting needs (N, C) logits and (N,) labels, got {tuple(logits.shape)} and {tuple(labels.shape)}."
+            f"Temperature fitting needs (N, C) logits and (N,) labels, "
+            f"got {tuple(logits.shape)} and {tuple(labels.shape)}."
         )
     if logits.shape[0] == 0:
         raise ValueError("There are no validation voxels to fit a temperature on.")
@@ -57,8 +62,12 @@ def fit_temperature(
         )
     if not torch.isfinite(logits).all():
         raise ValueError("The logits contain NaN or infinite values; a temperature cannot be fitted on them.")
-    log_temperature = torch.zeros(logits.shape[1] if per_class else 1, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([log_temperature], lr=0.5, max_iter=max_iterations, line_search_fn="strong_wolfe")
+    log_temperature = torch.zeros(
+        logits.shape[1] if per_class else 1, dtype=torch.float64, requires_grad=True
+    )
+    optimizer = torch.optim.LBFGS(
+        [log_temperature], lr=0.5, max_iter=max_iterations, line_search_fn="strong_wolfe"
+    )
 
     def objective() -> torch.Tensor:
         optimizer.zero_grad()
@@ -68,7 +77,9 @@ def fit_temperature(
 
     optimizer.step(objective)
     fitted = log_temperature.detach().exp()
-    if not torch.isfinite(fitted).all() or temperature_nll(logits, labels, fitted) > temperature_nll(logits, labels):
+    if not torch.isfinite(fitted).all() or temperature_nll(logits, labels, fitted) > temperature_nll(
+        logits, labels
+    ):
         fitted = torch.ones_like(fitted)
     values = [float(value) for value in fitted]
     return values if per_class else values[0]

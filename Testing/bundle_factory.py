@@ -33,12 +33,18 @@ def make_test_metadata(
         "num_classes": num_classes,
         "spatial_dims": 2,
         "class_names": ["background"] + [f"class {index}" for index in range(1, num_classes)],
-        "class_colors": [(0.0, 0.0, 0.0)] + [(index / num_classes, 0.5, 1.0 - index / num_classes)
-                                             for index in range(1, num_classes)],
+        "class_colors": [(0.0, 0.0, 0.0)]
+        + [(index / num_classes, 0.5, 1.0 - index / num_classes) for index in range(1, num_classes)],
         "preprocessing": Preprocessing(target_size=tuple(target_size)),
-        "training": {"method": "crac", "loss_hyperparameters": {"margin": 5.0}, "epochs": 1, "lr": 1e-3,
-                     "batch_size": 2, "seed": 0,
-                     "crac_multipliers": {"outer": [1e-6] * num_classes, "inner": [1e-6] * num_classes}},
+        "training": {
+            "method": "crac",
+            "loss_hyperparameters": {"margin": 5.0},
+            "epochs": 1,
+            "lr": 1e-3,
+            "batch_size": 2,
+            "seed": 0,
+            "crac_multipliers": {"outer": [1e-6] * num_classes, "inner": [1e-6] * num_classes},
+        },
         "data": {"dataset": "synthetic", "split": "none", "cases": {"train": ["case0"], "val": ["case1"]}},
         "validation_metrics": {"dice_mean": 0.5, "ece": 0.1},
     }
@@ -66,6 +72,11 @@ def make_test_bundle(
     metadata = make_test_metadata(num_classes, target_size, **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = build_network(metadata.network, metadata.in_channels, num_classes, metadata.spatial_dims,
-                              **metadata.network_kwargs)
+        model = build_network(
+            metadata.network,
+            metadata.in_channels,
+            num_classes,
+            metadata.spatial_dims,
+            **metadata.network_kwargs,
+        )
     return save_bundle(path, model, metadata, half=half)

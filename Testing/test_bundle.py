@@ -1,28 +1,39 @@
-"""Model bundles: round trip, and one clear BundleError for every way a bundle can be wrong."""
+"""Model bundles: round trip, fp16 storage, atomic writes, a BundleError for each way a bundle is wrong."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import pickle
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save as save_safetensors
 
-from CalibSegLib.bundle import SCHEMA_VERSION, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import build_network
-from bundle_factory import TINY_UNET, make_metadata, make_test_bundle
+from bundle_factory import TINY_UNET, make_test_bundle, make_test_metadata
 
 
-def rewrite(path, out, change_metadata=None, weights=None, extra=None):
-    with zipfile.ZipFile(path) as archive:
+class _RunsCodeWhenUnpickled:
+    """Unpickling this executes code: exactly what a bundle must never do."""
+
+    def __reduce__(self):
+        return exec, ("raise SystemExit('a pickle in a bundle was executed')",)
+
+
+def rewritten(good: Path, out: Path, change=None, weights: bytes | None = None, extra=None) -> Path:
+    """A copy of ``good`` at ``out`` with ``bundle.json`` edited by ``change``, new weights, added members."""
+    with zipfile.ZipFile(good) as archive:
         metadata = json.loads(archive.read("bundle.json"))
         original_weights = archive.read("weights.safetensors")
-    if change_metadata:
-        change_metadata(metadata)
+    if change is not None:
+        change(metadata)
     with zipfile.ZipFile(out, "w") as archive:
         archive.writestr("bundle.json", json.dumps(metadata))
         archive.writestr("weights.safetensors", original_weights if weights is None else weights)
@@ -31,82 +42,227 @@ def rewrite(path, out, change_metadata=None, weights=None, extra=None):
     return out
 
 
-def test_round_trip_gives_identical_predictions(tmp_path):
-    path = make_test_bundle(tmp_path / "a.calibseg")
+def with_weights(good: Path, out: Path, weights: bytes) -> Path:
+    """``good`` with other weight bytes and a checksum that matches them (so only the content is wrong)."""
+    checksum = hashlib.sha256(weights).hexdigest()
+    return rewritten(good, out, lambda m: m.update(weights_sha256=checksum), weights=weights)
+
+
+@pytest.fixture()
+def good(tmp_path) -> Path:
+    return make_test_bundle(tmp_path / "good.calibseg")
+
+
+def test_round_trip_gives_identical_weights_metadata_and_predictions(tmp_path):
+    torch.manual_seed(3)
+    model = build_network("unet", 1, 4, **TINY_UNET).eval()
+    metadata = make_test_metadata(temperature=[1.0, 1.5, 2.0, 0.5])
+    path = save_bundle(tmp_path / "model.calibseg", model, metadata)
     bundle = load_bundle(path)
-    torch.manual_seed(0)
-    reference = build_network("unet", 1, 4, **TINY_UNET).eval()
-    image = np.random.default_rng(0).random((3, 40, 36)).astype(np.float32)
-    first = Predictor(bundle, device="cpu").predict(image, (5, 1, 1), keep_probabilities=True)
-    second = Predictor(path, device="cpu").predict(image, (5, 1, 1), keep_probabilities=True)
-    np.testing.assert_array_equal(first.probabilities, second.probabilities)
-    for name, tensor in reference.state_dict().items():
-        torch.testing.assert_close(bundle.state_dict[name], tensor)
-    assert bundle.metadata.training["crac_multipliers"]["inner"] == [0.2] * 4
-    assert bundle.metadata.schema_version == SCHEMA_VERSION and len(bundle.metadata.weights_sha256) == 64
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(bundle.state_dict[name], tensor)
+    assert bundle.metadata.preprocessing == metadata.preprocessing
+    assert bundle.metadata.class_colors == metadata.class_colors
+    assert bundle.metadata.training == metadata.training
+    assert bundle.metadata.temperature == [1.0, 1.5, 2.0, 0.5]
+    assert bundle.metadata.schema_version == SCHEMA_VERSION and bundle.metadata.weights_dtype == "float32"
+    image = np.random.default_rng(0).normal(size=(3, 40, 36)).astype(np.float32)
+    in_memory = Predictor(Bundle(metadata, model.state_dict()), device="cpu").predict(
+        image, (5, 1, 1), keep_probabilities=True
+    )
+    from_file = Predictor(path, device="cpu").predict(image, (5, 1, 1), keep_probabilities=True)
+    np.testing.assert_array_equal(in_memory.probabilities, from_file.probabilities)
 
 
-def test_half_precision_bundle_is_smaller_and_close(tmp_path):
-    torch.manual_seed(0)
-    model = build_network("unet", 1, 4, **TINY_UNET)
-    full = save_bundle(tmp_path / "full.calibseg", model, make_metadata())
-    half = save_bundle(tmp_path / "half.calibseg", model, make_metadata(), half=True)
+def test_bundle_json_records_every_section(good):
+    with zipfile.ZipFile(good) as archive:
+        assert sorted(archive.namelist()) == ["bundle.json", "weights.safetensors"]
+        stored = json.loads(archive.read("bundle.json"))
+        assert stored["weights_sha256"] == hashlib.sha256(archive.read("weights.safetensors")).hexdigest()
+    assert {
+        "schema_version",
+        "network",
+        "network_kwargs",
+        "in_channels",
+        "num_classes",
+        "spatial_dims",
+        "class_names",
+        "class_colors",
+        "preprocessing",
+        "training",
+        "temperature",
+        "data",
+        "validation_metrics",
+        "test_metrics",
+        "library_version",
+        "weights_dtype",
+        "weights_sha256",
+    } == set(stored)
+    assert stored["preprocessing"] == {
+        "normalization": "percentile",
+        "upper_percentile": 99.0,
+        "target_size": [64, 64],
+        "slice_axis": 0,
+    }
+    assert stored["training"]["crac_multipliers"]["inner"] == [1e-6] * 4
+
+
+def test_tensor_hyperparameters_are_stored_as_plain_json(tmp_path):
+    multipliers = torch.full((2, 4), 0.25)
+    training = {"method": "crac", "crac_multipliers": multipliers, "margin": np.float32(5.0)}
+    path = make_test_bundle(tmp_path / "m.calibseg", training=training)
+    assert load_bundle(path).metadata.training == {
+        "method": "crac",
+        "crac_multipliers": [[0.25] * 4] * 2,
+        "margin": 5.0,
+    }
+
+
+def test_half_precision_is_smaller_and_loads_as_float32(tmp_path):
+    full = make_test_bundle(tmp_path / "full.calibseg", seed=1)
+    half = make_test_bundle(tmp_path / "half.calibseg", seed=1, half=True)
     assert half.stat().st_size < full.stat().st_size
-    for name, tensor in load_bundle(half).state_dict.items():
-        torch.testing.assert_close(tensor, model.state_dict()[name].float(), atol=1e-3, rtol=1e-3)
+    full_bundle, half_bundle = load_bundle(full), load_bundle(half)
+    assert half_bundle.metadata.weights_dtype == "float16"
+    for name, tensor in half_bundle.state_dict.items():
+        assert tensor.dtype == full_bundle.state_dict[name].dtype
+        torch.testing.assert_close(tensor, full_bundle.state_dict[name], atol=2e-3, rtol=1e-3)
 
 
-def test_save_is_atomic_and_keeps_previous_file_on_error(tmp_path):
-    path = make_test_bundle(tmp_path / "model.calibseg")
-    before = path.read_bytes()
-    wrong = build_network("unet", 1, 3, **TINY_UNET)  # 3 classes, metadata says 4
+def test_same_seed_gives_byte_identical_weights(tmp_path):
+    first = load_bundle(make_test_bundle(tmp_path / "a.calibseg", seed=7)).metadata.weights_sha256
+    second = load_bundle(make_test_bundle(tmp_path / "b.calibseg", seed=7)).metadata.weights_sha256
+    assert first == second
+
+
+def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(good):
+    before = good.read_bytes()
+    three_classes = build_network("unet", 1, 3, **TINY_UNET)  # the metadata says 4
     with pytest.raises(BundleError, match="do not fit"):
-        save_bundle(path, wrong, make_metadata())
-    assert path.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["model.calibseg"]
+        save_bundle(good, three_classes, make_test_metadata())
+    assert good.read_bytes() == before
+    assert [path.name for path in good.parent.iterdir()] == [good.name]
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda p, t: t / "missing.calibseg", "No model bundle"),
-    (lambda p, t: (t / "x.calibseg").write_text("not a zip") and t / "x.calibseg", "not a zip"),
-    (lambda p, t: _zip_without_metadata(t), "has no bundle.json"),
-    (lambda p, t: rewrite(p, t / "new.calibseg", lambda m: m.update(schema_version=SCHEMA_VERSION + 1)), "newer"),
-    (lambda p, t: rewrite(p, t / "sum.calibseg", lambda m: m.update(weights_sha256="0" * 64)), "checksum"),
-    (lambda p, t: rewrite(p, t / "net.calibseg", lambda m: m.update(network="vnet9000")), "unknown network"),
-    (lambda p, t: rewrite(p, t / "fit.calibseg", lambda m: m.update(network_kwargs={"channels": [8, 16], "strides": [2]})),
-     "do not fit"),
-    (lambda p, t: rewrite(p, t / "req.calibseg", lambda m: m.pop("class_names")), "required field"),
-    (lambda p, t: rewrite(p, t / "pkl.calibseg", extra={"model.pkl": pickle.dumps({"a": 1})}), "pickled objects are refused"),
-    (lambda p, t: rewrite(p, t / "cls.calibseg", lambda m: m.update(class_names=["a"])), "classes"),
-    (lambda p, t: _truncated(p, t), "corrupt"),
-])
-def test_bad_bundles_are_refused_with_one_sentence(tmp_path, make, message):
-    good = make_test_bundle(tmp_path / "good.calibseg")
-    bad = make(good, tmp_path)
-    with pytest.raises(BundleError, match=message) as caught:
-        load_bundle(bad)
-    assert "\n" not in str(caught.value)
+def _not_a_zip(good: Path, folder: Path) -> Path:
+    (folder / "text.calibseg").write_text("this is not a bundle")
+    return folder / "text.calibseg"
 
 
-def test_pickled_weights_are_refused(tmp_path):
-    good = make_test_bundle(tmp_path / "good.calibseg")
-    buffer = io.BytesIO()
-    torch.save({"weight": torch.zeros(1)}, buffer)  # a pickle, not safetensors
-    bad = rewrite(good, tmp_path / "p.calibseg", lambda m: m.update(weights_sha256=__import__("hashlib").sha256(buffer.getvalue()).hexdigest()),
-                  weights=buffer.getvalue())
-    with pytest.raises(BundleError, match="safetensors"):
-        load_bundle(bad)
-
-
-def _zip_without_metadata(folder):
-    path = folder / "nometa.calibseg"
-    with zipfile.ZipFile(path, "w") as archive:
+def _without_metadata(good: Path, folder: Path) -> Path:
+    with zipfile.ZipFile(folder / "nometa.calibseg", "w") as archive:
         archive.writestr("weights.safetensors", b"")
-    return path
+    return folder / "nometa.calibseg"
 
 
-def _truncated(good, folder):
-    path = folder / "cut.calibseg"
+def _truncated(good: Path, folder: Path) -> Path:
     data = good.read_bytes()
-    path.write_bytes(data[: len(data) // 2] + data[-200:])
-    return path
+    (folder / "cut.calibseg").write_bytes(data[: len(data) // 2] + data[-200:])
+    return folder / "cut.calibseg"
+
+
+def _invalid_json(good: Path, folder: Path) -> Path:
+    with zipfile.ZipFile(folder / "json.calibseg", "w") as archive:
+        archive.writestr("bundle.json", "{not json")
+        archive.writestr("weights.safetensors", b"")
+    return folder / "json.calibseg"
+
+
+def _torch_saved_weights(good: Path, folder: Path) -> Path:
+    buffer = io.BytesIO()
+    torch.save(load_bundle(good).state_dict, buffer)  # a pickle archive, not safetensors
+    return with_weights(good, folder / "pt.calibseg", buffer.getvalue())
+
+
+def _pickled_code_weights(good: Path, folder: Path) -> Path:
+    return with_weights(good, folder / "code.calibseg", pickle.dumps(_RunsCodeWhenUnpickled(), protocol=4))
+
+
+def _wrong_shape_weights(good: Path, folder: Path) -> Path:
+    state = {name: tensor.clone() for name, tensor in load_bundle(good).state_dict.items()}
+    name = next(iter(state))
+    state[name] = torch.zeros(state[name].shape[0] + 1, *state[name].shape[1:])
+    return with_weights(good, folder / "shape.calibseg", save_safetensors(state))
+
+
+def _missing_weight(good: Path, folder: Path) -> Path:
+    state = dict(load_bundle(good).state_dict)
+    state.pop(next(iter(state)))
+    return with_weights(good, folder / "missing.calibseg", save_safetensors(state))
+
+
+BAD_BUNDLES = {
+    "missing file": (lambda good, folder: folder / "absent.calibseg", "No model bundle at"),
+    "not a zip": (_not_a_zip, "not a zip file"),
+    "no bundle.json": (_without_metadata, "has no bundle.json"),
+    "invalid json": (_invalid_json, "not valid JSON"),
+    "missing field": (
+        lambda g, f: rewritten(g, f / "req.calibseg", lambda m: m.pop("class_names")),
+        "lacks the required field.*class_names",
+    ),
+    "no checksum": (
+        lambda g, f: rewritten(g, f / "sha.calibseg", lambda m: m.pop("weights_sha256")),
+        "lacks the required field weights_sha256",
+    ),
+    "wrong type": (
+        lambda g, f: rewritten(g, f / "type.calibseg", lambda m: m.update(num_classes="4")),
+        "num_classes must be an integer",
+    ),
+    "newer schema": (
+        lambda g, f: rewritten(g, f / "new.calibseg", lambda m: m.update(schema_version=SCHEMA_VERSION + 1)),
+        "newer than this CalibSeg",
+    ),
+    "checksum mismatch": (
+        lambda g, f: rewritten(g, f / "sum.calibseg", lambda m: m.update(weights_sha256="0" * 64)),
+        "do not match their checksum",
+    ),
+    "unknown network": (
+        lambda g, f: rewritten(g, f / "net.calibseg", lambda m: m.update(network="vnet9000")),
+        "unknown network 'vnet9000'",
+    ),
+    "weights for another network": (
+        lambda g, f: rewritten(g, f / "fit.calibseg", lambda m: m["network_kwargs"].update(channels=[8, 16])),
+        "do not fit the declared network",
+    ),
+    "wrong weight shape": (_wrong_shape_weights, "wrong shape"),
+    "missing weight": (_missing_weight, "missing"),
+    "class count mismatch": (
+        lambda g, f: rewritten(g, f / "cls.calibseg", lambda m: m.update(class_names=["a"])),
+        "not one name and one colour",
+    ),
+    "bad temperature": (
+        lambda g, f: rewritten(g, f / "t.calibseg", lambda m: m.update(temperature=[1.0, 2.0])),
+        "temperature",
+    ),
+    "bad target size": (
+        lambda g, f: rewritten(g, f / "ts.calibseg", lambda m: m["preprocessing"].update(target_size=[4])),
+        "target_size",
+    ),
+    "pickle member": (
+        lambda g, f: rewritten(g, f / "pkl.calibseg", extra={"model.pkl": pickle.dumps({"a": 1})}),
+        "pickled objects are refused",
+    ),
+    ".pt member": (
+        lambda g, f: rewritten(g, f / "pt.calibseg", extra={"weights.pt": b"PK\x03\x04"}),
+        "contains weights.pt",
+    ),
+    "torch.save weights": (_torch_saved_weights, "pickle .*refused"),
+    "pickled code as weights": (_pickled_code_weights, "pickle .*refused"),
+    "truncated": (_truncated, "corrupt or truncated"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BUNDLES))
+def test_bad_bundle_is_refused_with_one_sentence(good, tmp_path, case):
+    make, message = BAD_BUNDLES[case]
+    with pytest.raises(BundleError, match=message) as caught:
+        load_bundle(make(good, tmp_path))
+    text = str(caught.value)
+    assert "\n" not in text and text.endswith(".")
+
+
+def test_save_refuses_invalid_metadata_before_writing(tmp_path):
+    model = build_network("unet", 1, 4, **TINY_UNET)
+    with pytest.raises(BundleError, match="class_colors"):
+        save_bundle(tmp_path / "x.calibseg", model, make_test_metadata(class_colors=[(2.0, 0.0, 0.0)] * 4))
+    assert list(tmp_path.iterdir()) == []

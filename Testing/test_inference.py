@@ -1,4 +1,5 @@
-"""Predictor: grid, value ranges, known toy outputs, temperature, progress, cancel, bad input."""
+"""Predictor: input grid, value ranges, known toy outputs, temperature, slice axis, streaming, progress,
+cancel and bad input."""
 
 from __future__ import annotations
 
@@ -8,104 +9,229 @@ import threading
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from CalibSegLib.bundle import Bundle, BundleMetadata, Preprocessing
-from CalibSegLib.inference import InferenceCancelled, Predictor
-from CalibSegLib.networks import build_network
-from bundle_factory import make_test_bundle
+from CalibSegLib import networks
+from CalibSegLib.bundle import Bundle, Preprocessing, load_bundle, save_bundle
+from CalibSegLib.inference import InferenceCancelled, Predictor, confidence_maps, resolve_device
+from bundle_factory import make_test_bundle, make_test_metadata
+
+SPACING = (8.0, 1.3, 0.7)  # anisotropic, mm
 
 
 @pytest.fixture(scope="module")
-def predictor(tmp_path_factory):
-    path = make_test_bundle(tmp_path_factory.mktemp("bundle") / "tiny.calibseg")
-    return Predictor(path, device="cpu", batch_size=2)
+def tiny_bundle(tmp_path_factory):
+    return load_bundle(make_test_bundle(tmp_path_factory.mktemp("bundle") / "tiny.calibseg"))
 
 
-def volume(shape=(5, 41, 37), seed=0):
+@pytest.fixture(scope="module")
+def predictor(tiny_bundle):
+    return Predictor(tiny_bundle, device="cpu", batch_size=2)
+
+
+def noise_volume(shape=(5, 41, 37), seed=0) -> np.ndarray:
     return np.random.default_rng(seed).normal(100, 20, size=shape).astype(np.float32)
 
 
+def _pixel_linear(spatial_dims: int, in_channels: int, num_classes: int, **kw) -> nn.Module:
+    return nn.Conv2d(in_channels, num_classes, kernel_size=1)
+
+
+@pytest.fixture()
+def linear_bundle(monkeypatch, tmp_path):
+    """Saved 2-class bundles of a hand-set 1×1 conv: logits (0, 8·x − 3) for normalised intensity x."""
+    monkeypatch.setitem(networks._BUILDERS, "pixel_linear", _pixel_linear)
+
+    def make(temperature=1.0, target_size=(16, 16)):
+        state = {"weight": torch.tensor([[[[0.0]]], [[[8.0]]]]), "bias": torch.tensor([0.0, -3.0])}
+        metadata = make_test_metadata(
+            2, target_size, network="pixel_linear", network_kwargs={}, temperature=temperature
+        )
+        return load_bundle(save_bundle(tmp_path / f"linear_{temperature}.calibseg", state, metadata))
+
+    return make
+
+
+def expected_foreground_probability(normalised: np.ndarray, temperature: float) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-(8.0 * normalised - 3.0) / temperature))
+
+
 def test_outputs_are_on_the_input_grid_with_valid_ranges(predictor):
-    image = volume()
-    prediction = predictor.predict(image, (8.0, 1.3, 0.7), keep_probabilities=True)
+    image = noise_volume()
+    prediction = predictor.predict(image, SPACING, keep_probabilities=True)
     assert prediction.labels.shape == prediction.confidence.shape == prediction.entropy.shape == image.shape
-    assert prediction.labels.dtype == np.uint8 and prediction.confidence.dtype == np.float32
-    assert prediction.probabilities.shape == (4,) + image.shape
-    assert prediction.confidence.min() >= 0.25 - 1e-6 and prediction.confidence.max() <= 1 + 1e-6
-    assert prediction.entropy.min() >= 0 and prediction.entropy.max() <= 1
-    np.testing.assert_array_equal(prediction.labels, prediction.probabilities.argmax(0))
-    np.testing.assert_allclose(prediction.confidence, prediction.probabilities.max(0), rtol=1e-6)
-    p = prediction.probabilities.astype(np.float64)
-    np.testing.assert_allclose(prediction.entropy, -(p * np.log(np.clip(p, 1e-12, 1))).sum(0) / math.log(4), atol=1e-5)
+    assert (prediction.labels.dtype, prediction.confidence.dtype, prediction.entropy.dtype) == (
+        np.uint8,
+        np.float32,
+        np.float32,
+    )
+    assert all(
+        array.flags.c_contiguous for array in (prediction.labels, prediction.confidence, prediction.entropy)
+    )
+    assert prediction.probabilities.shape == (4, *image.shape)
+    assert prediction.confidence.min() >= 0.25 and prediction.confidence.max() <= 1.0
+    assert prediction.entropy.min() >= 0.0 and prediction.entropy.max() <= 1.0
+    probabilities = prediction.probabilities.astype(np.float64)
+    np.testing.assert_allclose(probabilities.sum(0), 1.0, atol=1e-5)
+    np.testing.assert_array_equal(prediction.labels, probabilities.argmax(0))
+    np.testing.assert_allclose(prediction.confidence, probabilities.max(0), rtol=1e-6)
+    entropy = -(probabilities * np.log(np.clip(probabilities, 1e-30, 1))).sum(0) / math.log(4)
+    np.testing.assert_allclose(prediction.entropy, entropy, atol=1e-5)
 
 
-def constant_logit_bundle(logits: list[float], temperature=1.0) -> Bundle:
-    """A 2-class network whose output is a fixed logit pair everywhere: a 1×1 conv with zero weight and set bias."""
-    model = build_network("unet", 1, 2, channels=[4, 8], strides=[2], num_res_units=0)
-    state = {name: torch.zeros_like(tensor) for name, tensor in model.state_dict().items()}
-    final_bias = [name for name in state if name.endswith("bias")][-1]
-    state[final_bias] = torch.tensor(logits)
-    metadata = BundleMetadata(network="unet", network_kwargs={"channels": [4, 8], "strides": [2], "num_res_units": 0},
-                              in_channels=1, num_classes=2, spatial_dims=2, class_names=["bg", "fg"],
-                              class_colors=[(0, 0, 0), (1, 0, 0)], preprocessing=Preprocessing(target_size=(16, 16)),
-                              temperature=temperature)
-    return Bundle(metadata, state)
+def test_input_is_not_modified_and_integer_images_work(predictor):
+    image = (noise_volume((3, 20, 20)) * 10).astype(np.int16)
+    copy = image.copy()
+    prediction = predictor.predict(image, SPACING)
+    np.testing.assert_array_equal(image, copy)
+    assert prediction.labels.shape == image.shape and prediction.probabilities is None
 
 
-@pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_known_weights_give_known_confidence(temperature):
-    predictor = Predictor(constant_logit_bundle([0.0, 2.0], temperature), device="cpu")
-    prediction = predictor.predict(volume((2, 20, 20)), (1, 1, 1))
-    expected = 1 / (1 + math.exp(-2.0 / temperature))
-    assert np.all(prediction.labels == 1)
-    np.testing.assert_allclose(prediction.confidence, expected, rtol=1e-5)
-    binary_entropy = -(expected * math.log(expected) + (1 - expected) * math.log(1 - expected)) / math.log(2)
-    np.testing.assert_allclose(prediction.entropy, binary_entropy, rtol=1e-4)
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_known_weights_give_known_confidence_through_resize(linear_bundle, temperature):
+    # Each slice is constant, so the bilinear resize to 16×16 and back is exact; slice k normalises to k/4.
+    image = np.repeat(np.arange(5, dtype=np.float32)[:, None, None] * 10.0, 20 * 24).reshape(5, 20, 24)
+    prediction = Predictor(linear_bundle(temperature), device="cpu", batch_size=2).predict(image, (2, 1, 1))
+    foreground = expected_foreground_probability(np.arange(5) / 4.0, temperature)[:, None, None]
+    np.testing.assert_allclose(
+        prediction.confidence, np.broadcast_to(np.maximum(foreground, 1 - foreground), image.shape), rtol=1e-5
+    )
+    np.testing.assert_array_equal(prediction.labels, np.broadcast_to(foreground > 0.5, image.shape))
+    binary_entropy = -(
+        foreground * np.log(foreground) + (1 - foreground) * np.log(1 - foreground)
+    ) / math.log(2)
+    np.testing.assert_allclose(prediction.entropy, np.broadcast_to(binary_entropy, image.shape), rtol=1e-4)
 
 
-def test_progress_reaches_one_exactly_once(predictor):
+def test_known_weights_voxel_by_voxel_with_percentile_clipping(linear_bundle):
+    image = np.random.default_rng(1).gamma(2.0, 50.0, size=(3, 16, 16)).astype(np.float32)
+    low, high = image.min(), np.percentile(image, 99.0)
+    normalised = (np.clip(image, low, high) - low) / (high - low)
+    prediction = Predictor(linear_bundle(target_size=(16, 16)), device="cpu").predict(
+        image, (2, 1, 1), keep_probabilities=True
+    )
+    np.testing.assert_allclose(
+        prediction.probabilities[1], expected_foreground_probability(normalised, 1.0), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_per_class_temperature_divides_each_logit(linear_bundle):
+    image = np.random.default_rng(2).random((2, 16, 16)).astype(np.float32)
+    one = Predictor(linear_bundle(1.0), device="cpu").predict(image, (1, 1, 1), keep_probabilities=True)
+    per_class = Predictor(linear_bundle([1.0, 2.0]), device="cpu").predict(
+        image, (1, 1, 1), keep_probabilities=True
+    )
+    logit = np.log(one.probabilities[1]) - np.log(one.probabilities[0])  # 8x − 3 at T = 1
+    np.testing.assert_allclose(
+        per_class.probabilities[1], 1 / (1 + np.exp(-logit / 2.0)), rtol=1e-4, atol=1e-6
+    )
+
+
+def test_slice_axis_runs_along_the_declared_axis(tiny_bundle):
+    along_x = Bundle(
+        make_test_metadata(preprocessing=Preprocessing(target_size=(64, 64), slice_axis=2)),
+        tiny_bundle.state_dict,
+    )
+    image = noise_volume((24, 20, 3))
+    rotated = Predictor(along_x, device="cpu").predict(image, SPACING, keep_probabilities=True)
+    reference = Predictor(tiny_bundle, device="cpu").predict(
+        np.ascontiguousarray(np.moveaxis(image, 2, 0)), SPACING, keep_probabilities=True
+    )
+    assert rotated.labels.shape == image.shape and rotated.labels.flags.c_contiguous
+    np.testing.assert_allclose(
+        rotated.confidence, np.moveaxis(reference.confidence, 0, 2), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        rotated.probabilities, np.moveaxis(reference.probabilities, 1, 3), rtol=1e-5, atol=1e-6
+    )
+
+
+def test_probability_sink_streams_each_batch_on_the_input_grid(predictor):
+    image = noise_volume((5, 20, 22))
+    batches = []
+    kept = predictor.predict(
+        image,
+        SPACING,
+        keep_probabilities=True,
+        probability_sink=lambda slices, probs: batches.append((slices, probs.copy())),
+    )
+    assert [slices for slices, _ in batches] == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    np.testing.assert_array_equal(np.concatenate([probs for _, probs in batches], axis=1), kept.probabilities)
+
+
+def test_batch_size_does_not_change_the_result(tiny_bundle):
+    image = noise_volume((5, 24, 24))
+    one = Predictor(tiny_bundle, device="cpu", batch_size=1).predict(image, SPACING)
+    five = Predictor(tiny_bundle, device="cpu", batch_size=5).predict(image, SPACING)
+    np.testing.assert_allclose(one.confidence, five.confidence, rtol=1e-5, atol=1e-6)
+
+
+def test_progress_rises_and_reaches_one_exactly_once(predictor):
     calls = []
-    predictor.predict(volume((5, 20, 20)), (1, 1, 1), progress=calls.append)
-    assert calls == sorted(calls) and calls.count(1.0) == 1 and calls[-1] == 1.0 and len(calls) == 3
+    predictor.predict(noise_volume((5, 20, 20)), SPACING, progress=calls.append)
+    assert calls == [0.4, 0.8, 1.0]
 
 
 def test_cancel_stops_before_the_next_batch(predictor):
-    cancel = threading.Event()
-    calls = []
+    cancel, calls = threading.Event(), []
 
     def progress(fraction):
         calls.append(fraction)
-        cancel.set()
+        cancel.set()  # as if the user pressed Cancel during the first batch
 
+    with pytest.raises(InferenceCancelled, match="after 2 of 9 slices"):
+        predictor.predict(noise_volume((9, 20, 20)), SPACING, progress=progress, cancel=cancel)
+    assert calls == [2 / 9]
+
+
+def test_cancel_set_beforehand_runs_no_batch(predictor):
+    cancel, sink_calls = threading.Event(), []
+    cancel.set()
     with pytest.raises(InferenceCancelled):
-        predictor.predict(volume((9, 20, 20)), (1, 1, 1), progress=progress, cancel=cancel)
-    assert len(calls) == 1
+        predictor.predict(
+            noise_volume((4, 20, 20)),
+            SPACING,
+            cancel=cancel,
+            probability_sink=lambda *args: sink_calls.append(args),
+        )
+    assert sink_calls == []
 
 
-def test_probability_sink_sees_every_slice_once(predictor):
-    seen = []
-    predictor.predict(volume((5, 20, 22)), (1, 1, 1), probability_sink=lambda s, p: seen.append((s, p.shape)))
-    assert [s for s, _ in seen] == [slice(0, 2), slice(2, 4), slice(4, 5)]
-    assert all(shape[0] == 4 and shape[2:] == (20, 22) for _, shape in seen)
+BAD_INPUTS = {
+    "2D": (np.random.rand(20, 20), SPACING, "3D"),
+    "4D": (np.random.rand(1, 4, 20, 20), SPACING, "3D"),
+    "zero-sized": (np.zeros((0, 20, 20)), SPACING, "empty"),
+    "NaN": (np.where(np.eye(20) > 0, np.nan, 1.0)[None].repeat(3, 0), SPACING, "NaN or infinite"),
+    "inf": (np.where(np.eye(20) > 0, np.inf, 1.0)[None].repeat(3, 0), SPACING, "NaN or infinite"),
+    "constant": (np.full((3, 20, 20), 7.0), SPACING, "constant"),
+    "too small": (np.random.rand(3, 4, 20), SPACING, "at least 8×8"),
+    "complex": (np.random.rand(3, 20, 20).astype(np.complex64), SPACING, "real numbers"),
+    "not an array": ([[[1.0]]], SPACING, "NumPy array"),
+    "zero spacing": (np.random.rand(3, 20, 20), (1, 0, 1), "spacing"),
+    "two spacings": (np.random.rand(3, 20, 20), (1, 1), "spacing"),
+    "text spacing": (np.random.rand(3, 20, 20), ("a", 1, 1), "spacing"),
+}
 
 
-@pytest.mark.parametrize("image,spacing,message", [
-    (np.zeros((4, 4)), (1, 1, 1), "3D"),
-    (np.zeros((1, 4, 20, 20)), (1, 1, 1), "3D"),
-    (np.zeros((0, 20, 20)), (1, 1, 1), "empty"),
-    (np.full((3, 20, 20), np.nan), (1, 1, 1), "NaN"),
-    (np.where(np.eye(20)[None] > 0, np.inf, 1.0).repeat(3, 0), (1, 1, 1), "NaN or infinite"),
-    (np.ones((3, 20, 20)), (1, 1, 1), "constant"),
-    (np.random.rand(3, 4, 20), (1, 1, 1), "at least"),
-    (np.random.rand(3, 20, 20), (1, 0, 1), "spacing"),
-])
-def test_bad_input_raises_value_error(predictor, image, spacing, message):
-    with pytest.raises(ValueError, match=message):
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_raises_one_clear_value_error(predictor, case):
+    image, spacing, message = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=message) as caught:
         predictor.predict(image, spacing)
+    assert "\n" not in str(caught.value)
 
 
-def test_cuda_request_without_cuda_is_a_clear_error(tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
-    with pytest.raises(ValueError, match="no CUDA device"):
-        Predictor(make_test_bundle(tmp_path / "b.calibseg"), device="cuda")
+def test_confidence_maps_of_uniform_probabilities():
+    labels, confidence, entropy = confidence_maps(torch.full((1, 4, 2, 2), 0.25))
+    assert labels.dtype == torch.uint8
+    torch.testing.assert_close(confidence, torch.full((1, 2, 2), 0.25))
+    torch.testing.assert_close(entropy, torch.ones(1, 2, 2))
+
+
+def test_device_auto_and_missing_cuda(tiny_bundle):
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            Predictor(tiny_bundle, device="cuda")
+    with pytest.raises(ValueError, match="batch_size"):
+        Predictor(tiny_bundle, device="cpu", batch_size=0)

@@ -40,16 +40,12 @@ def tiny_trainer(tmp_path, cases, method="crac", **overrides) -> Trainer:
 @pytest.mark.parametrize("method", LOSSES)
 def test_every_method_decreases_its_loss_on_a_fixed_batch(method, sample_cases, tmp_path):
     trainer = tiny_trainer(tmp_path, sample_cases, method, seed=1)
-    images, target = trainer.train_slices.images[:8], trainer.train_slices.labels[:8]
+    images, target = trainer.train_slices.images[:8], trainer.train_slices.labels[:8].long()
     trainer.model.train()
     values = []
     for _ in range(15):
         torch.manual_seed(0)  # the same BWCR view each step, so the loss sequence is comparable
-        value = trainer.loss(trainer.model(images), target, model=trainer.model, images=images)
-        trainer.optimizer.zero_grad()
-        value.backward()
-        trainer.optimizer.step()
-        values.append(value.item())
+        values.append(trainer.train_step(images, target))
     assert values[-1] < values[0]
 
 
@@ -93,21 +89,21 @@ def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):
     assert checkpoint.read_bytes() == truncated
 
 
-def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsys):
+def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     out = tmp_path / "run"
-    code = train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--image-size", "32",
-                           "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg", "strides=[2]",
-                           "--network-arg", "num_res_units=0", "--device", "cpu", "--out", str(out)])
-    assert code == 0, capsys.readouterr().err
-    bundle = load_bundle(out / "model.calibseg")
+    bundle_path = train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--image-size",
+                                  "32", "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg",
+                                  "strides=[2]", "--network-arg", "num_res_units=0", "--device", "cpu", "--out", str(out)])
+    assert bundle_path == out / "model.calibseg"
+    bundle = load_bundle(bundle_path)
     assert bundle.metadata.training["method"] == "nacl" and bundle.metadata.temperature > 0
     summary = json.loads((out / "evaluation" / "summary.json").read_text())
     assert len(summary["cases"]) == 4 and "pooled_calibration" in summary["scaled"]
     assert (out / "evaluation" / "reliability.png").stat().st_size > 1000
     assert (out / "evaluation" / "per_case.csv").read_text().count("\n") == 9
     # a second run into the same folder must not overwrite it
-    assert train_cli.main(["--out", str(out), "--epochs", "1"]) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="already holds a run"):
+        train_cli.main(["--out", str(out), "--epochs", "1"])
 
 
 def write_h5(path, image, label):
@@ -125,15 +121,16 @@ def write_h5(path, image, label):
     (lambda d: write_h5(d / "patient001_frame01.h5", np.random.rand(3, 20, 20), np.full((3, 20, 20), 7, np.uint8)) or d,
      "labels range"),
 ])
-def test_bad_data_stops_before_training_with_one_sentence(tmp_path, capsys, prepare, message):
+def test_bad_data_stops_before_training_with_one_sentence(tmp_path, prepare, message):
     data = tmp_path / "data"
     data.mkdir()
     target = prepare(data)
     split = tmp_path / "split.json"
     split.write_text(json.dumps({"train": ["patient001"], "val": ["patient001x"], "test": []}))
-    code = train_cli.main(["--data", str(target), "--split", str(split), "--out", str(tmp_path / "run")])
-    error = capsys.readouterr().err
-    assert code == 2 and message in error and error.count("\n") == 1
+    with pytest.raises(SystemExit) as stopped:
+        train_cli.main(["--data", str(target), "--split", str(split), "--out", str(tmp_path / "run")])
+    error = str(stopped.value)
+    assert error.startswith("error: ") and message in error and "\n" not in error
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
 
 

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state"]
@@ -57,9 +58,16 @@ def load_checkpoint(path: str | Path, required: tuple[str, ...] = ("epoch", "mod
 
 
 def capture_rng_state(generator: torch.Generator) -> dict[str, Any]:
-    """Every random state training uses: Python, torch CPU (and CUDA), and the data-order generator."""
+    """Every random state training may touch: Python, NumPy, torch CPU (and CUDA), the data-order generator.
+
+    NumPy's state is stored as a tensor and plain numbers, so the checkpoint stays loadable
+    with ``weights_only=True``.
+    """
+    kind, keys, position, has_gauss, cached_gauss = np.random.get_state()
     state = {
         "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gauss": float(cached_gauss)},
         "torch": torch.get_rng_state(),
         "data_order": generator.get_state(),
     }
@@ -69,8 +77,12 @@ def capture_rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def restore_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+    """Put back what :func:`capture_rng_state` recorded (CUDA only where a GPU is present)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32), numpy_state["position"],
+                         numpy_state["has_gauss"], numpy_state["cached_gauss"]))
     torch.set_rng_state(state["torch"])
     generator.set_state(state["data_order"])
     if "cuda" in state and torch.cuda.is_available():

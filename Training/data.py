@@ -1,8 +1,12 @@
 """Dataset adapters: ACDC HDF5 volumes and folders of NIfTI/NRRD image + label pairs.
 
-Volumes are read whole (3D, for evaluation) and cut into in-plane-resized 2D slices for
-training, cached in memory as tensors. Intensities go through the same
-:func:`CalibSegLib.preprocessing.normalize_intensity` the predictor uses.
+Volumes are read whole (3D, for evaluation) and cut into 2D slices for training, cached in
+memory as tensors. Each slice is *resized* in-plane to the bundle's ``target_size`` (224×224
+in the papers' schedule) — images bilinear, labels nearest — not cropped, so the whole field of
+view is kept and the aspect ratio is not (the predictor resizes the same way and back).
+Intensities go through the same :func:`CalibSegLib.preprocessing.normalize_intensity` the
+predictor uses. ACDC's HDF5 files carry no spacing: :data:`ACDC_SPACING` (10 mm between
+slices, 1.5 × 1.5 mm in-plane) is assumed for HD95/ASD.
 
 Folder layouts (:func:`find_cases`):
 - ACDC: ``patientNNN_frameMM.h5`` files with ``image`` and ``label`` datasets; the patient
@@ -34,7 +38,9 @@ __all__ = [
     "DataError",
     "Case",
     "CaseFile",
+    "DATASETS",
     "find_cases",
+    "default_classes",
     "load_cases",
     "SliceData",
     "make_slices",
@@ -113,19 +119,32 @@ def _find_decathlon(folder: Path) -> list[CaseFile]:
     return found
 
 
-def find_cases(folder: str | Path) -> list[CaseFile]:
+DATASETS: tuple[str, ...] = ("auto", "acdc", "folder")
+
+
+def find_cases(folder: str | Path, dataset: str = "auto") -> list[CaseFile]:
     """All volumes of a data folder in one of the supported layouts (see the module docstring).
+
+    Args:
+        folder: the data folder.
+        dataset: ``"acdc"`` (``patientNNN_frameMM.h5`` files), ``"folder"`` (NIfTI/NRRD pairs or
+            imagesTr/labelsTr) or ``"auto"`` (ACDC when the folder holds such .h5 files).
 
     Raises:
         DataError: the folder is missing, holds no recognisable volume, or an image lacks its label.
     """
     folder = Path(folder)
+    if dataset not in DATASETS:
+        raise DataError(f"Unknown dataset kind {dataset!r}; use one of {', '.join(DATASETS)}.")
     if not folder.is_dir():
         raise DataError(f"Data folder {folder} does not exist; pass --data with a folder of ACDC .h5 files or image/label pairs.")
-    acdc = [CaseFile(path.name[:-3], match.group(1), path, None, "acdc")
-            for path in sorted(folder.glob("*.h5")) if (match := _ACDC_NAME.match(path.name))]
-    if acdc:
-        return acdc
+    if dataset != "folder":
+        acdc = [CaseFile(path.name[:-3], match.group(1), path, None, "acdc")
+                for path in sorted(folder.glob("*.h5")) if (match := _ACDC_NAME.match(path.name))]
+        if acdc or dataset == "acdc":
+            if not acdc:
+                raise DataError(f"No ACDC volumes (patientNNN_frameMM.h5) in {folder}; check --data or use --dataset folder.")
+            return acdc
     cases = _find_decathlon(folder) if (folder / "imagesTr").is_dir() else _find_pairs(folder)
     if not cases:
         raise DataError(
@@ -136,6 +155,16 @@ def find_cases(folder: str | Path) -> list[CaseFile]:
     if missing:
         raise DataError(f"No label file for {len(missing)} image(s) in {folder} (first: {missing[0]}); every image needs its label.")
     return cases
+
+
+def default_classes(num_classes: int, dataset: str) -> tuple[list[str], list[tuple[float, float, float]]]:
+    """Class names and RGB colours in [0, 1]: ACDC's for ACDC data, else ``class k`` on a fixed palette."""
+    if dataset == "acdc" and num_classes == len(ACDC_CLASS_NAMES):
+        return list(ACDC_CLASS_NAMES), list(ACDC_CLASS_COLORS)
+    names = ["background"] + [f"class {index}" for index in range(1, num_classes)]
+    palette = [(0.90, 0.30, 0.25), (0.30, 0.70, 0.35), (0.25, 0.45, 0.90), (0.95, 0.75, 0.20),
+               (0.65, 0.35, 0.80), (0.20, 0.75, 0.80), (0.95, 0.50, 0.70), (0.60, 0.45, 0.25)]
+    return names, [(0.0, 0.0, 0.0)] + [palette[(index - 1) % len(palette)] for index in range(1, num_classes)]
 
 
 def _read_acdc(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
@@ -186,13 +215,21 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
 
 @dataclass
 class SliceData:
-    """Training slices: ``images (N, 1, H, W)`` float32 and ``labels (N, H, W)`` int64, cached in memory."""
+    """Training slices cached in memory: ``images (N, 1, H, W)`` float32 in [0, 1], ``labels (N, H, W)`` uint8.
+
+    Labels are kept as uint8 (an eighth of int64's memory; the full ACDC set at 224×224 is
+    about 50 MB) and widened to int64 per batch.
+    """
 
     images: torch.Tensor
     labels: torch.Tensor
 
     def __len__(self) -> int:
         return self.images.shape[0]
+
+    def to(self, device: torch.device) -> "SliceData":
+        """The same slices on ``device`` (e.g. cached on the GPU so batches never wait for the host)."""
+        return SliceData(self.images.to(device), self.labels.to(device))
 
 
 def make_slices(cases: Sequence[Case], preprocessing: Preprocessing, include_empty: bool = True) -> SliceData:
@@ -206,7 +243,7 @@ def make_slices(cases: Sequence[Case], preprocessing: Preprocessing, include_emp
         label = torch.from_numpy(case.label.astype(np.float32)).unsqueeze(1)
         keep = torch.ones(image.shape[0], dtype=torch.bool) if include_empty else (label.flatten(1) > 0).any(dim=1)
         images.append(resize_slices(image[keep], size))
-        labels.append(resize_slices(label[keep], size, mode="nearest").squeeze(1).round().long())
+        labels.append(resize_slices(label[keep], size, mode="nearest").squeeze(1).round().to(torch.uint8))
     if not images:
         raise DataError("No slices to train on; the split selected no volume.")
     return SliceData(torch.cat(images), torch.cat(labels))

@@ -2,17 +2,21 @@
 
     python Training/evaluate.py --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
 
-Writes into ``--out`` (default: ``evaluation/`` beside the bundle), atomically:
+Every volume goes through :class:`CalibSegLib.inference.Predictor` whole, as a user's would;
+calibration is streamed batch by batch from its ``probability_sink`` (the probability volume
+is never kept), on the reference foreground as in the papers. Writes into ``--out`` (default:
+``evaluation/`` beside the bundle), each file atomically:
+
 - ``per_case.csv``: one row per case and temperature variant: Dice/HD95/ASD per class (mm),
-  ECE, MCE, CECE, TACE, Brier, NLL (reference foreground), error-detection AUROC and AURC of
-  the per-voxel confidence, mean normalised entropy in the predicted foreground;
-- ``summary.json``: per variant, mean/std/undefined count of every column, pooled
+  ECE, MCE, CECE, TACE, Brier, NLL, error-detection AUROC and AURC of the per-voxel
+  confidence, mean normalised entropy in the predicted foreground;
+- ``summary.json``: per variant, mean/std/count/undefined count of every column, pooled
   calibration over all cases, and the Spearman correlation between per-case mean
   foreground entropy and Dice (does uncertainty flag bad cases?);
 - ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1).
 
-Variants: ``scaled`` uses the bundle's fitted temperature, ``uncalibrated`` T = 1 (before/after
-temperature scaling).
+Variants: ``scaled`` uses the bundle's fitted temperature, ``uncalibrated`` T = 1 (after and
+before temperature scaling).
 """
 
 from __future__ import annotations
@@ -35,106 +39,140 @@ from scipy.stats import spearmanr
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
 from CalibSegLib.inference import Predictor
+from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics
 from CalibSegLib.metrics.plots import reliability_figure
-from CalibSegLib.predict import write_json_atomic
-from Training.data import Case, DataError, find_cases, load_cases
+from Training.data import DATASETS, Case, DataError, find_cases, load_cases
 from Training.splits import load_split, select_patients
 
-__all__ = ["evaluate_bundle", "main"]
+__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "evaluate_bundle", "print_summary", "main"]
 
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    temporary.replace(path)
-
-
-def _save_figure_atomic(figure, path: Path) -> None:
-    temporary = path.with_name(f".{path.name}.tmp.png")
-    figure.savefig(temporary, bbox_inches="tight")
-    temporary.replace(path)
+EVALUATION_DIR = "evaluation"
+SUMMARY_NAME = "summary.json"
+CASES_NAME = "per_case.csv"
+VARIANTS: tuple[str, ...] = ("scaled", "uncalibrated")
+RELIABILITY_NAMES = {"scaled": "reliability.png", "uncalibrated": "reliability_uncalibrated.png"}
 
 
 def _variant_bundles(bundle: Bundle) -> dict[str, Bundle]:
+    """The bundle as trained (its fitted temperature) and the same weights at T = 1."""
     uncalibrated = dataclasses.replace(bundle, metadata=dataclasses.replace(bundle.metadata, temperature=1.0))
     return {"scaled": bundle, "uncalibrated": uncalibrated}
+
+
+def _spearman(entropy: Sequence[float], dice_mean: Sequence[float]) -> float:
+    """Spearman's ρ between per-case mean foreground entropy and Dice (NaN with fewer than 3 defined cases)."""
+    defined = [(e, d) for e, d in zip(entropy, dice_mean) if not (math.isnan(e) or math.isnan(d))]
+    if len(defined) < 3 or len({e for e, _ in defined}) < 2 or len({d for _, d in defined}) < 2:
+        return float("nan")
+    return float(spearmanr(*zip(*defined)).statistic)
+
+
+def _evaluate_variant(bundle: Bundle, cases: Sequence[Case], device: str, batch_size: int
+                      ) -> tuple[list[dict], CalibrationStatistics]:
+    """Per-case metric rows and the pooled calibration statistics of one temperature variant."""
+    predictor = Predictor(bundle, device=device, batch_size=batch_size)
+    pooled = CalibrationStatistics(bundle.metadata.num_classes)
+    rows = []
+    for case in cases:
+        evaluation = predict_and_evaluate(predictor, case.image, case.label.astype(np.int64), case.spacing)
+        pooled.merge(evaluation.statistics)
+        rows.append({"case": case.case_id, **case_metrics_row(evaluation, bundle.metadata.class_names)})
+    return rows, pooled
 
 
 def evaluate_bundle(
     bundle: Bundle, cases: Sequence[Case], out_dir: str | Path, device: str = "auto", batch_size: int = 16,
 ) -> dict:
-    """Evaluate ``bundle`` on ``cases`` (3D) and write CSV, JSON and PNGs into ``out_dir``; returns the summary."""
+    """Evaluate ``bundle`` on ``cases`` (3D) and write CSV, JSON and PNGs into ``out_dir``; returns the summary.
+
+    Raises:
+        DataError: no cases were given.
+    """
+    if not cases:
+        raise DataError("No cases to evaluate; the split side is empty.")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    names = bundle.metadata.class_names
-    rows: list[dict] = []
     summary: dict = {"cases": [case.case_id for case in cases], "bundle": str(bundle.path or ""),
                      "temperature": bundle.metadata.temperature}
+    rows: list[dict] = []
     for variant, variant_bundle in _variant_bundles(bundle).items():
-        predictor = Predictor(variant_bundle, device=device, batch_size=batch_size)
-        pooled = CalibrationStatistics(bundle.metadata.num_classes)
-        variant_rows = []
-        for case in cases:
-            evaluation = predict_and_evaluate(predictor, case.image, case.label.astype(np.int64), case.spacing)
-            pooled.merge(evaluation.statistics)
-            variant_rows.append({"case": case.case_id, "variant": variant, **case_metrics_row(evaluation, names)})
-        rows += variant_rows
-        columns = [key for key in variant_rows[0] if key not in ("case", "variant")]
-        entropy = [row["mean_foreground_entropy"] for row in variant_rows]
-        dice_mean = [row["dice_mean"] for row in variant_rows]
-        defined = [(e, d) for e, d in zip(entropy, dice_mean) if not (math.isnan(e) or math.isnan(d))]
-        correlation = float(spearmanr(*zip(*defined)).statistic) if len(defined) >= 3 else float("nan")
+        variant_rows, pooled = _evaluate_variant(variant_bundle, cases, device, batch_size)
+        rows += [{"variant": variant, **row} for row in variant_rows]
+        columns = [key for key in variant_rows[0] if key != "case"]
         summary[variant] = {
             "per_metric": {column: summarize([row[column] for row in variant_rows]) for column in columns},
             "pooled_calibration": pooled.metrics(),
-            "spearman_entropy_vs_dice": correlation,
+            "spearman_entropy_vs_dice": _spearman([row["mean_foreground_entropy"] for row in variant_rows],
+                                                  [row["dice_mean"] for row in variant_rows]),
         }
-        title = "T = {:.2f}".format(variant_bundle.metadata.temperature) if variant == "scaled" else "T = 1"
+        title = f"T = {variant_bundle.metadata.temperature:.2f}" if variant == "scaled" else "T = 1"
         figure = reliability_figure(pooled.reliability(), title=f"Reliability, {title}", ece=pooled.ece())
-        _save_figure_atomic(figure, out_dir / ("reliability.png" if variant == "scaled" else "reliability_uncalibrated.png"))
+        with atomic_output(out_dir / RELIABILITY_NAMES[variant]) as temporary:
+            figure.savefig(temporary, bbox_inches="tight", format="png")
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buffer, fieldnames=["case", "variant"] + [key for key in rows[0] if key not in ("case", "variant")])
     writer.writeheader()
     writer.writerows(rows)
-    _write_text_atomic(out_dir / "per_case.csv", buffer.getvalue())
-    write_json_atomic(out_dir / "summary.json", summary)
+    with atomic_output(out_dir / CASES_NAME) as temporary:
+        temporary.write_text(buffer.getvalue())
+    write_json_atomic(out_dir / SUMMARY_NAME, summary)
     return summary
+
+
+def print_summary(summary: dict, out_dir: Path) -> None:
+    """A few lines: test Dice/HD95 and calibration before/after temperature scaling, and where the files are."""
+    scaled, raw = summary["scaled"]["per_metric"], summary["uncalibrated"]["per_metric"]
+    temperature = summary["temperature"]
+    temperature_text = f"{temperature:.2f}" if isinstance(temperature, (int, float)) else "per class"
+    print(f"test ({len(summary['cases'])} volumes): Dice {scaled['dice_mean']['mean']:.3f}  "
+          f"HD95 {scaled['hd95_mean']['mean']:.2f} mm  ASD {scaled['asd_mean']['mean']:.2f} mm")
+    for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text}", scaled)):
+        print(f"  {label}  ECE {metrics['ece']['mean']:.3f}  CECE {metrics['cece']['mean']:.3f}  "
+              f"TACE {metrics['tace']['mean']:.3f}  Brier {metrics['brier']['mean']:.3f}  NLL {metrics['nll']['mean']:.3f}")
+    undefined = scaled["hd95_mean"]["undefined"]
+    if undefined:
+        print(f"  HD95 undefined in {undefined} volume(s) (a class in only one of prediction and reference)")
+    print(f"metrics: {out_dir / SUMMARY_NAME} (per case: {out_dir / CASES_NAME})")
+    print(f"reliability diagram: {out_dir / RELIABILITY_NAMES['scaled']} (T = 1: {out_dir / RELIABILITY_NAMES['uncalibrated']})")
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python Training/evaluate.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, type=Path)
     parser.add_argument("--data", type=Path, default=None, help="data folder (default: the one recorded in the bundle)")
+    parser.add_argument("--dataset", default="auto", choices=DATASETS, help="data layout (default: detected)")
     parser.add_argument("--split-file", type=Path, default=None, help="split JSON (default: the bundle's)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help=f"default: {EVALUATION_DIR}/ beside the bundle")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _recorded(bundle: Bundle, key: str, flag: str) -> Path:
+    value = bundle.metadata.data.get(key)
+    if not value:
+        raise DataError(f"The bundle does not record its {key.replace('_', ' ')}; pass {flag}.")
+    return Path(value)
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    """Command line entry point; returns the summary JSON path. Bad input exits with one sentence."""
     arguments = _parser().parse_args(argv)
     try:
         bundle = load_bundle(arguments.bundle)
-        recorded = bundle.metadata.data
-        data = arguments.data or Path(recorded.get("folder", ""))
-        split_file = arguments.split_file or Path(recorded.get("split_file", ""))
-        files = select_patients(find_cases(data), load_split(split_file)[arguments.split])
+        data = arguments.data or _recorded(bundle, "folder", "--data")
+        split_file = arguments.split_file or _recorded(bundle, "split_file", "--split-file")
+        files = select_patients(find_cases(data, arguments.dataset), load_split(split_file)[arguments.split])
         cases = load_cases(files, bundle.metadata.num_classes)
-        out = arguments.out or arguments.bundle.parent / "evaluation"
+        out = arguments.out or arguments.bundle.parent / EVALUATION_DIR
         summary = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size)
     except (BundleError, DataError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    scaled = summary["scaled"]["per_metric"]
-    print(f"{len(cases)} {arguments.split} cases: Dice {scaled['dice_mean']['mean']:.3f}  "
-          f"HD95 {scaled['hd95_mean']['mean']:.2f} mm  ECE {scaled['ece']['mean']:.3f}  TACE {scaled['tace']['mean']:.3f}")
-    print(f"results: {out}")
-    return 0
+        raise SystemExit(f"error: {error}") from None
+    print_summary(summary, out)
+    return out / SUMMARY_NAME
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

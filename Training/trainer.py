@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -19,20 +19,25 @@ from torch import nn
 
 from CalibSegLib.bundle import Bundle, BundleMetadata, Preprocessing, save_bundle
 from CalibSegLib.inference import Predictor, resolve_device
+from CalibSegLib.io import atomic_output
 from CalibSegLib.losses import build_loss
-from CalibSegLib.metrics import dice
-from CalibSegLib.metrics.calibration import CalibrationStatistics, masked_probabilities
+from CalibSegLib.metrics import CalibrationAccumulator, dice
 from CalibSegLib.networks import build_network
 from CalibSegLib.temperature import fit_temperature
-from Training.checkpoint import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from Training.batches import iterate_batches, plan_epoch
+from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from Training.data import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, SliceData, make_slices
 
-__all__ = ["TrainConfig", "TrainResult", "Trainer", "CHECKPOINT_NAME", "BUNDLE_NAME"]
+__all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 BUNDLE_NAME = "model.calibseg"
 HISTORY_NAME = "history.jsonl"
+# Temperature scaling fits one number: a million validation voxels pin it down to well under 1 %.
 _TEMPERATURE_VOXELS = 1_000_000
+# Resuming with any of these changed would not continue the same run.
+_RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "image_size", "batch_size", "lr",
+                      "lr_step_to", "lr_step_epoch", "seed", "num_classes", "iterations_per_epoch", "augment")
 
 
 @dataclass
@@ -59,6 +64,7 @@ class TrainConfig:
     class_colors: list[tuple[float, float, float]] = field(default_factory=lambda: list(ACDC_CLASS_COLORS))
     iterations_per_epoch: int | None = None  # None: one pass over the slices
     augment: bool = True  # random 90° rotations and flips of training slices (standard for ACDC)
+    workers: int = 0  # background threads assembling batches ahead of the step (0: in the loop)
     progress: bool = True
     stop_after_steps: int | None = None  # simulates a killed run (tests): KeyboardInterrupt after N steps
 
@@ -71,6 +77,16 @@ class TrainResult:
     history: list[dict[str, Any]]
 
 
+@dataclass
+class EpochStatistics:
+    """One epoch of training: mean ``loss`` per slice, ``slices_per_second`` and ``data_wait_share``
+    (fraction of the epoch's wall time spent waiting for the next batch, in [0, 1])."""
+
+    loss: float
+    slices_per_second: float
+    data_wait_share: float
+
+
 def _seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -78,6 +94,11 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
     if deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+
+
+def _progress_enabled(requested: bool) -> bool:
+    """Progress bars only on an interactive terminal: logs and CI get the per-epoch lines alone."""
+    return requested and sys.stderr.isatty()
 
 
 class Trainer:
@@ -88,14 +109,16 @@ class Trainer:
         if not train_cases or not val_cases:
             raise DataError("The split must give at least one training and one validation volume.")
         self.config = config
-        self.run_dir = run_dir
+        self.run_dir = Path(run_dir)
         self.val_cases = val_cases
         self.data_description = data_description
         _seed_everything(config.seed, config.deterministic)
         self.device = resolve_device(config.device)
         self.preprocessing = Preprocessing(target_size=tuple(config.image_size))
-        self.train_slices = make_slices(train_cases, self.preprocessing)
-        self.val_slices = make_slices(val_cases, self.preprocessing)
+        # On a GPU the slices live in its memory, so assembling a batch never waits for the host.
+        cache_device = self.device if self.device.type == "cuda" else torch.device("cpu")
+        self.train_slices = make_slices(train_cases, self.preprocessing).to(cache_device)
+        self.val_slices = make_slices(val_cases, self.preprocessing).to(cache_device)
         self.model = build_network(config.network, 1, config.num_classes, 2, **config.network_kwargs).to(self.device)
         self.loss = build_loss(config.method, config.num_classes, **config.loss_args).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
@@ -114,6 +137,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit for bit (tensors and plain values only)."""
         return {
             "epoch": self.epoch,
             "model": self.model.state_dict(),
@@ -129,8 +153,21 @@ class Trainer:
             "config": json.dumps(asdict(self.config), default=str),
         }
 
+    def _check_same_run(self, saved_config: str, checkpoint_path: Path) -> None:
+        saved = json.loads(saved_config)
+        current = json.loads(json.dumps(asdict(self.config), default=str))
+        changed = [key for key in _RESUME_MUST_MATCH if saved.get(key) != current.get(key)]
+        if changed:
+            key = changed[0]
+            raise CheckpointError(
+                f"{checkpoint_path} was trained with {key}={saved.get(key)!r} but this run asks for "
+                f"{current.get(key)!r}; resume with the run's original flags or choose another --out."
+            )
+
     def resume(self, checkpoint_path: Path) -> None:
+        """Continue from ``checkpoint_path``; raises :class:`CheckpointError` if it is damaged or another run's."""
         state = load_checkpoint(checkpoint_path)
+        self._check_same_run(state.get("config", "{}"), checkpoint_path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -150,77 +187,78 @@ class Trainer:
 
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
         for name, value in scalars.items():
-            self.writer.add_scalar(name, value, self.epoch)
+            self.writer.add_scalar(name, value, self.epoch + 1)
         self.writer.flush()
 
-    def train_epoch(self) -> float:
-        """One pass over the shuffled training slices; returns the mean loss."""
+    def _loss_value(self, logits: torch.Tensor, target: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        # Only two-view losses (BWCR) get the model and the batch; the others take (logits, target).
+        if getattr(self.loss, "needs_model", False):
+            return self.loss(logits, target, model=self.model, images=images)
+        return self.loss(logits, target)
+
+    def train_step(self, images: torch.Tensor, target: torch.Tensor) -> float:
+        """One optimiser step on ``images (B, 1, H, W)`` and ``target (B, H, W)`` int64 (on the device); returns the loss."""
+        with torch.autocast(self.device.type, enabled=self.config.amp):
+            logits = self.model(images)
+            value = self._loss_value(logits.float(), target, images)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(value).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return value.item()
+
+    def epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches of the next epoch (advances the data-order generator)."""
+        height, width = self.config.image_size
+        plans = plan_epoch(len(self.train_slices), self.config.batch_size, self.data_order,
+                           self.config.iterations_per_epoch, self.config.augment, square=height == width)
+        return iterate_batches(self.train_slices, plans, self.device, self.config.workers)
+
+    def train_epoch(self) -> EpochStatistics:
+        """One epoch of optimiser steps, then the learning-rate schedule's step."""
         from tqdm import tqdm
 
         self.model.train()
-        batches = self._epoch_batches()
-        total, seen = 0.0, 0
-        bar = tqdm(batches, desc=f"epoch {self.epoch + 1}/{self.config.epochs}", unit="batch", leave=False,
-                   disable=not (self.config.progress and sys.stderr.isatty()))
-        for indices in bar:
-            images, target = self.train_slices.images[indices], self.train_slices.labels[indices]
-            if self.config.augment:
-                images, target = self._augment(images, target)
-            images, target = images.to(self.device), target.to(self.device)
-            with torch.autocast(self.device.type, enabled=self.config.amp):
-                logits = self.model(images)
-                value = self.loss(logits.float(), target, model=self.model, images=images)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(value).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            total += value.item() * len(indices)
-            seen += len(indices)
+        total, seen, waited = 0.0, 0, 0.0
+        started = ready = time.perf_counter()
+        bar = tqdm(self.epoch_batches(), desc=f"epoch {self.epoch + 1}/{self.config.epochs}", unit="batch",
+                   leave=False, disable=not _progress_enabled(self.config.progress))
+        for images, target in bar:
+            waited += time.perf_counter() - ready
+            total += self.train_step(images, target) * len(images)
+            seen += len(images)
             self.steps += 1
-            bar.set_postfix(loss=f"{total / seen:.4f}")
+            ready = time.perf_counter()
+            bar.set_postfix(loss=f"{total / seen:.4f}", slices_s=f"{seen / (ready - started):.1f}",
+                            data=f"{100 * waited / (ready - started):.0f}%")
             if self.config.stop_after_steps is not None and self.steps >= self.config.stop_after_steps:
                 raise KeyboardInterrupt(f"stopped after {self.steps} steps")
         self.scheduler.step()
-        return total / max(seen, 1)
-
-    def _augment(self, images: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per slice: rotate by k·90° and maybe flip, drawn from the checkpointed data-order generator."""
-        turns = torch.randint(0, 4, (len(images),), generator=self.data_order).tolist()
-        flips = torch.randint(0, 2, (len(images),), generator=self.data_order).tolist()
-        out_images, out_target = [], []
-        for image, label, turn, flip in zip(images, target, turns, flips):
-            image, label = torch.rot90(image, turn, (-2, -1)), torch.rot90(label, turn, (-2, -1))
-            if flip:
-                image, label = image.flip(-1), label.flip(-1)
-            out_images.append(image)
-            out_target.append(label)
-        return torch.stack(out_images), torch.stack(out_target)
-
-    def _epoch_batches(self) -> list[torch.Tensor]:
-        """Index batches of one epoch: one shuffled pass, or ``iterations_per_epoch`` batches drawn
-        from consecutive shuffled passes (so a small dataset still gets enough steps per ALM update)."""
-        count = len(self.train_slices)
-        if self.config.iterations_per_epoch is None:
-            return list(torch.randperm(count, generator=self.data_order).split(self.config.batch_size))
-        needed = self.config.iterations_per_epoch * self.config.batch_size
-        passes = [torch.randperm(count, generator=self.data_order) for _ in range(-(-needed // count))]
-        return list(torch.cat(passes)[:needed].split(self.config.batch_size))
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        return EpochStatistics(total / max(seen, 1), seen / elapsed, waited / elapsed)
 
     @torch.no_grad()
-    def _slice_logits(self, slices: SliceData):
-        self.model.eval()
+    def _slice_logits(self, model: nn.Module, slices: SliceData) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(B, C, H, W)`` float32 logits and ``(B, H, W)`` int64 targets of cached slices, batch by batch."""
+        model.eval()
         for start in range(0, len(slices), self.config.batch_size):
             images = slices.images[start:start + self.config.batch_size].to(self.device)
-            yield self.model(images).float(), slices.labels[start:start + self.config.batch_size].to(self.device)
+            target = slices.labels[start:start + self.config.batch_size].to(self.device).long()
+            with torch.autocast(self.device.type, enabled=self.config.amp):
+                logits = model(images)
+            yield logits.float(), target
 
     def update_constraints(self) -> dict[str, float]:
-        """CRaC (any loss with ``constraint_statistics``): one ALM step from the validation slices."""
+        """CRaC (any loss with ``constraint_statistics``): one ALM step from the validation slices.
+
+        Returns the multipliers λ and penalties ρ per region × class as TensorBoard scalars.
+        """
         if not hasattr(self.loss, "constraint_statistics"):
             return {}
         totals: dict[str, torch.Tensor] = {}
-        for logits, target in self._slice_logits(self.val_slices):
+        for logits, target in self._slice_logits(self.model, self.val_slices):
             for key, value in self.loss.constraint_statistics(logits, target).items():
-                totals[key] = totals.get(key, 0) + value
+                totals[key] = totals[key] + value if key in totals else value
         self.loss.update_multipliers(totals)
         scalars = {}
         for region_index, region in enumerate(("outer", "inner")):
@@ -237,6 +275,9 @@ class Trainer:
             "epochs": self.config.epochs,
             "best_epoch": self.best_epoch + 1,
             "batch_size": self.config.batch_size,
+            "iterations_per_epoch": self.config.iterations_per_epoch,
+            "augment": self.config.augment,
+            "optimizer": "adam",
             "lr": self.config.lr,
             "lr_step_to": self.config.lr_step_to,
             "lr_step_epoch": self.config.lr_step_epoch,
@@ -264,27 +305,30 @@ class Trainer:
         return Bundle(metadata=metadata, state_dict={k: v.detach().cpu() for k, v in state_dict.items()})
 
     def validate(self) -> dict[str, float]:
-        """3D validation: mean foreground Dice and pooled ECE over the validation volumes."""
+        """3D validation through the predictor: mean foreground Dice and pooled ECE (T = 1) over the validation volumes."""
         predictor = Predictor(self._bundle(self.model.state_dict()), device=self.device, batch_size=self.config.batch_size)
-        statistics = CalibrationStatistics(self.config.num_classes)
+        calibration = CalibrationAccumulator(self.config.num_classes)
         scores = []
         for case in self.val_cases:
             reference = case.label.astype(np.int64)
 
             def stream(slices: slice, probabilities: np.ndarray) -> None:
-                statistics.add(*masked_probabilities(probabilities, reference[slices]))
+                calibration.update(probabilities, reference[slices])
 
             prediction = predictor.predict(case.image, case.spacing, probability_sink=stream)
+            calibration.end_volume()
             scores.append(dice(prediction.labels, reference, self.config.num_classes).mean())
-        return {"val/dice": float(np.mean(scores)), "val/ece": statistics.ece()}
+        return {"val/dice": float(np.mean(scores)), "val/ece": calibration.result().pooled["ece"]}
 
     def fit(self) -> TrainResult:
         """Train until ``config.epochs``, checkpointing every epoch; returns the best model's bundle."""
         checkpoint = self.run_dir / CHECKPOINT_NAME
         while self.epoch < self.config.epochs:
             started = time.perf_counter()
-            train_loss = self.train_epoch()
-            scalars = {"train/loss": train_loss, "train/lr": self.optimizer.param_groups[0]["lr"]}
+            statistics = self.train_epoch()
+            scalars = {"train/loss": statistics.loss, "train/lr": self.optimizer.param_groups[0]["lr"],
+                       "speed/slices_per_s": statistics.slices_per_second,
+                       "speed/data_wait_share": statistics.data_wait_share}
             scalars.update(self.update_constraints())
             is_last = self.epoch + 1 == self.config.epochs
             if (self.epoch + 1) % self.config.val_every == 0 or is_last:
@@ -296,9 +340,8 @@ class Trainer:
             self._log(scalars)
             self.history.append({"epoch": self.epoch + 1, **scalars})
             # Rewritten whole from the checkpointed history, so a resumed run never repeats an epoch.
-            history_file = self.run_dir / HISTORY_NAME
-            history_file.with_suffix(".tmp").write_text("".join(json.dumps(row) + "\n" for row in self.history))
-            history_file.with_suffix(".tmp").replace(history_file)
+            with atomic_output(self.run_dir / HISTORY_NAME) as temporary:
+                temporary.write_text("".join(json.dumps(row) + "\n" for row in self.history))
             self.epoch += 1
             save_checkpoint(checkpoint, self.state())
             self._print_epoch(scalars)
@@ -308,26 +351,35 @@ class Trainer:
         parts = [f"epoch {self.epoch}/{self.config.epochs}", f"loss {scalars['train/loss']:.4f}"]
         if "val/dice" in scalars:
             parts += [f"val Dice {scalars['val/dice']:.3f}", f"val ECE {scalars['val/ece']:.3f}"]
+        parts.append(f"{scalars['speed/slices_per_s']:.0f} slices/s")
         parts.append(f"{scalars['time/epoch_s']:.1f}s")
         print("  ".join(parts), flush=True)
 
     def fitted_temperature(self, state_dict: dict[str, torch.Tensor]) -> float:
-        """Temperature minimising validation NLL of the given weights (a fixed voxel subsample)."""
-        self.model.load_state_dict(state_dict)
+        """Temperature minimising the NLL of the given weights on the validation slices.
+
+        At most about ``_TEMPERATURE_VOXELS`` voxels are used, drawn with a fixed seed, so the
+        fit is reproducible and its memory bounded whatever the validation set's size.
+        """
+        model = copy.deepcopy(self.model)
+        model.load_state_dict(state_dict)
+        height, width = self.config.image_size
+        keep_fraction = min(1.0, _TEMPERATURE_VOXELS / (len(self.val_slices) * height * width))
+        sampler = torch.Generator().manual_seed(self.config.seed)
         logits, labels = [], []
-        for batch_logits, target in self._slice_logits(self.val_slices):
-            logits.append(batch_logits.movedim(1, -1).reshape(-1, self.config.num_classes).cpu())
-            labels.append(target.reshape(-1).cpu())
-        logits, labels = torch.cat(logits), torch.cat(labels)
-        if len(labels) > _TEMPERATURE_VOXELS:
-            keep = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))[:_TEMPERATURE_VOXELS]
-            logits, labels = logits[keep], labels[keep]
-        return float(fit_temperature(logits, labels))
+        for batch_logits, target in self._slice_logits(model, self.val_slices):
+            flat_logits = batch_logits.movedim(1, -1).reshape(-1, self.config.num_classes).cpu()
+            flat_labels = target.reshape(-1).cpu()
+            keep = torch.rand(len(flat_labels), generator=sampler) < keep_fraction
+            logits.append(flat_logits[keep])
+            labels.append(flat_labels[keep])
+        return float(fit_temperature(torch.cat(logits), torch.cat(labels)))
 
     def finish(self) -> TrainResult:
+        """Fit the temperature of the best-validation-Dice weights and write the bundle."""
         best_state = self.best_state if self.best_state is not None else self.model.state_dict()
         temperature = self.fitted_temperature(best_state)
-        validation = {key: value for key, value in self.history[self.best_epoch].items()} if self.best_epoch >= 0 else {}
+        validation = dict(self.history[self.best_epoch]) if self.best_epoch >= 0 else {}
         bundle = self._bundle(best_state, temperature, validation)
         path = save_bundle(self.run_dir / BUNDLE_NAME, bundle.state_dict, bundle.metadata)
         if self.writer is not None:

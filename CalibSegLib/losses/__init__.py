@@ -4,9 +4,10 @@ Every loss maps ``(B, C, *spatial)`` logits and ``(B, *spatial)`` int64 targets 
 in 2D and 3D, with the papers' default hyper-parameters.
 """
 
-from CalibSegLib.losses._base import SegmentationLoss, check_loss_inputs
+from CalibSegLib.losses._base import SegmentationLoss
+from CalibSegLib.losses._validation import check_loss_inputs
 from CalibSegLib.losses.bwcr import BoundaryWeightedConsistencyLoss
-from CalibSegLib.losses.crac import CRaCLoss, phr_penalty
+from CalibSegLib.losses.crac import REGIONS, CRaCLoss, phr_penalty
 from CalibSegLib.losses.crossentropy import CrossEntropyLoss, EntropyPenaltyLoss, FocalLoss, LabelSmoothingLoss
 from CalibSegLib.losses.dice import CrossEntropyDiceLoss
 from CalibSegLib.losses.margin import MarginLabelSmoothingLoss
@@ -30,6 +31,7 @@ __all__ = [
     "MarginLabelSmoothingLoss",
     "NeighbourAwareLoss",
     "CRaCLoss",
+    "REGIONS",
     "phr_penalty",
     "BoundaryWeightedConsistencyLoss",
 ]

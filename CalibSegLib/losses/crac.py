@@ -1,8 +1,8 @@
 """Class- and region-adaptive constraints, CRaC (Murugesan, Silva-Rodriguez, Ben Ayed, Dolz, MICCAI 2024).
 
-NACL's single penalty weight λ becomes 2·C multipliers, one per class and region
-(*outer*: voxels whose window holds more than one label; *inner*: the rest), learned
-with an augmented Lagrangian method (ALM) and the PHR penalty (paper Eq. 7–10).
+NACL's single penalty weight λ becomes 2·C multipliers, one per region (*outer*: voxels
+whose window holds more than one label; *inner*: the rest) and class, learned with an
+augmented Lagrangian method (ALM) and the PHR penalty (paper Eq. 7–10).
 
 The training loop, not the loss, owns the ALM schedule: after each epoch it sums
 :meth:`CRaCLoss.constraint_statistics` over the validation set and calls
@@ -15,41 +15,51 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from CalibSegLib.losses._base import SegmentationLoss, check_loss_inputs
-from CalibSegLib.priors import inner_region_mask, neighbourhood_prior
+from CalibSegLib.losses._base import SegmentationLoss
+from CalibSegLib.losses._validation import check_loss_inputs, check_non_negative
+from CalibSegLib.priors import check_prior_arguments, inner_region_mask, neighbourhood_prior
 
 __all__ = ["CRaCLoss", "phr_penalty", "REGIONS"]
 
-REGIONS: tuple[str, ...] = ("outer", "inner")
+REGIONS: tuple[str, ...] = ("outer", "inner")  # row order of the (2, C) buffers
 
 
 def phr_penalty(z: torch.Tensor, rho: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """PHR penalty (paper Eq. 10): ``λz + ρz²/2`` where ``λ + ρz ≥ 0``, else ``−λ²/(2ρ)``.
 
-    With ``ρ = 0`` it is the linear penalty ``λz`` (λ > 0 and z ≥ 0 keep the first branch).
+    Element-wise with broadcasting. With ``ρ = 0`` and ``λ ≥ 0`` it is the linear penalty ``λz``
+    for ``z ≥ 0``.
     """
     quadratic = lam * z + 0.5 * rho * z.square()
+    # The flat branch is only taken where ρ > 0 (λ ≥ 0 and λ + ρz < 0 need ρz < 0); the clamp
+    # keeps the unused branch finite where ρ = 0.
     flat = -lam.square() / (2.0 * rho.clamp_min(torch.finfo(z.dtype).tiny))
     return torch.where(lam + rho * z >= 0, quadratic, flat)
 
 
 class CRaCLoss(SegmentationLoss):
-    """``CE + mean_{voxels, k} PHR(h_{k}, ρ_{r,k}, λ_{r,k})`` with the voxel's region r.
+    """``CE + mean_{voxels, k} PHR(h_k, ρ_{r,k}, λ_{r,k})``, r the voxel's region.
 
-    Constraints per voxel and class (authors' reference implementation): outer
+    Constraints per voxel and class, as in the authors' reference implementation: outer
     ``h = |τ_k − l_k|``, inner ``h = |m·τ_k − l_k|`` with margin m, τ the ``mean``
-    neighbourhood prior over a ``kernel``-wide window and l the logits.
+    neighbourhood prior over a ``kernel``-wide window (outside = background), l the logits.
+    With ``margin=1``, ``ρ = 0`` and every λ equal, this is NACL with that λ.
 
     Args:
         num_classes: C, background included.
         margin: inner-region margin m (5).
         kernel: prior and region window width (3).
-        initial_multiplier: λ at start (1e-6); λ stays in ``[min_multiplier, max_multiplier]``.
-        initial_penalty: ρ₀ (0.1); ``rho_max`` (10), growth ``gamma`` (1.2), shrink factor ``mu`` (0.9).
-        rho_update_every: Eq. 9 is applied every this many multiplier updates (epochs), 10.
+        initial_multiplier: λ at start (1e-6).
+        initial_penalty: ρ₀ (0.1).
+        rho_max: ρ never grows beyond this (10).
+        gamma: ρ growth factor γ (1.2).
+        mu: ρ grows when the mean violation is above ``mu`` times the one at the previous ρ check (0.9).
+        rho_update_every: Eq. 9 is applied on multiplier updates 0, n, 2n, … (n = 10 epochs).
+        min_multiplier, max_multiplier: λ is clamped to this range (1e-6, 1e6).
 
     Buffers (``(2, C)``, row 0 outer, row 1 inner): ``multipliers`` λ, ``penalty`` ρ,
-    ``reference_violation`` (mean constraint at the last ρ check); scalar ``updates``.
+    ``previous_violation`` (mean constraint at the last ρ check, ``inf`` before the first);
+    scalar ``updates`` (number of :meth:`update_multipliers` calls).
     """
 
     def __init__(
@@ -67,8 +77,17 @@ class CRaCLoss(SegmentationLoss):
         max_multiplier: float = 1e6,
     ) -> None:
         super().__init__(num_classes)
-        if initial_penalty < 0 or rho_max < initial_penalty:
-            raise ValueError(f"need 0 <= initial_penalty <= rho_max, got {initial_penalty} and {rho_max}.")
+        check_non_negative(
+            margin=margin, initial_multiplier=initial_multiplier, initial_penalty=initial_penalty,
+            rho_max=rho_max, gamma=gamma, mu=mu, min_multiplier=min_multiplier, max_multiplier=max_multiplier,
+        )
+        check_prior_arguments("mean", kernel)
+        if rho_max < initial_penalty:
+            raise ValueError(f"rho_max ({rho_max}) must be >= initial_penalty ({initial_penalty}).")
+        if min_multiplier > max_multiplier:
+            raise ValueError(f"min_multiplier ({min_multiplier}) must be <= max_multiplier ({max_multiplier}).")
+        if isinstance(rho_update_every, bool) or not isinstance(rho_update_every, int) or rho_update_every < 1:
+            raise ValueError(f"rho_update_every must be a positive integer, got {rho_update_every!r}.")
         self.margin = margin
         self.kernel = kernel
         self.rho_max = rho_max
@@ -80,53 +99,52 @@ class CRaCLoss(SegmentationLoss):
         shape = (len(REGIONS), num_classes)
         self.register_buffer("multipliers", torch.full(shape, float(initial_multiplier)))
         self.register_buffer("penalty", torch.full(shape, float(initial_penalty)))
-        self.register_buffer("reference_violation", torch.full(shape, float("inf")))
+        self.register_buffer("previous_violation", torch.full(shape, float("inf")))
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
 
     def constraints(self, logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-voxel constraint values ``(B, C, *spatial)`` and the inner-region mask ``(B, 1, *spatial)``."""
+        """Per-voxel constraints h ``(B, C, *spatial)`` and the inner-region mask ``(B, 1, *spatial)``."""
         tau = neighbourhood_prior(target, self.num_classes, self.kernel, "mean")
         inner = inner_region_mask(target, self.kernel).unsqueeze(1)
         scaled_tau = torch.where(inner, self.margin * tau, tau)
         return (scaled_tau - logits).abs(), inner
 
-    def _per_voxel(self, parameters: torch.Tensor, inner: torch.Tensor, spatial_dims: int) -> torch.Tensor:
-        """Pick row 0 (outer) or 1 (inner) of a ``(2, C)`` buffer for every voxel: ``(B, C, *spatial)``."""
-        view = (1, self.num_classes) + (1,) * spatial_dims
+    def _per_voxel(self, parameters: torch.Tensor, inner: torch.Tensor) -> torch.Tensor:
+        """Row 0 (outer) or 1 (inner) of a ``(2, C)`` buffer for every voxel: ``(B, C, *spatial)``."""
+        view = (1, self.num_classes) + (1,) * (inner.dim() - 2)
         return torch.where(inner, parameters[1].view(view), parameters[0].view(view))
 
-    def compute(self, logits: torch.Tensor, target: torch.Tensor, **context) -> torch.Tensor:
+    def compute(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         violation, inner = self.constraints(logits, target)
-        spatial_dims = logits.dim() - 2
-        lam = self._per_voxel(self.multipliers, inner, spatial_dims)
-        rho = self._per_voxel(self.penalty, inner, spatial_dims)
+        lam = self._per_voxel(self.multipliers, inner)
+        rho = self._per_voxel(self.penalty, inner)
         return F.cross_entropy(logits, target) + phr_penalty(violation, rho, lam).mean()
 
     @torch.no_grad()
     def constraint_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per class × region sums of the constraint and voxel counts, ``(2, C)`` float64 each.
+        """Per region × class sums for one batch: ``violation_sum`` (Σ h) and ``count`` (voxels).
 
-        Sums (not means) so that the loop can add them over validation batches.
+        Both ``(2, C)`` float64 on the CPU, detached; add them over validation batches and
+        pass the totals to :meth:`update_multipliers`.
         """
         check_loss_inputs(logits, target, self.num_classes)
         violation, inner = self.constraints(logits.float(), target)
-        inner = inner.expand_as(violation)
-        reduce_dims = [0] + list(range(2, violation.dim()))
-        totals = []
-        counts = []
-        for region_mask in (~inner, inner):
-            totals.append((violation * region_mask).sum(dim=reduce_dims).double())
-            counts.append(region_mask.sum(dim=reduce_dims).double())
-        return {"violation_sum": torch.stack(totals).cpu(), "count": torch.stack(counts).cpu()}
+        region_masks = torch.stack([~inner, inner]).to(violation.dtype)  # (2, B, 1, *spatial)
+        reduce_dims = [1] + list(range(3, region_masks.dim()))
+        sums = (region_masks * violation.unsqueeze(0)).sum(dim=reduce_dims)
+        counts = region_masks.sum(dim=reduce_dims).expand(-1, self.num_classes)
+        return {"violation_sum": sums.double().cpu(), "count": counts.double().cpu()}
 
     @torch.no_grad()
     def update_multipliers(self, statistics: dict[str, torch.Tensor]) -> None:
         """One ALM outer step from summed validation statistics.
 
-        Eq. 8: ``λ ← clamp(λ + ρ·mean h, min, max)`` (the mean of PHR's derivative, since
-        h ≥ 0 keeps PHR in its quadratic branch). Eq. 9, every ``rho_update_every`` calls:
-        ``ρ ← min(γρ, ρ_max)`` where the mean violation did not shrink below ``μ`` times the
-        one at the previous check. Classes absent from a region keep their values.
+        Eq. 8: λ ← clamp(mean over validation voxels of PHR'(h), min, max) = clamp(λ + ρ·h̄).
+        As in the authors' reference implementation, the mean runs over *all* validation
+        voxels with h counted as 0 outside the region (PHR'(0) = λ there), so
+        ``h̄ = Σ_region h / N_all``: a region's multiplier grows in proportion to its share of
+        voxels. Eq. 9, every ``rho_update_every`` calls: ``ρ ← min(γρ, ρ_max)`` where h̄ did
+        not shrink below ``μ`` times its value at the previous check.
         """
         total = statistics["violation_sum"].to(self.multipliers.device, torch.float64)
         count = statistics["count"].to(self.multipliers.device, torch.float64)
@@ -135,19 +153,18 @@ class CRaCLoss(SegmentationLoss):
                 f"statistics must be {tuple(self.multipliers.shape)} sums from constraint_statistics(), "
                 f"got {tuple(total.shape)} and {tuple(count.shape)}."
             )
-        present = count > 0
-        mean_violation = torch.where(present, total / count.clamp_min(1.0), torch.zeros_like(total))
+        voxels = count.sum(dim=0, keepdim=True)  # outer + inner = every validation voxel, per class
+        mean_violation = total / voxels.clamp_min(1.0)
         stepped = self.multipliers.double() + self.penalty.double() * mean_violation
-        stepped = stepped.clamp(self.min_multiplier, self.max_multiplier)
-        self.multipliers.copy_(torch.where(present, stepped, self.multipliers.double()))
+        self.multipliers.copy_(stepped.clamp(self.min_multiplier, self.max_multiplier))
 
         if int(self.updates) % self.rho_update_every == 0:
-            not_shrinking = present & (mean_violation > self.mu * self.reference_violation.double())
+            not_shrinking = mean_violation > self.mu * self.previous_violation.double()
             grown = (self.penalty * self.gamma).clamp_max(self.rho_max)
             self.penalty.copy_(torch.where(not_shrinking, grown, self.penalty))
-            self.reference_violation.copy_(torch.where(present, mean_violation, self.reference_violation.double()))
+            self.previous_violation.copy_(mean_violation)
         self.updates += 1
 
     def multiplier_table(self) -> dict[str, list[float]]:
-        """λ per region as plain lists (for logs and bundle metadata)."""
+        """λ per region as plain lists, ``{"outer": [C floats], "inner": [C floats]}`` (logs, bundles)."""
         return {region: self.multipliers[index].tolist() for index, region in enumerate(REGIONS)}

@@ -1,4 +1,4 @@
-"""Loss registry: ``build_loss(name, num_classes, **hparams)``."""
+"""Loss registry: ``build_loss(name, num_classes, **hparams)`` and the names in ``LOSSES``."""
 
 from __future__ import annotations
 
@@ -34,22 +34,22 @@ LOSSES: tuple[str, ...] = tuple(LOSS_CLASSES)
 
 def loss_hyperparameters(name: str) -> dict[str, Any]:
     """The hyper-parameters of loss ``name`` with their defaults (the papers' values)."""
-    _check_name(name)
+    if name not in LOSS_CLASSES:
+        raise KeyError(f"Unknown loss {name!r}; choose one of {', '.join(LOSSES)}.")
     signature = inspect.signature(LOSS_CLASSES[name].__init__)
     return {
         key: parameter.default
         for key, parameter in signature.parameters.items()
-        if key not in ("self", "num_classes") and parameter.default is not inspect.Parameter.empty
+        if key not in ("self", "num_classes")
     }
 
 
-def _check_name(name: str) -> None:
-    if name not in LOSS_CLASSES:
-        raise KeyError(f"Unknown loss {name!r}; choose one of {', '.join(LOSSES)}.")
-
-
 def build_loss(name: str, num_classes: int, **hparams: Any) -> SegmentationLoss:
-    """Build the loss called ``name`` for ``num_classes`` classes, defaults overridden by ``hparams``."""
+    """Build the loss called ``name`` (one of :data:`LOSSES`) for ``num_classes`` classes.
+
+    ``hparams`` override the defaults listed by :func:`loss_hyperparameters`; an unknown
+    name raises ``KeyError`` listing the valid ones.
+    """
     known = loss_hyperparameters(name)
     unknown = sorted(set(hparams) - set(known))
     if unknown:

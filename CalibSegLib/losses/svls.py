@@ -1,4 +1,4 @@
-"""Spatially varying label smoothing (Islam & Glocker, IPMI 2021)."""
+"""Spatially varying label smoothing, SVLS (Islam & Glocker, IPMI 2021)."""
 
 from __future__ import annotations
 
@@ -6,24 +6,31 @@ import torch
 import torch.nn.functional as F
 
 from CalibSegLib.losses._base import SegmentationLoss
-from CalibSegLib.priors import neighbourhood_prior
+from CalibSegLib.priors import check_prior_arguments, neighbourhood_prior
 
 __all__ = ["SpatiallyVaryingLabelSmoothingLoss"]
 
 
 class SpatiallyVaryingLabelSmoothingLoss(SegmentationLoss):
-    """Cross-entropy ``-Σ_k τ_k log s_k`` against Gaussian soft labels τ.
+    """Cross-entropy ``−mean_voxels Σ_k τ_k log s_k`` against SVLS soft labels τ.
 
-    τ is the one-hot map convolved with a normalised ``kernel``-wide Gaussian of standard
-    deviation ``sigma`` voxels (k=3, σ=2), outside the image counting as background; see
-    :func:`CalibSegLib.priors.neighbourhood_prior` with ``kind="gaussian"``.
+    τ is the one-hot map convolved with the SVLS window (:func:`CalibSegLib.priors.svls_kernel`:
+    Gaussian of standard deviation ``sigma`` voxels whose centre weighs as much as all
+    neighbours together), outside the image counting as background — the ``gaussian``
+    :func:`~CalibSegLib.priors.neighbourhood_prior`.
+
+    Args:
+        num_classes: C, background included.
+        kernel: odd window width (3).
+        sigma: Gaussian standard deviation in voxels (2).
     """
 
     def __init__(self, num_classes: int, kernel: int = 3, sigma: float = 2.0) -> None:
         super().__init__(num_classes)
+        check_prior_arguments("gaussian", kernel, sigma)
         self.kernel = kernel
         self.sigma = sigma
 
-    def compute(self, logits: torch.Tensor, target: torch.Tensor, **context) -> torch.Tensor:
+    def compute(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         soft_labels = neighbourhood_prior(target, self.num_classes, self.kernel, "gaussian", self.sigma)
         return -(soft_labels * F.log_softmax(logits, dim=1)).sum(dim=1).mean()

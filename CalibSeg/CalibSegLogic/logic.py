@@ -1,0 +1,142 @@
+"""CalibSegLogic: run a bundle on a volume node and publish the results as MRML nodes.
+
+Callable from Slicer's Python console with explicit arguments::
+
+    from CalibSeg.CalibSegLogic import CalibSegLogic
+    outputs = CalibSegLogic().run(slicer.util.getNode("patient016_frame01"), "/path/model.calibseg",
+                                  referenceNode=slicer.util.getNode("patient016_frame01 reference"))
+
+Work is split so the GUI never freezes: :meth:`CalibSegLogic.prepare` reads the scene (main
+thread), :meth:`CalibSegLogic.compute` runs the network and the metrics on arrays only (any
+thread, see :class:`~CalibSeg.CalibSegLogic.job.InferenceJob`), and
+:meth:`CalibSegLogic.publish` adds all output nodes at once (main thread), removing them
+again if anything fails — so an error or a cancel leaves the scene as it was.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .nodes import (
+    NodeTransaction,
+    add_metrics_table,
+    add_overlay,
+    add_reliability_plot,
+    add_segmentation,
+    set_low_confidence_segment,
+)
+from .volumes import reference_label_array, volume_array, volume_spacing
+
+__all__ = ["CalibSegRequest", "CalibSegComputation", "CalibSegOutputs", "CalibSegLogic"]
+
+
+@dataclass
+class CalibSegRequest:
+    """What to run: arrays read from the scene plus the user's choices."""
+
+    input_node: object
+    bundle_path: Path
+    image: np.ndarray
+    spacing: tuple[float, float, float]
+    reference_node: object | None = None
+    reference: np.ndarray | None = None
+    device: str = "auto"
+    low_confidence_threshold: float | None = None
+
+
+@dataclass
+class CalibSegComputation:
+    """Arrays and metrics computed off the main thread (no MRML)."""
+
+    bundle: object
+    prediction: object
+    evaluation: object | None = None
+
+
+@dataclass
+class CalibSegOutputs:
+    """The nodes one run added to the scene."""
+
+    segmentation: object
+    confidence: object
+    uncertainty: object
+    metrics_table: object | None = None
+    reliability_chart: object | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class CalibSegLogic:
+    """Qt-free logic of the CalibSeg module."""
+
+    def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
+                lowConfidenceThreshold: float | None = None) -> CalibSegRequest:
+        """Read and check everything the run needs from the scene; raises ValueError with one sentence."""
+        from CalibSegLib.bundle import load_bundle
+
+        if not bundlePath:
+            raise ValueError("Choose a model bundle (.calibseg file).")
+        bundle = load_bundle(bundlePath)
+        image = volume_array(inputVolumeNode)
+        reference = None
+        if referenceNode is not None:
+            reference = reference_label_array(referenceNode, inputVolumeNode, bundle.metadata.class_names)
+        return CalibSegRequest(inputVolumeNode, Path(bundlePath), image, volume_spacing(inputVolumeNode), referenceNode,
+                               reference, device, lowConfidenceThreshold)
+
+    def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
+                cancel: threading.Event | None = None) -> CalibSegComputation:
+        """Run the network (and the metrics when there is a reference); touches no MRML node."""
+        from CalibSegLib.evaluation import predict_and_evaluate
+        from CalibSegLib.inference import Predictor
+
+        predictor = Predictor(request.bundle_path, device=request.device)
+        if request.reference is None:
+            prediction = predictor.predict(request.image, request.spacing, progress=progress, cancel=cancel)
+            return CalibSegComputation(predictor.bundle, prediction)
+        evaluation = predict_and_evaluate(predictor, request.image, request.reference, request.spacing,
+                                          progress=progress, cancel=cancel)
+        return CalibSegComputation(predictor.bundle, evaluation.prediction, evaluation)
+
+    def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:
+        """Add the output nodes; on any error remove what was added and re-raise."""
+        from CalibSegLib.evaluation import case_metrics_row
+
+        scene = request.input_node.GetScene()
+        metadata = computation.bundle.metadata
+        base = request.input_node.GetName()
+        prediction = computation.prediction
+        with NodeTransaction(scene):
+            segmentation = add_segmentation(scene, request.input_node, prediction.labels, metadata.class_names,
+                                            metadata.class_colors, f"{base} CalibSeg segmentation")
+            confidence = add_overlay(scene, request.input_node, prediction.confidence, f"{base} confidence", "viridis")
+            uncertainty = add_overlay(scene, request.input_node, prediction.entropy, f"{base} uncertainty", "inferno")
+            if request.low_confidence_threshold is not None:
+                set_low_confidence_segment(segmentation, request.input_node, prediction.confidence,
+                                           request.low_confidence_threshold)
+            outputs = CalibSegOutputs(segmentation, confidence, uncertainty)
+            if computation.evaluation is not None:
+                outputs.metrics = case_metrics_row(computation.evaluation, metadata.class_names)
+                outputs.metrics_table = add_metrics_table(scene, f"{base} CalibSeg metrics", outputs.metrics)
+                outputs.reliability_chart = add_reliability_plot(
+                    scene, f"{base} reliability", computation.evaluation.statistics.reliability())
+        return outputs
+
+    def run(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
+            lowConfidenceThreshold: float | None = None, progress: Callable[[float], None] | None = None,
+            cancel: threading.Event | None = None) -> CalibSegOutputs:
+        """Prepare, compute and publish in the calling thread (Python console, tests)."""
+        request = self.prepare(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold)
+        return self.publish(request, self.compute(request, progress, cancel))
+
+    @staticmethod
+    def updateLowConfidence(outputs: CalibSegOutputs, inputVolumeNode, threshold: float) -> None:
+        """Recompute the 'low confidence' segment for a new threshold (the widget's slider)."""
+        import slicer.util
+
+        confidence = np.array(slicer.util.arrayFromVolume(outputs.confidence))
+        set_low_confidence_segment(outputs.segmentation, inputVolumeNode, confidence, threshold)

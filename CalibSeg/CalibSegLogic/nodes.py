@@ -1,0 +1,150 @@
+"""Output MRML nodes: segmentation, confidence/uncertainty overlays, metrics table, reliability plot.
+
+Every function here adds nodes through a :class:`NodeTransaction`, so a failure part-way
+removes what was added and the scene is left as it was.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from .colors import color_table_node
+from .volumes import add_volume_like
+
+__all__ = [
+    "NodeTransaction",
+    "add_segmentation",
+    "add_overlay",
+    "set_low_confidence_segment",
+    "add_metrics_table",
+    "add_reliability_plot",
+    "LOW_CONFIDENCE_SEGMENT",
+]
+
+LOW_CONFIDENCE_SEGMENT = "low confidence"
+
+
+class NodeTransaction:
+    """Collects nodes added to a scene; ``rollback()`` removes them (used on error or cancel)."""
+
+    def __init__(self, scene) -> None:
+        self.scene = scene
+        self.before = {scene.GetNthNode(i).GetID() for i in range(scene.GetNumberOfNodes())}
+
+    def rollback(self) -> None:
+        added = [self.scene.GetNthNode(i) for i in range(self.scene.GetNumberOfNodes())]
+        for node in reversed(added):
+            if node is not None and node.GetID() not in self.before:
+                self.scene.RemoveNode(node)
+
+    def __enter__(self) -> "NodeTransaction":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is not None:
+            self.rollback()
+        return False
+
+
+def _import_mask(segmentation_node, reference_node, mask: np.ndarray, name: str, color) -> str:
+    """Add one segment holding ``mask`` (z, y, x); an empty mask becomes an empty segment."""
+    import slicer
+
+    segmentation = segmentation_node.GetSegmentation()
+    if not mask.any():
+        return segmentation.AddEmptySegment(name, name, list(color))
+    scene = segmentation_node.GetScene()
+    labelmap = add_volume_like(scene, reference_node, mask.astype(np.uint8), "__CalibSeg_mask",
+                               "vtkMRMLLabelMapVolumeNode")
+    try:
+        before = {segmentation.GetNthSegmentID(i) for i in range(segmentation.GetNumberOfSegments())}
+        slicer.vtkSlicerSegmentationsModuleLogic.ImportLabelmapToSegmentationNode(labelmap, segmentation_node)
+        added = [segmentation.GetNthSegmentID(i) for i in range(segmentation.GetNumberOfSegments())
+                 if segmentation.GetNthSegmentID(i) not in before]
+    finally:
+        scene.RemoveNode(labelmap)
+    segment = segmentation.GetSegment(added[0])
+    segment.SetName(name)
+    segment.SetColor(*color)
+    return added[0]
+
+
+def add_segmentation(scene, reference_node, labels: np.ndarray, class_names: Sequence[str],
+                     class_colors: Sequence[Sequence[float]], name: str):
+    """A segmentation node with one segment per foreground class, named and coloured as in the bundle."""
+    node = scene.AddNewNodeByClass("vtkMRMLSegmentationNode", scene.GenerateUniqueName(name))
+    node.CreateDefaultDisplayNodes()
+    node.SetReferenceImageGeometryParameterFromVolumeNode(reference_node)
+    for label in range(1, len(class_names)):
+        _import_mask(node, reference_node, labels == label, class_names[label], class_colors[label])
+    return node
+
+
+def add_overlay(scene, reference_node, array: np.ndarray, name: str, colormap: str):
+    """A float volume on the input grid, coloured with a CalibSeg table over the fixed range [0, 1]."""
+    node = add_volume_like(scene, reference_node, array.astype(np.float32), name)
+    display = node.GetDisplayNode()
+    display.SetAndObserveColorNodeID(color_table_node(scene, colormap).GetID())
+    display.SetAutoWindowLevel(False)
+    display.SetWindowLevelMinMax(0.0, 1.0)  # the same colour means the same value on every case
+    return node
+
+
+def set_low_confidence_segment(segmentation_node, reference_node, confidence: np.ndarray, threshold: float) -> str:
+    """Replace the 'low confidence' segment with the voxels whose confidence is below ``threshold``."""
+    segmentation = segmentation_node.GetSegmentation()
+    existing = segmentation.GetSegmentIdBySegmentName(LOW_CONFIDENCE_SEGMENT)
+    if existing:
+        segmentation.RemoveSegment(existing)
+    return _import_mask(segmentation_node, reference_node, confidence < threshold, LOW_CONFIDENCE_SEGMENT,
+                        (1.0, 1.0, 0.0))
+
+
+def _table(scene, name: str, columns: dict[str, list]):
+    import vtk
+
+    node = scene.AddNewNodeByClass("vtkMRMLTableNode", scene.GenerateUniqueName(name))
+    table = node.GetTable()
+    for title, values in columns.items():
+        column = vtk.vtkStringArray() if isinstance(values[0], str) else vtk.vtkDoubleArray()
+        column.SetName(title)
+        for value in values:
+            column.InsertNextValue(value)
+        table.AddColumn(column)
+    node.Modified()
+    return node
+
+
+def add_metrics_table(scene, name: str, metrics: dict[str, float]):
+    """A two-column table node (metric, value) with the case's metrics in a stable order."""
+    return _table(scene, name, {"Metric": list(metrics), "Value": [float(v) for v in metrics.values()]})
+
+
+def add_reliability_plot(scene, name: str, reliability):
+    """A plot chart node: accuracy per confidence bin, the diagonal, and the confidence histogram."""
+    centres = (reliability.edges[:-1] + reliability.edges[1:]) / 2
+    total = max(float(reliability.counts.sum()), 1.0)
+    accuracy = [0.0 if math.isnan(v) else float(v) for v in reliability.accuracy]
+    table = _table(scene, f"{name} data", {
+        "confidence": [float(v) for v in centres],
+        "accuracy": accuracy,
+        "perfect calibration": [float(v) for v in centres],
+        "fraction of voxels": [float(v) / total for v in reliability.counts],
+    })
+    chart = scene.AddNewNodeByClass("vtkMRMLPlotChartNode", scene.GenerateUniqueName(name))
+    chart.SetTitle("Reliability diagram")
+    chart.SetXAxisTitle("confidence")
+    chart.SetYAxisTitle("accuracy / fraction of voxels")
+    for column, plot_type, color in (("accuracy", "Bar", (0.2, 0.4, 0.8)), ("perfect calibration", "Line", (0, 0, 0)),
+                                     ("fraction of voxels", "Line", (0.9, 0.5, 0.1))):
+        series = scene.AddNewNodeByClass("vtkMRMLPlotSeriesNode", scene.GenerateUniqueName(f"{name} {column}"))
+        series.SetAndObserveTableNodeID(table.GetID())
+        series.SetXColumnName("confidence")
+        series.SetYColumnName(column)
+        series.SetPlotType(getattr(series, f"PlotType{plot_type}"))
+        series.SetColor(*color)
+        chart.AddAndObservePlotSeriesNodeID(series.GetID())
+    return chart

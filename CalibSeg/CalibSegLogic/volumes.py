@@ -1,0 +1,109 @@
+"""MRML volume nodes <-> NumPy arrays, keeping the exact voxel grid (IJK-to-RAS).
+
+Arrays are (k, j, i) = (z, y, x) as ``slicer.util.arrayFromVolume`` returns them; spacing is
+given in the same (z, y, x) order in mm. Output nodes copy the input's IJK-to-RAS matrix
+(spacing, origin and direction), so they overlay the input voxel for voxel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["volume_array", "volume_spacing", "same_grid", "add_volume_like", "reference_label_array"]
+
+
+def _util():
+    import slicer.util  # imported lazily so that CalibSeg's library code never needs Slicer
+
+    return slicer.util
+
+
+def volume_array(volume_node) -> np.ndarray:
+    """A copy of a scalar volume's voxels as a (z, y, x) array; ValueError unless it is a 3D scalar volume."""
+    if volume_node is None or not volume_node.IsA("vtkMRMLScalarVolumeNode"):
+        raise ValueError("Select a scalar volume as input.")
+    image = volume_node.GetImageData()
+    if image is None:
+        raise ValueError(f"The volume '{volume_node.GetName()}' holds no image data.")
+    if image.GetNumberOfScalarComponents() != 1:
+        raise ValueError(f"The volume '{volume_node.GetName()}' has {image.GetNumberOfScalarComponents()} components; "
+                         "choose a scalar (single-component) volume.")
+    dimensions = image.GetDimensions()
+    if sum(size > 1 for size in dimensions) < 3:
+        raise ValueError(f"The volume '{volume_node.GetName()}' is {'×'.join(map(str, dimensions))} voxels; CalibSeg needs a 3D volume.")
+    return np.array(_util().arrayFromVolume(volume_node), copy=True)
+
+
+def volume_spacing(volume_node) -> tuple[float, float, float]:
+    """Voxel size (z, y, x) in mm."""
+    return tuple(float(value) for value in reversed(volume_node.GetSpacing()))
+
+
+def same_grid(first, second, tolerance: float = 1e-4) -> bool:
+    """True when two volume nodes share dimensions and IJK-to-RAS matrix."""
+    import vtk
+
+    if first.GetImageData() is None or second.GetImageData() is None:
+        return False
+    if first.GetImageData().GetDimensions() != second.GetImageData().GetDimensions():
+        return False
+    matrices = [vtk.vtkMatrix4x4(), vtk.vtkMatrix4x4()]
+    first.GetIJKToRASMatrix(matrices[0])
+    second.GetIJKToRASMatrix(matrices[1])
+    return all(abs(matrices[0].GetElement(r, c) - matrices[1].GetElement(r, c)) <= tolerance
+               for r in range(4) for c in range(4))
+
+
+def add_volume_like(scene, reference_node, array: np.ndarray, name: str, class_name: str = "vtkMRMLScalarVolumeNode"):
+    """Add a new volume node holding ``array`` (z, y, x) on ``reference_node``'s exact grid."""
+    node = scene.AddNewNodeByClass(class_name, scene.GenerateUniqueName(name))
+    node.CopyOrientation(reference_node)
+    _util().updateVolumeFromArray(node, np.ascontiguousarray(array))
+    node.CreateDefaultDisplayNodes()
+    return node
+
+
+def reference_label_array(reference_node, input_node, class_names: list[str]) -> np.ndarray:
+    """Reference labels (z, y, x) int64 on the input's grid from a labelmap or segmentation node.
+
+    Segments map to classes by name (case-insensitive), otherwise by their order. A
+    reference on a different grid is refused (resampling a reference silently would change
+    the metrics it is meant to check).
+    """
+    if reference_node.IsA("vtkMRMLLabelMapVolumeNode") or reference_node.IsA("vtkMRMLScalarVolumeNode"):
+        if not same_grid(reference_node, input_node):
+            raise ValueError(f"The reference '{reference_node.GetName()}' is not on the input volume's grid; "
+                             "resample it onto the input (Resample Scalar/Vector/DWI Volume) and try again.")
+        labels = np.array(_util().arrayFromVolume(reference_node)).astype(np.int64)
+    elif reference_node.IsA("vtkMRMLSegmentationNode"):
+        labels = _segmentation_labels(reference_node, input_node, class_names)
+    else:
+        raise ValueError("The reference must be a labelmap volume or a segmentation.")
+    if labels.min() < 0 or labels.max() >= len(class_names):
+        raise ValueError(f"The reference holds labels outside 0..{len(class_names) - 1}, the model's classes.")
+    return labels
+
+
+def _segmentation_labels(segmentation_node, input_node, class_names: list[str]) -> np.ndarray:
+    import slicer
+    import vtk
+
+    segmentation = segmentation_node.GetSegmentation()
+    lowered = [name.lower() for name in class_names]
+    labels = np.zeros(tuple(reversed(input_node.GetImageData().GetDimensions())), dtype=np.int64)
+    scene = segmentation_node.GetScene()
+    for order in range(segmentation.GetNumberOfSegments()):
+        segment_id = segmentation.GetNthSegmentID(order)
+        name = segmentation.GetSegment(segment_id).GetName().lower()
+        label = lowered.index(name) if name in lowered else order + 1
+        # Exported into a labelmap off the scene's node list, then dropped.
+        labelmap = slicer.vtkMRMLLabelMapVolumeNode()
+        scene.AddNode(labelmap)
+        try:
+            ids = vtk.vtkStringArray()
+            ids.InsertNextValue(segment_id)
+            slicer.vtkSlicerSegmentationsModuleLogic.ExportSegmentsToLabelmapNode(segmentation_node, ids, labelmap, input_node)
+            labels[np.array(_util().arrayFromVolume(labelmap)) > 0] = label
+        finally:
+            scene.RemoveNode(labelmap)
+    return labels

@@ -1,0 +1,155 @@
+"""``python -m CalibSegLib.predict``: outputs on the input's exact grid, metrics with a reference,
+one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import ImageGeometry, read_image, write_image
+from CalibSegLib.predict import main
+from bundle_factory import make_test_bundle
+
+# Anisotropic voxels on an oblique grid (axes swapped and flipped), away from the origin.
+GRID = ImageGeometry(
+    spacing=(7.0, 1.25, 0.8),
+    origin=(-80.5, 12.0, 33.3),
+    direction=(0.0, 1.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0),
+)
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory):
+    """A small NIfTI case with a reference, and a bundle: paths in one folder."""
+    folder = tmp_path_factory.mktemp("case")
+    rng = np.random.default_rng(1)
+    image = rng.normal(300, 80, size=(3, 30, 26)).astype(np.int16)
+    reference = np.zeros(image.shape, np.uint8)
+    reference[:, 8:20, 6:18] = 1
+    reference[:, 12:16, 10:14] = 2
+    write_image(folder / "case.nii.gz", image, GRID)
+    write_image(folder / "case_ref.nii.gz", reference, GRID)
+    make_test_bundle(folder / "model.calibseg")
+    return folder
+
+
+def run_cli(case, out_dir, *extra: str) -> int:
+    return main(
+        [
+            "--bundle",
+            str(case / "model.calibseg"),
+            "--image",
+            str(case / "case.nii.gz"),
+            "--out-dir",
+            str(out_dir),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "2",
+            *extra,
+        ]
+    )
+
+
+def test_outputs_have_the_input_shape_and_exact_geometry(case, tmp_path, capsys):
+    assert run_cli(case, tmp_path) == 0
+    image, geometry = read_image(case / "case.nii.gz")
+    expected = Predictor(case / "model.calibseg", device="cpu", batch_size=2).predict(image, geometry.spacing)
+    for name, dtype in (("labels", np.uint8), ("confidence", np.float32), ("entropy", np.float32)):
+        array, written = read_image(tmp_path / f"case_{name}.nii.gz")
+        assert array.shape == image.shape and array.dtype == dtype
+        assert written == geometry  # bit-identical spacing, origin and direction
+        np.testing.assert_array_equal(array, getattr(expected, name))
+    assert not (tmp_path / "case_metrics.json").exists()
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["labels", "confidence", "entropy"]
+
+
+def test_reference_adds_segmentation_and_calibration_metrics(case, tmp_path):
+    assert run_cli(case, tmp_path, "--reference", str(case / "case_ref.nii.gz")) == 0
+    metrics = json.loads((tmp_path / "case_metrics.json").read_text())
+    assert {
+        "dice_class_1",
+        "dice_mean",
+        "hd95_mean",
+        "asd_mean",
+        "ece",
+        "cece",
+        "tace",
+        "brier",
+        "nll",
+        "error_auroc",
+        "aurc",
+    } <= set(metrics)
+    assert 0.0 <= metrics["ece"] <= 1.0 and 0.0 <= metrics["dice_mean"] <= 1.0
+
+
+def _constant_image(case, folder):
+    write_image(folder / "flat.nii.gz", np.full((2, 20, 20), 5, np.int16), GRID)
+    return ["--image", str(folder / "flat.nii.gz")]
+
+
+def _reference_on_another_grid(case, folder):
+    moved = ImageGeometry(GRID.spacing, (0.0, 0.0, 0.0), GRID.direction)
+    write_image(folder / "moved.nii.gz", read_image(case / "case_ref.nii.gz")[0], moved)
+    return ["--reference", str(folder / "moved.nii.gz")]
+
+
+def _reference_with_unknown_labels(case, folder):
+    write_image(folder / "ref9.nii.gz", np.full((3, 30, 26), 9, np.uint8), GRID)
+    return ["--reference", str(folder / "ref9.nii.gz")]
+
+
+@pytest.mark.parametrize(
+    "arguments,message",
+    [
+        (lambda case, folder: ["--bundle", str(folder / "none.calibseg")], "error: No model bundle at"),
+        (lambda case, folder: ["--image", str(folder / "none.nii.gz")], "error: No image file at"),
+        (_constant_image, "error: The image is constant"),
+        (_reference_on_another_grid, "error: The reference moved.nii.gz is not on the image's grid"),
+        (_reference_with_unknown_labels, "error: reference labels must lie in \\[0, 3\\]"),
+        (lambda case, folder: ["--batch-size", "0"], "error: batch_size must be a positive integer"),
+    ],
+    ids=[
+        "missing bundle",
+        "missing image",
+        "constant image",
+        "reference grid",
+        "reference labels",
+        "batch size",
+    ],
+)
+def test_bad_input_prints_one_line_and_exits_2(case, tmp_path, capsys, arguments, message):
+    # Later options override the defaults given by run_cli.
+    assert run_cli(case, tmp_path / "out", *arguments(case, tmp_path)) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert re.match(message, captured.err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_module_entry_point_exits_2_without_traceback(case, tmp_path):
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "CalibSegLib.predict",
+            "--bundle",
+            str(tmp_path / "absent.calibseg"),
+            "--image",
+            str(case / "case.nii.gz"),
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.startswith("error: No model bundle") and "Traceback" not in completed.stderr

@@ -1,0 +1,235 @@
+"""Inference speed and memory: CalibSeg's Predictor against MONAI's SliceInferer running the same network.
+
+    python benchmarks/inference.py                # ACDC-sized 10×256×256 volume, CPU (and CUDA when present)
+    python benchmarks/inference.py --ct           # also the CT-sized 300×512×512 volume
+    python benchmarks/inference.py --device cpu --batch-size 16 --repeats 3
+
+Both pipelines do the same job on the same random int16 volume with the same weights
+(the bundle's default 2D UNet, 4 classes, in-plane resize to 224×224, temperature 1.5):
+percentile normalisation → resize in → network → logits back to the input grid →
+temperature → softmax → labels, confidence, normalised entropy. CalibSeg streams batch by
+batch (:class:`CalibSegLib.inference.Predictor`, probabilities not kept); the reference is
+what one writes with MONAI: ``SliceInferer`` over the whole-volume tensor, then the same
+post-processing on its ``(1, C, z, y, x)`` output.
+
+Every measurement runs in a fresh process, so peak RSS (``ru_maxrss``) belongs to that
+pipeline alone; a one-batch warm-up runs first and is not timed. Ratios are CalibSeg /
+MONAI from the same run (< 1 is better). Targets: time ratio <= 1, and peak RSS of the
+CT-sized volume < 2.5 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from CalibSegLib.bundle import Bundle, BundleMetadata, Preprocessing
+from CalibSegLib.inference import Prediction, Predictor, confidence_maps, resolve_device
+from CalibSegLib.networks import build_network
+from CalibSegLib.preprocessing import normalize_intensity, resize_slices
+from CalibSegLib.temperature import apply_temperature
+
+CASES: dict[str, tuple[int, int, int]] = {"acdc": (10, 256, 256), "ct": (300, 512, 512)}
+PIPELINES: tuple[str, ...] = ("calibseg", "monai")
+SPACING = (10.0, 1.5, 1.5)  # mm; does not change the work done
+RSS_TARGET_GB = 2.5
+
+
+def benchmark_bundle(
+    num_classes: int = 4, target_size: tuple[int, int] = (224, 224), seed: int = 0
+) -> Bundle:
+    """The default CalibSeg network (``unet``) with seeded random weights, as an in-memory bundle."""
+    torch.manual_seed(seed)
+    model = build_network("unet", 1, num_classes)
+    metadata = BundleMetadata(
+        network="unet",
+        network_kwargs={},
+        in_channels=1,
+        num_classes=num_classes,
+        spatial_dims=2,
+        class_names=[f"class {index}" for index in range(num_classes)],
+        class_colors=[(index / num_classes,) * 3 for index in range(num_classes)],
+        preprocessing=Preprocessing(target_size=target_size),
+        temperature=1.5,
+    )
+    return Bundle(metadata, model.state_dict())
+
+
+def random_volume(shape: tuple[int, int, int], seed: int = 0) -> np.ndarray:
+    """CT-like int16 noise ``(z, y, x)``, drawn without float64 temporaries that would inflate peak RSS."""
+    return np.random.default_rng(seed).integers(-1000, 2000, size=shape, dtype=np.int16)
+
+
+class _ResizedNetwork(torch.nn.Module):
+    """The bundle's network with the same in-plane resize in and out that the Predictor applies."""
+
+    def __init__(self, network: torch.nn.Module, target_size: tuple[int, int]) -> None:
+        super().__init__()
+        self.network, self.target_size = network, target_size
+
+    def forward(self, slices: torch.Tensor) -> torch.Tensor:
+        return resize_slices(self.network(resize_slices(slices, self.target_size)), slices.shape[-2:])
+
+
+def predict_with_monai(
+    bundle: Bundle, volume: np.ndarray, device: torch.device, batch_size: int
+) -> Prediction:
+    """The same prediction the MONAI way: ``SliceInferer`` over the whole volume, then post-processing."""
+    from monai.inferers import SliceInferer
+
+    metadata = bundle.metadata
+    network = _ResizedNetwork(bundle.build_model(), metadata.preprocessing.target_size).to(device)
+    normalized = normalize_intensity(
+        volume, metadata.preprocessing.normalization, metadata.preprocessing.upper_percentile
+    )
+    inferer = SliceInferer(roi_size=volume.shape[1:], sw_batch_size=batch_size, spatial_dim=0, progress=False)
+    with torch.inference_mode():
+        logits = inferer(torch.from_numpy(normalized)[None, None].to(device), network)
+        probabilities = torch.softmax(apply_temperature(logits, metadata.temperature), dim=1)
+        del logits
+        labels, confidence, entropy = (values[0].cpu().numpy() for values in confidence_maps(probabilities))
+    return Prediction(labels, confidence, entropy)
+
+
+def predict_with_calibseg(
+    bundle: Bundle, volume: np.ndarray, device: torch.device, batch_size: int
+) -> Prediction:
+    return Predictor(bundle, device=device, batch_size=batch_size).predict(volume, SPACING)
+
+
+_RUNNERS = {"calibseg": predict_with_calibseg, "monai": predict_with_monai}
+
+
+def measure(
+    pipeline: str, shape: tuple[int, int, int], device: str, batch_size: int, repeats: int
+) -> dict[str, Any]:
+    """Run one pipeline in this process: wall time (best of ``repeats``), peak RSS/GPU memory, outputs."""
+    run = _RUNNERS[pipeline]
+    torch_device = resolve_device(device)
+    bundle = benchmark_bundle()
+    run(
+        bundle, random_volume((min(batch_size, shape[0]), 64, 64), seed=1), torch_device, batch_size
+    )  # warm-up
+    volume = random_volume(shape)
+    if torch_device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeats):
+        prediction = None  # free the previous run's outputs before the next one allocates its own
+        started = time.perf_counter()
+        prediction = run(bundle, volume, torch_device, batch_size)
+        if torch_device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    label_fractions = (
+        np.bincount(prediction.labels.ravel(), minlength=bundle.metadata.num_classes) / prediction.labels.size
+    )
+    return {
+        "pipeline": pipeline,
+        "seconds": min(times),
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2,
+        "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1024**3 if torch_device.type == "cuda" else None,
+        "mean_confidence": float(prediction.confidence.mean(dtype=np.float64)),
+        "label_fractions": label_fractions.round(6).tolist(),
+        "device": str(torch_device),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def measure_in_subprocess(
+    pipeline: str, shape: tuple[int, int, int], device: str, batch_size: int, repeats: int
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        __file__,
+        "--worker",
+        pipeline,
+        "--shape",
+        ",".join(map(str, shape)),
+        "--device",
+        device,
+        "--batch-size",
+        str(batch_size),
+        "--repeats",
+        str(repeats),
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{pipeline} on {shape} failed:\n{completed.stderr}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def _report(case: str, shape: tuple[int, int, int], ours: dict[str, Any], theirs: dict[str, Any]) -> str:
+    time_ratio = ours["seconds"] / theirs["seconds"]
+    rss_ratio = ours["peak_rss_gb"] / theirs["peak_rss_gb"]
+    same = abs(ours["mean_confidence"] - theirs["mean_confidence"]) < 1e-4 and np.allclose(
+        ours["label_fractions"], theirs["label_fractions"], atol=1e-4
+    )
+    line = (
+        f"{case:5s} {'×'.join(map(str, shape)):>11s} {ours['device']:6s} "
+        f"{ours['seconds']:8.2f} {theirs['seconds']:8.2f} {time_ratio:6.2f}   "
+        f"{ours['peak_rss_gb']:6.2f} {theirs['peak_rss_gb']:6.2f} {rss_ratio:6.2f}"
+    )
+    if ours["peak_gpu_gb"] is not None:
+        line += f"   gpu {ours['peak_gpu_gb']:.2f}/{theirs['peak_gpu_gb']:.2f} GB"
+    checks = [f"time {'ok' if time_ratio <= 1.0 else 'SLOWER'}", "same outputs" if same else "OUTPUTS DIFFER"]
+    if case == "ct":
+        checks.append(f"RSS {'<' if ours['peak_rss_gb'] < RSS_TARGET_GB else '>='} {RSS_TARGET_GB} GB")
+    return f"{line}   [{', '.join(checks)}]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--ct", action="store_true", help="also run the CT-sized 300×512×512 volume (slow on a CPU)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda", "all"),
+        default="all",
+        help="all (default): CPU, and CUDA when present",
+    )
+    parser.add_argument("--batch-size", type=int, default=16, help="slices per forward pass, both pipelines")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="timed runs per measurement (best is reported)"
+    )
+    parser.add_argument("--worker", choices=PIPELINES, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    arguments = parser.parse_args(argv)
+    if arguments.worker:
+        shape = tuple(int(value) for value in arguments.shape.split(","))
+        print(
+            json.dumps(
+                measure(arguments.worker, shape, arguments.device, arguments.batch_size, arguments.repeats)
+            )
+        )
+        return 0
+    devices = ["cpu", "cuda"] if arguments.device == "all" else [arguments.device]
+    devices = [device for device in devices if device != "cuda" or torch.cuda.is_available()]
+    cases = ["acdc", "ct"] if arguments.ct else ["acdc"]
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, batch {arguments.batch_size}, "
+        f"best of {arguments.repeats}; ratios = CalibSeg / MONAI SliceInferer (< 1 is better)"
+    )
+    print("case        shape device  ours_s  monai_s  ratio   RSS_GB  monai  ratio")
+    for case in cases:
+        for device in devices:
+            ours, theirs = (
+                measure_in_subprocess(pipeline, CASES[case], device, arguments.batch_size, arguments.repeats)
+                for pipeline in PIPELINES
+            )
+            print(_report(case, CASES[case], ours, theirs), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Loss cost: forward+backward time of every loss as a ratio to plain CE, and to a UNet training step.
+
+    python benchmarks/losses.py [--batch 16] [--size 192] [--repeats 3]
+
+All timings are taken in one run on the same machine; the issue's target is that the priors
+are vectorised and NACL/CRaC add at most 10 % to a UNet training step on CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from CalibSegLib.losses import LOSSES, build_loss
+from CalibSegLib.networks import build_network
+
+
+def best_time(function, repeats: int) -> float:
+    function()  # warm-up
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        timings.append(time.perf_counter() - started)
+    return min(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--size", type=int, default=192)
+    parser.add_argument("--classes", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    arguments = parser.parse_args()
+    torch.manual_seed(0)
+    shape = (arguments.batch, arguments.classes, arguments.size, arguments.size)
+    logits = torch.randn(shape, requires_grad=True)
+    target = torch.randint(0, arguments.classes, (arguments.batch, arguments.size, arguments.size))
+    images = torch.randn(arguments.batch, 1, arguments.size, arguments.size)
+    model = build_network("unet", 1, arguments.classes)
+    optimizer = torch.optim.Adam(model.parameters())
+    ce = build_loss("ce", arguments.classes)
+
+    def unet_step() -> None:
+        optimizer.zero_grad()
+        ce(model(images), target).backward()
+        optimizer.step()
+
+    step_time = best_time(unet_step, arguments.repeats)
+    results = {}
+    for name in LOSSES:
+        loss = build_loss(name, arguments.classes)
+
+        def forward_backward() -> None:
+            logits.grad = None
+            if loss.needs_model:  # BWCR's second forward pass is part of its cost
+                loss(model(images), target, model=model, images=images).backward()
+            else:
+                loss(logits, target).backward()
+
+        results[name] = best_time(forward_backward, arguments.repeats)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, logits {tuple(shape)}")
+    print(f"UNet training step (CE): {step_time:.3f} s")
+    print("| loss | fwd+bwd (s) | × CE | share of a UNet step |")
+    print("|---|---|---|---|")
+    for name, seconds in results.items():
+        extra = seconds - results["ce"]
+        share = "includes a 2nd UNet forward" if name == "bwcr" else f"+{100 * extra / step_time:.1f} %"
+        print(f"| {name} | {seconds:.4f} | {seconds / results['ce']:.2f} | {share} |")
+
+
+if __name__ == "__main__":
+    main()
