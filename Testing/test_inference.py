@@ -14,7 +14,7 @@ from torch import nn
 from CalibSegLib import networks
 from CalibSegLib.bundle import Bundle, Preprocessing, load_bundle, save_bundle
 from CalibSegLib.inference import InferenceCancelled, Predictor, confidence_maps, resolve_device
-from bundle_factory import make_test_bundle, make_test_metadata
+from CalibSegLib.testing import make_test_bundle, make_test_metadata
 
 SPACING = (8.0, 1.3, 0.7)  # anisotropic, mm
 

@@ -14,7 +14,7 @@ import pytest
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.predict import main
-from bundle_factory import make_test_bundle
+from CalibSegLib.testing import make_test_bundle
 
 # Anisotropic voxels on an oblique grid (axes swapped and flipped), away from the origin.
 GRID = ImageGeometry(

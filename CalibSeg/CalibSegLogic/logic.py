@@ -2,13 +2,13 @@
 
 Callable from Slicer's Python console with explicit arguments::
 
-    from CalibSeg.CalibSegLogic import CalibSegLogic
+    from CalibSegLogic import CalibSegLogic
     outputs = CalibSegLogic().run(slicer.util.getNode("patient016_frame01"), "/path/model.calibseg",
                                   referenceNode=slicer.util.getNode("patient016_frame01 reference"))
 
 Work is split so the GUI never freezes: :meth:`CalibSegLogic.prepare` reads the scene (main
 thread), :meth:`CalibSegLogic.compute` runs the network and the metrics on arrays only (any
-thread, see :class:`~CalibSeg.CalibSegLogic.job.InferenceJob`), and
+thread, see :class:`~CalibSegLogic.job.InferenceJob`), and
 :meth:`CalibSegLogic.publish` adds all output nodes at once (main thread), removing them
 again if anything fails — so an error or a cancel leaves the scene as it was.
 """
@@ -28,6 +28,7 @@ from .nodes import (
     add_overlay,
     add_reliability_plot,
     add_segmentation,
+    metrics_rows,
     set_low_confidence_segment,
 )
 from .volumes import reference_label_array, volume_array, volume_spacing
@@ -67,7 +68,7 @@ class CalibSegOutputs:
     uncertainty: object
     metrics_table: object | None = None
     reliability_chart: object | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)  # the table's rows: label -> value
 
 
 class CalibSegLogic:
@@ -104,8 +105,6 @@ class CalibSegLogic:
 
     def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:
         """Add the output nodes; on any error remove what was added and re-raise."""
-        from CalibSegLib.evaluation import case_metrics_row
-
         scene = request.input_node.GetScene()
         metadata = computation.bundle.metadata
         base = request.input_node.GetName()
@@ -120,8 +119,9 @@ class CalibSegLogic:
                                            request.low_confidence_threshold)
             outputs = CalibSegOutputs(segmentation, confidence, uncertainty)
             if computation.evaluation is not None:
-                outputs.metrics = case_metrics_row(computation.evaluation, metadata.class_names)
-                outputs.metrics_table = add_metrics_table(scene, f"{base} CalibSeg metrics", outputs.metrics)
+                rows = metrics_rows(computation.evaluation, metadata.class_names)
+                outputs.metrics = {label: value for label, value, _ in rows}
+                outputs.metrics_table = add_metrics_table(scene, f"{base} CalibSeg metrics", rows)
                 outputs.reliability_chart = add_reliability_plot(
                     scene, f"{base} reliability", computation.evaluation.statistics.reliability())
         return outputs

@@ -19,6 +19,7 @@ __all__ = [
     "add_segmentation",
     "add_overlay",
     "set_low_confidence_segment",
+    "metrics_rows",
     "add_metrics_table",
     "add_reliability_plot",
     "LOW_CONFIDENCE_SEGMENT",
@@ -58,7 +59,7 @@ def _import_mask(segmentation_node, reference_node, mask: np.ndarray, name: str,
         return segmentation.AddEmptySegment(name, name, list(color))
     scene = segmentation_node.GetScene()
     labelmap = add_volume_like(scene, reference_node, mask.astype(np.uint8), "__CalibSeg_mask",
-                               "vtkMRMLLabelMapVolumeNode")
+                               "vtkMRMLLabelMapVolumeNode", display=False)
     try:
         before = {segmentation.GetNthSegmentID(i) for i in range(segmentation.GetNumberOfSegments())}
         slicer.vtkSlicerSegmentationsModuleLogic.ImportLabelmapToSegmentationNode(labelmap, segmentation_node)
@@ -118,9 +119,33 @@ def _table(scene, name: str, columns: dict[str, list]):
     return node
 
 
-def add_metrics_table(scene, name: str, metrics: dict[str, float]):
-    """A two-column table node (metric, value) with the case's metrics in a stable order."""
-    return _table(scene, name, {"Metric": list(metrics), "Value": [float(v) for v in metrics.values()]})
+# (key in CaseEvaluation.segmentation, label, unit); one row per foreground class and the mean.
+SEGMENTATION_METRICS = (("dice", "Dice", ""), ("hd95", "HD95", "mm"), ("asd", "ASD", "mm"))
+# (key in CaseEvaluation.calibration / .confidence, label); over the reference foreground.
+CALIBRATION_METRICS = (("ece", "ECE"), ("cece", "CECE"), ("tace", "TACE"), ("brier", "Brier"), ("nll", "NLL"),
+                       ("mce", "MCE"), ("error_auroc", "Error-detection AUROC"), ("aurc", "AURC"))
+
+
+def metrics_rows(evaluation, class_names: Sequence[str]) -> list[tuple[str, float, str]]:
+    """``(label, value, unit)`` rows of one case: Dice/HD95/ASD per class and mean, then calibration.
+
+    Undefined values (e.g. HD95 when only one of the two masks is empty) stay NaN.
+    """
+    rows = []
+    for key, label, unit in SEGMENTATION_METRICS:
+        values = np.asarray(evaluation.segmentation[key], dtype=float)
+        rows += [(f"{label} {name}", float(value), unit) for name, value in zip(class_names[1:], values)]
+        defined = values[~np.isnan(values)]
+        rows.append((f"{label} mean", float(defined.mean()) if defined.size else math.nan, unit))
+    scores = {**evaluation.calibration, **evaluation.confidence}
+    rows += [(label, float(scores[key]), "") for key, label in CALIBRATION_METRICS]
+    return rows
+
+
+def add_metrics_table(scene, name: str, rows: Sequence[tuple[str, float, str]]):
+    """A table node with columns Metric, Value and Unit, one row per entry of :func:`metrics_rows`."""
+    labels, values, units = zip(*rows)
+    return _table(scene, name, {"Metric": list(labels), "Value": [float(v) for v in values], "Unit": list(units)})
 
 
 def add_reliability_plot(scene, name: str, reliability):

@@ -54,12 +54,17 @@ def same_grid(first, second, tolerance: float = 1e-4) -> bool:
                for r in range(4) for c in range(4))
 
 
-def add_volume_like(scene, reference_node, array: np.ndarray, name: str, class_name: str = "vtkMRMLScalarVolumeNode"):
-    """Add a new volume node holding ``array`` (z, y, x) on ``reference_node``'s exact grid."""
+def add_volume_like(scene, reference_node, array: np.ndarray, name: str, class_name: str = "vtkMRMLScalarVolumeNode",
+                    display: bool = True):
+    """Add a new volume node holding ``array`` (z, y, x) on ``reference_node``'s exact grid.
+
+    ``display=False`` for short-lived helper volumes that are never shown.
+    """
     node = scene.AddNewNodeByClass(class_name, scene.GenerateUniqueName(name))
     node.CopyOrientation(reference_node)
     _util().updateVolumeFromArray(node, np.ascontiguousarray(array))
-    node.CreateDefaultDisplayNodes()
+    if display:
+        node.CreateDefaultDisplayNodes()
     return node
 
 

@@ -1,0 +1,250 @@
+"""CalibSeg: segmentation with per-voxel confidence and uncertainty, and a check of whether they are honest.
+
+The widget is thin: it binds ``Resources/UI/CalibSeg.ui`` to a parameter node, starts an
+:class:`~CalibSegLogic.InferenceJob` and polls it from a timer (the GUI never waits on the
+network), and shows what :class:`~CalibSegLogic.CalibSegLogic` publishes. Everything the
+module computes is reachable without the GUI::
+
+    from CalibSegLogic import CalibSegLogic
+    outputs = CalibSegLogic().run(getNode("ACDC patient"), "/path/to/model.calibseg",
+                                  referenceNode=getNode("ACDC patient reference"))
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import qt
+import slicer
+import vtk
+from slicer.parameterNodeWrapper import Choice, WithinRange, parameterNodeWrapper
+from slicer.ScriptedLoadableModule import (
+    ScriptedLoadableModule,
+    ScriptedLoadableModuleLogic,
+    ScriptedLoadableModuleTest,
+    ScriptedLoadableModuleWidget,
+)
+from slicer.util import VTKObservationMixin
+
+from CalibSegLogic import CalibSegLogic, InferenceJob, install_missing, missing_packages
+from CalibSegLogic.display import show_outputs
+
+MODULE_DIR = Path(__file__).resolve().parent
+SAMPLE_DIR = MODULE_DIR / "Resources" / "SampleData"
+POLL_INTERVAL_MS = 100
+
+
+class CalibSeg(ScriptedLoadableModule):
+    """Module metadata and help, shown in Slicer's module panel."""
+
+    def __init__(self, parent):
+        ScriptedLoadableModule.__init__(self, parent)
+        self.parent.title = "CalibSeg"
+        self.parent.categories = ["Segmentation"]
+        self.parent.dependencies = []
+        self.parent.contributors = ["CalibSeg contributors"]
+        self.parent.helpText = """
+Segments a volume with a CalibSeg model bundle (<code>.calibseg</code>) and shows, voxel by voxel,
+how sure the model is: <b>confidence</b> (largest class probability, viridis) and <b>uncertainty</b>
+(normalised entropy, inferno), both on a fixed 0–1 scale. The <i>low-confidence</i> segment marks
+voxels below the chosen threshold. With a reference segmentation the module reports Dice, HD95 and
+ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
+a reliability diagram. Models are trained with <code>python Training/train.py</code>
+(CRaC, NACL, MbLS and baselines).
+"""
+        self.parent.acknowledgementText = """
+Methods: Murugesan et al., CRaC (class and region-adaptive constraints), 2024;
+Murugesan et al., NACL (neighbour-aware calibration loss), MICCAI 2023 / MedIA 2024;
+Liu et al., MbLS (margin-based label smoothing), CVPR 2022. Sample data: ACDC,
+Bernard et al., IEEE TMI 37(11), 2018.
+"""
+        slicer.app.connect("startupCompleted()", register_sample_data)
+
+
+def register_sample_data() -> None:
+    """Add the shipped ACDC volume, its reference and the demo bundle to the Sample Data module."""
+    import SampleData
+
+    SampleData.SampleDataLogic.registerCustomSampleDataSource(
+        category="CalibSeg",
+        sampleName="CalibSeg ACDC cardiac MRI",
+        thumbnailFileName=str(MODULE_DIR / "Resources" / "Icons" / "CalibSeg.png"),
+        uris=[(SAMPLE_DIR / name).as_uri() for name in ("acdc_patient_image.nii.gz", "acdc_patient_reference.nii.gz")],
+        fileNames=["acdc_patient_image.nii.gz", "acdc_patient_reference.nii.gz"],
+        nodeNames=["ACDC patient", "ACDC patient reference"],
+        loadFileType=["VolumeFile", "SegmentationFile"],
+    )
+
+
+@parameterNodeWrapper
+class CalibSegParameterNode:
+    """The module's state, saved with the scene."""
+
+    inputVolume: slicer.vtkMRMLScalarVolumeNode
+    referenceNode: slicer.vtkMRMLNode
+    bundlePath: Path
+    device: Annotated[str, Choice(["auto", "cpu", "cuda"])] = "auto"
+    showLowConfidence: bool = False
+    lowConfidenceThreshold: Annotated[float, WithinRange(0.0, 1.0)] = 0.6
+
+
+class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
+    """GUI: inputs, Run/Cancel with progress, and the low-confidence threshold."""
+
+    def __init__(self, parent=None) -> None:
+        ScriptedLoadableModuleWidget.__init__(self, parent)
+        VTKObservationMixin.__init__(self)
+        self.logic = None
+        self._parameterNode = None
+        self._parameterNodeGuiTag = None
+        self._job = None
+        self._outputs = None
+        self._timer = qt.QTimer()
+        self._timer.setInterval(POLL_INTERVAL_MS)
+        self._timer.connect("timeout()", self._poll)
+
+    def setup(self) -> None:
+        ScriptedLoadableModuleWidget.setup(self)
+        uiWidget = slicer.util.loadUI(self.resourcePath("UI/CalibSeg.ui"))
+        self.layout.addWidget(uiWidget)
+        self.ui = slicer.util.childWidgetVariables(uiWidget)
+        uiWidget.setMRMLScene(slicer.mrmlScene)
+        self.logic = CalibSegModuleLogic()
+
+        self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
+        self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
+        self.ui.runButton.connect("clicked(bool)", self.onRun)
+        self.ui.cancelButton.connect("clicked(bool)", self.onCancel)
+        self.ui.lowConfidenceSlider.connect("valueChanged(double)", self.onThresholdChanged)
+        self.ui.lowConfidenceCheckBox.connect("toggled(bool)", self.onThresholdChanged)
+        self.initializeParameterNode()
+
+    def cleanup(self) -> None:
+        self.onCancel()
+        self.removeObservers()
+
+    def enter(self) -> None:
+        self.initializeParameterNode()
+
+    def exit(self) -> None:
+        if self._parameterNode:
+            self._parameterNode.disconnectGui(self._parameterNodeGuiTag)
+            self._parameterNodeGuiTag = None
+            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateButtons)
+
+    def onSceneStartClose(self, caller, event) -> None:
+        self.onCancel()
+        self.setParameterNode(None)
+
+    def onSceneEndClose(self, caller, event) -> None:
+        if self.parent.isEntered:
+            self.initializeParameterNode()
+
+    def initializeParameterNode(self) -> None:
+        self.setParameterNode(self.logic.getParameterNode())
+        if not self._parameterNode.inputVolume:
+            self._parameterNode.inputVolume = slicer.mrmlScene.GetFirstNodeByClass("vtkMRMLScalarVolumeNode")
+
+    def setParameterNode(self, inputParameterNode) -> None:
+        if self._parameterNode:
+            self._parameterNode.disconnectGui(self._parameterNodeGuiTag)
+            self.removeObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateButtons)
+        self._parameterNode = inputParameterNode
+        if self._parameterNode:
+            self._parameterNodeGuiTag = self._parameterNode.connectGui(self.ui)
+            self.addObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._updateButtons)
+        self._updateButtons()
+
+    def _updateButtons(self, caller=None, event=None) -> None:
+        running = self._job is not None
+        ready = bool(self._parameterNode and self._parameterNode.inputVolume and self._parameterNode.bundlePath
+                     and str(self._parameterNode.bundlePath) not in ("", "."))
+        self.ui.runButton.enabled = ready and not running
+        self.ui.runButton.toolTip = "Segment the input with the bundle" if ready else "Select an input volume and a bundle"
+        self.ui.cancelButton.enabled = running
+        self.ui.progressBar.visible = running
+
+    def onRun(self) -> None:
+        if missing_packages() and not install_missing(slicer.util.confirmOkCancelDisplay):
+            self.ui.statusLabel.text = "CalibSeg needs PyTorch and MONAI; nothing was run."
+            return
+        parameters = self._parameterNode
+        try:
+            request = self.logic.prepare(
+                parameters.inputVolume, str(parameters.bundlePath), parameters.referenceNode, parameters.device,
+                parameters.lowConfidenceThreshold if parameters.showLowConfidence else None)
+        except Exception as error:  # every expected failure is one sentence; the scene is untouched
+            slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
+            return
+        self._job = InferenceJob(self.logic, request).start()
+        self.ui.statusLabel.text = "Running…"
+        self.ui.progressBar.value = 0
+        self._updateButtons()
+        self._timer.start()
+
+    def onCancel(self) -> None:
+        if self._job is not None:
+            self._job.cancel()
+            self.ui.statusLabel.text = "Cancelling…"
+
+    def _poll(self) -> None:
+        job = self._job
+        self.ui.progressBar.value = int(100 * job.fraction)
+        if not job.done():
+            return
+        self._timer.stop()
+        self._job = None
+        self._updateButtons()
+        from CalibSegLib.inference import InferenceCancelled
+
+        try:
+            self._outputs = job.finish()
+        except InferenceCancelled:
+            self.ui.statusLabel.text = "Cancelled; the scene is unchanged."
+            return
+        except Exception as error:
+            self.ui.statusLabel.text = "Failed; the scene is unchanged."
+            slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
+            return
+        show_outputs(self._outputs, job.request.input_node)
+        self.ui.statusLabel.text = "Done." + (
+            f" Dice {self._outputs.metrics['Dice mean']:.3f}, ECE {self._outputs.metrics['ECE']:.3f}"
+            if self._outputs.metrics else "")
+
+    def onThresholdChanged(self, *unused) -> None:
+        if self._outputs is None or self._job is not None:
+            return
+        parameters = self._parameterNode
+        threshold = parameters.lowConfidenceThreshold if parameters.showLowConfidence else 0.0
+        # A threshold of 0 selects no voxel: the segment stays, empty, so toggling is cheap.
+        self.logic.updateLowConfidence(self._outputs, parameters.inputVolume, threshold)
+
+
+class CalibSegModuleLogic(ScriptedLoadableModuleLogic, CalibSegLogic):
+    """CalibSegLogic with Slicer's parameter node (the GUI's state)."""
+
+    def __init__(self) -> None:
+        ScriptedLoadableModuleLogic.__init__(self)
+        CalibSegLogic.__init__(self)
+
+    def getParameterNode(self):
+        return CalibSegParameterNode(super().getParameterNode())
+
+
+class CalibSegTest(ScriptedLoadableModuleTest):
+    """Runs the checks of ``CalibSegTesting`` (the ones pytest runs on slicer-core) in Slicer's own scene."""
+
+    def runTest(self) -> None:
+        from CalibSegTesting import CHECKS
+
+        with tempfile.TemporaryDirectory(prefix="CalibSegTest") as work_dir:
+            for name, check in CHECKS.items():
+                slicer.mrmlScene.Clear(0)
+                self.delayDisplay(f"Checking: {name.replace('_', ' ')}")
+                check_dir = os.path.join(work_dir, name)
+                os.makedirs(check_dir)
+                check(slicer.mrmlScene, Path(check_dir))
+        self.delayDisplay("All CalibSeg checks passed")

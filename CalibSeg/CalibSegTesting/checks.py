@@ -1,0 +1,327 @@
+"""Checks of the CalibSeg logic against a real MRML scene.
+
+Each check takes ``(scene, work_dir)``: an empty ``vtkMRMLScene`` (``slicer.mrmlScene``
+inside Slicer, a fresh scene from the ``slicer-core`` package under pytest) and a writable
+folder, builds its own inputs and a tiny deterministic bundle, and raises ``AssertionError``
+when the module misbehaves. ``Testing/test_slicer_module.py`` runs every entry of
+:data:`CHECKS` under pytest; ``CalibSegTest`` runs the same list inside Slicer.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from CalibSegLogic import CalibSegLogic, InferenceJob
+from CalibSegLogic.nodes import LOW_CONFIDENCE_SEGMENT
+
+__all__ = ["CHECKS", "make_volume_node", "scene_snapshot"]
+
+NUM_CLASSES = 4
+# Anisotropic voxels (x, y, z mm, Slicer's order), an off-origin corner and an oblique direction.
+SPACING_XYZ = (1.25, 0.8, 6.0)
+ORIGIN = (-31.0, 12.5, 40.0)
+ANGLE = math.radians(25.0)
+DIRECTION = ((math.cos(ANGLE), -math.sin(ANGLE), 0.0), (math.sin(ANGLE), math.cos(ANGLE), 0.0), (0.0, 0.0, -1.0))
+
+
+def make_volume_node(scene, array: np.ndarray, name: str = "input", class_name: str = "vtkMRMLScalarVolumeNode",
+                     spacing=SPACING_XYZ, origin=ORIGIN, direction=DIRECTION):
+    """Add a volume node holding ``array`` (k, j, i) with the given spacing (x, y, z), origin and direction rows."""
+    import slicer
+    import vtk
+
+    node = scene.AddNewNodeByClass(class_name, name)
+    slicer.util.updateVolumeFromArray(node, array)
+    node.SetSpacing(*spacing)
+    node.SetOrigin(*origin)
+    matrix = vtk.vtkMatrix4x4()
+    for row in range(3):
+        for column in range(3):
+            matrix.SetElement(row, column, direction[row][column])
+    node.SetIJKToRASDirectionMatrix(matrix)
+    return node
+
+
+def _ijk_to_ras(node) -> np.ndarray:
+    import vtk
+
+    matrix = vtk.vtkMatrix4x4()
+    node.GetIJKToRASMatrix(matrix)
+    return np.array([[matrix.GetElement(row, column) for column in range(4)] for row in range(4)])
+
+
+def scene_snapshot(scene) -> list[tuple[str, str, str, int]]:
+    """Every node's ID, class, name and modification time: equal snapshots mean an untouched scene."""
+    nodes = [scene.GetNthNode(index) for index in range(scene.GetNumberOfNodes())]
+    return [(node.GetID(), node.GetClassName(), node.GetName() or "", node.GetMTime()) for node in nodes]
+
+
+def _phantom(shape=(6, 48, 40), seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A bright disc ring phantom (k, j, i) and its 4-class label map, so the network output varies in space."""
+    rng = np.random.default_rng(seed)
+    k, j, i = np.indices(shape)
+    radius = np.hypot(j - shape[1] / 2, i - shape[2] / 2)
+    labels = np.select([radius < 6, radius < 10, radius < 14], [3, 2, 1], 0).astype(np.uint8)
+    image = (labels * 40.0 + rng.normal(0, 10, shape) + k).astype(np.float32)
+    return image, labels
+
+
+def _bundle(work_dir: Path) -> Path:
+    from CalibSegLib.testing import make_test_bundle
+
+    return make_test_bundle(Path(work_dir) / "tiny.calibseg", num_classes=NUM_CLASSES, target_size=(32, 32))
+
+
+def _scene_is_unchanged_after(scene, action: Callable[[], object], message: str) -> str:
+    """Run ``action``, which must raise; return its error text after checking the scene is untouched."""
+    before = scene_snapshot(scene)
+    try:
+        action()
+    except Exception as error:  # the check is on the scene, whatever the error's type
+        assert scene_snapshot(scene) == before, f"{message}: the scene changed"
+        return str(error)
+    raise AssertionError(f"{message}: no error was raised")
+
+
+def check_outputs_keep_input_geometry(scene, work_dir: Path) -> None:
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    outputs = CalibSegLogic().run(volume, _bundle(work_dir))
+    expected = _ijk_to_ras(volume)
+    for node in (outputs.confidence, outputs.uncertainty):
+        np.testing.assert_allclose(_ijk_to_ras(node), expected, atol=1e-9)
+        assert node.GetImageData().GetDimensions() == volume.GetImageData().GetDimensions()
+    import slicer
+
+    confidence = slicer.util.arrayFromVolume(outputs.confidence)
+    entropy = slicer.util.arrayFromVolume(outputs.uncertainty)
+    assert confidence.shape == image.shape and confidence.min() >= 1 / NUM_CLASSES - 1e-6 and confidence.max() <= 1
+    assert entropy.min() >= 0 and entropy.max() <= 1
+    # The segmentation is defined on the input's grid too: its labelmap comes back voxel for voxel.
+    labelmap = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, _segment_id(outputs.segmentation, 1),
+                                                          volume)
+    assert labelmap.shape == image.shape
+
+
+def _segment_id(segmentation_node, order: int) -> str:
+    return segmentation_node.GetSegmentation().GetNthSegmentID(order - 1)
+
+
+def check_segments_are_named_and_coloured_from_bundle(scene, work_dir: Path) -> None:
+    from CalibSegLib.bundle import load_bundle
+
+    image, _ = _phantom()
+    bundle_path = _bundle(work_dir)
+    metadata = load_bundle(bundle_path).metadata
+    outputs = CalibSegLogic().run(make_volume_node(scene, image), bundle_path)
+    segmentation = outputs.segmentation.GetSegmentation()
+    names = [segmentation.GetNthSegment(index).GetName() for index in range(segmentation.GetNumberOfSegments())]
+    assert names == list(metadata.class_names[1:]), names
+    for index, color in enumerate(metadata.class_colors[1:]):
+        np.testing.assert_allclose(segmentation.GetNthSegment(index).GetColor(), color, atol=1e-6)
+
+
+def check_segments_match_the_predicted_labels(scene, work_dir: Path) -> None:
+    import slicer
+
+    from CalibSegLib.inference import Predictor
+
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    bundle_path = _bundle(work_dir)
+    outputs = CalibSegLogic().run(volume, bundle_path)
+    spacing = tuple(reversed(SPACING_XYZ))
+    labels = Predictor(bundle_path, device="cpu").predict(image, spacing).labels
+    for label in range(1, NUM_CLASSES):
+        mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation,
+                                                          _segment_id(outputs.segmentation, label), volume)
+        np.testing.assert_array_equal(mask > 0, labels == label)
+
+
+def check_metrics_table_equals_calibseglib(scene, work_dir: Path) -> None:
+    from CalibSegLib.inference import Predictor
+    from CalibSegLib.metrics import asd, brier, cece, dice, ece, hd95, nll, tace
+
+    image, labels = _phantom()
+    reference = labels.copy()
+    reference[:, :20, :] = np.where(reference[:, :20, :] > 0, 1, 0)  # disagree with the truth in one half
+    volume = make_volume_node(scene, image)
+    reference_node = make_volume_node(scene, reference, "reference", "vtkMRMLLabelMapVolumeNode")
+    bundle_path = _bundle(work_dir)
+    outputs = CalibSegLogic().run(volume, bundle_path, referenceNode=reference_node)
+
+    spacing = tuple(reversed(SPACING_XYZ))
+    prediction = Predictor(bundle_path, device="cpu").predict(image, spacing, keep_probabilities=True)
+    target = reference.astype(np.int64)
+    probabilities = prediction.probabilities  # (C, k, j, i)
+    independent = {"ECE": ece(probabilities, target), "CECE": cece(probabilities, target),
+                   "TACE": tace(probabilities, target), "Brier": brier(probabilities, target),
+                   "NLL": nll(probabilities, target)}
+    for metric, label in ((dice, "Dice"), (hd95, "HD95"), (asd, "ASD")):
+        arguments = (prediction.labels, target, NUM_CLASSES) + (() if metric is dice else (spacing,))
+        for name, value in zip([f"class {index}" for index in range(1, NUM_CLASSES)], metric(*arguments)):
+            independent[f"{label} {name}"] = value
+
+    table = outputs.metrics_table.GetTable()
+    rows = {table.GetValueByName(row, "Metric").ToString(): table.GetValueByName(row, "Value").ToDouble()
+            for row in range(table.GetNumberOfRows())}
+    for label, value in independent.items():
+        np.testing.assert_allclose(rows[label], value, rtol=1e-6, atol=1e-9, err_msg=label)
+    assert table.GetValueByName(0, "Unit").ToString() == "" and rows.keys() >= {"HD95 mean", "ASD mean"}
+
+
+def check_reliability_plot_shows_accuracy_diagonal_and_histogram(scene, work_dir: Path) -> None:
+    image, labels = _phantom()
+    volume = make_volume_node(scene, image)
+    reference = make_volume_node(scene, labels, "reference", "vtkMRMLLabelMapVolumeNode")
+    chart = CalibSegLogic().run(volume, _bundle(work_dir), referenceNode=reference).reliability_chart
+    assert chart.IsA("vtkMRMLPlotChartNode") and chart.GetNumberOfPlotSeriesNodes() == 3
+    series = [chart.GetNthPlotSeriesNode(index) for index in range(3)]
+    assert [node.GetYColumnName() for node in series] == ["accuracy", "perfect calibration", "fraction of voxels"]
+    table = series[0].GetTableNode().GetTable()
+    fractions = [table.GetValueByName(row, "fraction of voxels").ToDouble() for row in range(table.GetNumberOfRows())]
+    assert table.GetNumberOfRows() == 15 and abs(sum(fractions) - 1.0) < 1e-9
+
+
+def check_reference_segmentation_node_is_accepted(scene, work_dir: Path) -> None:
+    """A reference given as a segmentation maps segments to classes by name, giving the labelmap's numbers."""
+    import slicer
+
+    image, labels = _phantom()
+    volume = make_volume_node(scene, image)
+    labelmap = make_volume_node(scene, labels, "reference labels", "vtkMRMLLabelMapVolumeNode")
+    segmentation = scene.AddNewNodeByClass("vtkMRMLSegmentationNode", "reference segmentation")
+    slicer.vtkSlicerSegmentationsModuleLogic.ImportLabelmapToSegmentationNode(labelmap, segmentation)
+    for index in range(segmentation.GetSegmentation().GetNumberOfSegments()):
+        segmentation.GetSegmentation().GetNthSegment(index).SetName(f"class {index + 1}")
+    bundle_path = _bundle(work_dir)
+    from_labelmap = CalibSegLogic().run(volume, bundle_path, referenceNode=labelmap).metrics
+    from_segmentation = CalibSegLogic().run(volume, bundle_path, referenceNode=segmentation).metrics
+    assert from_labelmap.keys() == from_segmentation.keys()
+    np.testing.assert_allclose(list(from_segmentation.values()), list(from_labelmap.values()), rtol=1e-9)
+
+
+def check_low_confidence_segment_follows_the_threshold(scene, work_dir: Path) -> None:
+    import slicer
+
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    logic = CalibSegLogic()
+    outputs = logic.run(volume, _bundle(work_dir), lowConfidenceThreshold=0.6)
+    confidence = slicer.util.arrayFromVolume(outputs.confidence)
+    segmentation = outputs.segmentation.GetSegmentation()
+    for threshold in (0.6, 0.9):
+        if threshold != 0.6:
+            logic.updateLowConfidence(outputs, volume, threshold)
+        segment_id = segmentation.GetSegmentIdBySegmentName(LOW_CONFIDENCE_SEGMENT)
+        mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, segment_id, volume)
+        np.testing.assert_array_equal(mask > 0, confidence < threshold)
+    assert segmentation.GetNumberOfSegments() == NUM_CLASSES  # replaced, not added again
+
+
+def check_bad_bundles_leave_the_scene_unchanged(scene, work_dir: Path) -> None:
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    work_dir = Path(work_dir)
+    not_a_zip = work_dir / "notes.calibseg"
+    not_a_zip.write_text("not a bundle")
+    no_metadata = work_dir / "empty.calibseg"
+    with zipfile.ZipFile(no_metadata, "w") as archive:
+        archive.writestr("weights.safetensors", b"")
+    for path, expected in ((work_dir / "missing.calibseg", "No model bundle"), (not_a_zip, "zip"),
+                           (no_metadata, "bundle.json"), ("", "Choose a model bundle")):
+        error = _scene_is_unchanged_after(scene, lambda: CalibSegLogic().run(volume, path), f"bundle {path!s}")
+        assert expected in error, error
+
+
+def check_volumes_that_are_not_3d_scalar_are_refused(scene, work_dir: Path) -> None:
+    bundle_path = _bundle(work_dir)
+    single_slice = make_volume_node(scene, np.random.default_rng(1).normal(size=(1, 32, 32)).astype(np.float32),
+                                    "one slice")
+    vector = scene.AddNewNodeByClass("vtkMRMLVectorVolumeNode", "vector volume")
+    import slicer
+
+    slicer.util.updateVolumeFromArray(vector, np.random.default_rng(2).normal(size=(4, 16, 16, 3)).astype(np.float32))
+    for node, expected in ((single_slice, "3D volume"), (vector, "components"), (None, "scalar volume")):
+        error = _scene_is_unchanged_after(scene, lambda: CalibSegLogic().run(node, bundle_path), f"input {node}")
+        assert expected in error, error
+
+
+def check_reference_on_another_grid_is_refused(scene, work_dir: Path) -> None:
+    image, labels = _phantom()
+    volume = make_volume_node(scene, image)
+    shifted = make_volume_node(scene, labels, "shifted reference", "vtkMRMLLabelMapVolumeNode",
+                               origin=(ORIGIN[0] + 5.0, ORIGIN[1], ORIGIN[2]))
+    smaller = make_volume_node(scene, labels[:, :40], "cropped reference", "vtkMRMLLabelMapVolumeNode")
+    for reference in (shifted, smaller):
+        error = _scene_is_unchanged_after(
+            scene, lambda: CalibSegLogic().run(volume, _bundle(work_dir), referenceNode=reference), "reference grid")
+        assert "not on the input volume's grid" in error, error
+
+
+def check_cancel_leaves_the_scene_unchanged(scene, work_dir: Path) -> None:
+    from CalibSegLib.inference import InferenceCancelled
+
+    image, _ = _phantom(shape=(40, 48, 40))
+    volume = make_volume_node(scene, image)
+    logic = CalibSegLogic()
+    request = logic.prepare(volume, _bundle(work_dir))
+    before = scene_snapshot(scene)
+    job = InferenceJob(logic, request)
+    started = threading.Event()
+    original_progress = job._progress
+
+    def progress(fraction: float) -> None:
+        original_progress(fraction)
+        started.set()
+        job.cancel()  # the user presses Cancel while the first batches run
+
+    job._progress = progress
+    job.start()
+    assert job.wait(timeout=120), "the cancelled job did not stop"
+    assert started.is_set() and job.fraction < 1.0
+    try:
+        job.finish()
+    except InferenceCancelled:
+        pass
+    else:
+        raise AssertionError("finish() of a cancelled job did not raise InferenceCancelled")
+    assert scene_snapshot(scene) == before
+
+
+def check_background_job_publishes_what_run_publishes(scene, work_dir: Path) -> None:
+    import slicer
+
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    bundle_path = _bundle(work_dir)
+    logic = CalibSegLogic()
+    job = InferenceJob(logic, logic.prepare(volume, bundle_path)).start()
+    assert job.wait(timeout=120)
+    in_background = job.finish()
+    in_foreground = logic.run(volume, bundle_path)
+    assert job.fraction == 1.0
+    np.testing.assert_array_equal(slicer.util.arrayFromVolume(in_background.confidence),
+                                  slicer.util.arrayFromVolume(in_foreground.confidence))
+
+
+def check_a_failure_while_publishing_removes_every_new_node(scene, work_dir: Path) -> None:
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    logic = CalibSegLogic()
+    request = logic.prepare(volume, _bundle(work_dir), lowConfidenceThreshold=0.5)
+    computation = logic.compute(request)
+    computation.prediction.entropy = None  # fails after the segmentation and confidence nodes were added
+    _scene_is_unchanged_after(scene, lambda: logic.publish(request, computation), "failed publish")
+
+
+CHECKS: dict[str, Callable[[object, Path], None]] = {
+    name.removeprefix("check_"): function for name, function in list(globals().items())
+    if name.startswith("check_") and callable(function)
+}

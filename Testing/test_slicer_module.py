@@ -1,0 +1,136 @@
+"""The CalibSeg Slicer module: its logic on a real MRML scene (slicer-core), its UI file and its packaging.
+
+The logic checks are the same functions ``CalibSegTest`` runs inside Slicer
+(``CalibSeg/CalibSegTesting/checks.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mrml_standins import MODULE_DIR, install_standins, mrml_scene  # noqa: F401  (fixture)
+
+REPO_ROOT = MODULE_DIR.parent
+UI_FILE = MODULE_DIR / "Resources" / "UI" / "CalibSeg.ui"
+
+install_standins()
+from CalibSegTesting import CHECKS  # noqa: E402  (needs the module folder on sys.path)
+
+pytestmark = pytest.mark.mrml
+
+
+@pytest.mark.parametrize("name", list(CHECKS))
+def test_logic_on_a_real_mrml_scene(name, mrml_scene, tmp_path):  # noqa: F811
+    CHECKS[name](mrml_scene, tmp_path)
+
+
+def test_checks_catch_a_logic_that_drops_the_geometry(mrml_scene, tmp_path, monkeypatch):  # noqa: F811
+    """The geometry check fails when outputs are put on a default grid: it can fail, so its pass means something."""
+    import CalibSegLogic.volumes as volumes
+
+    monkeypatch.setattr(volumes, "add_volume_like", _without_orientation(volumes.add_volume_like))
+    monkeypatch.setattr("CalibSegLogic.nodes.add_volume_like", volumes.add_volume_like)
+    with pytest.raises(AssertionError):
+        CHECKS["outputs_keep_input_geometry"](mrml_scene, tmp_path)
+
+
+def _without_orientation(add_volume_like):
+    def broken(scene, reference_node, array, name, class_name="vtkMRMLScalarVolumeNode", display=True):
+        node = add_volume_like(scene, reference_node, array, name, class_name, display)
+        node.SetSpacing(1.0, 1.0, 1.0)
+        return node
+
+    return broken
+
+
+def test_offscreen_slice_view_shows_confidence_outlines_and_legend(mrml_scene, tmp_path):  # noqa: F811
+    import matplotlib.image
+
+    from CalibSegLib.testing import make_test_bundle
+    from CalibSegLogic import CalibSegLogic
+    from CalibSegTesting.checks import _phantom, make_volume_node
+    from CalibSegTesting.render import render_slice_view
+
+    image, _ = _phantom()
+    volume = make_volume_node(mrml_scene, image)
+    volume.CreateDefaultDisplayNodes()
+    bundle = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, target_size=(32, 32))
+    outputs = CalibSegLogic().run(volume, bundle)
+    names = ["background", "class 1", "class 2", "class 3"]
+    colors = [(0, 0, 0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
+    path, blended = render_slice_view(mrml_scene, volume, outputs, names, colors, tmp_path / "view.png", size=300,
+                                      slice_index=3)
+    picture = matplotlib.image.imread(path)
+    assert picture.shape[0] >= 400 and picture.shape[1] >= 500 and picture[..., :3].std() > 0.05
+
+    import slicer
+
+    assert blended.shape == (300, 300, 3)
+    blended = blended.astype(int)
+    predicted = slicer.util.arrayFromVolume(mrml_scene.GetFirstNodeByName("CalibSeg snapshot labels"))[3]
+    for label, color in enumerate(colors[1:], start=1):
+        outline_pixels = np.all(np.abs(blended - np.array(color) * 255) <= 3, axis=-1).sum()
+        assert (outline_pixels > 0) == bool((predicted == label).any()), label
+    # Confidence is blended in: without it the image would be grey (equal channels) off the outlines.
+    assert np.abs(blended[..., 1] - blended[..., 0]).mean() > 5
+
+
+def _ui_widgets() -> dict[str, str]:
+    root = ElementTree.parse(UI_FILE).getroot()
+    return {widget.get("name"): widget.get("class") for widget in root.iter("widget")}
+
+
+def test_ui_file_parses_and_has_every_widget_the_module_uses():
+    widgets = _ui_widgets()
+    source = (MODULE_DIR / "CalibSeg.py").read_text()
+    used = set(re.findall(r"self\.ui\.(\w+)", source))
+    assert used and used <= widgets.keys(), f"missing in CalibSeg.ui: {sorted(used - widgets.keys())}"
+
+
+def test_ui_binds_every_parameter_to_a_widget():
+    """Each field of the parameter node is edited by exactly one widget (SlicerParameterName)."""
+    root = ElementTree.parse(UI_FILE).getroot()
+    bound = [prop.find("string").text for prop in root.iter("property") if prop.get("name") == "SlicerParameterName"]
+    tree = ast.parse((MODULE_DIR / "CalibSeg.py").read_text())
+    parameters = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "CalibSegParameterNode")
+    fields = [statement.target.id for statement in parameters.body if isinstance(statement, ast.AnnAssign)]
+    assert sorted(bound) == sorted(fields)
+
+
+def _cmake_listed(cmake_file: Path, variable: str) -> list[str]:
+    text = cmake_file.read_text()
+    block = re.search(rf"set\({variable}\n(.*?)\n\s*\)", text, re.S)
+    assert block, f"{cmake_file} has no set({variable} ...)"
+    return [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_cmake_lists_every_module_file():
+    cmake = MODULE_DIR / "CMakeLists.txt"
+    scripts = set(_cmake_listed(cmake, "MODULE_PYTHON_SCRIPTS"))
+    resources = set(_cmake_listed(cmake, "MODULE_PYTHON_RESOURCES"))
+    python_files = {str(path.relative_to(MODULE_DIR)) for path in MODULE_DIR.rglob("*.py")}
+    resource_files = {str(path.relative_to(MODULE_DIR)) for path in (MODULE_DIR / "Resources").rglob("*") if path.is_file()}
+    assert scripts == python_files
+    assert resources == resource_files
+
+
+def test_cmake_lists_every_library_file_the_module_imports():
+    cmake = MODULE_DIR / "CMakeLists.txt"
+    library = set(_cmake_listed(cmake, "CALIBSEGLIB_PYTHON_SCRIPTS"))
+    on_disk = {str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "CalibSegLib").rglob("*.py")}
+    assert library == on_disk
+
+
+def test_extension_metadata_is_complete():
+    text = (REPO_ROOT / "CMakeLists.txt").read_text()
+    for key in ("EXTENSION_HOMEPAGE", "EXTENSION_CATEGORY", "EXTENSION_CONTRIBUTORS", "EXTENSION_DESCRIPTION",
+                "EXTENSION_ICONURL", "EXTENSION_SCREENSHOTURLS", "EXTENSION_DEPENDS"):
+        assert re.search(rf"set\({key} \S", text), key
+    assert 'set(EXTENSION_CATEGORY "Segmentation")' in text
+    assert "add_subdirectory(CalibSeg)" in text
