@@ -211,3 +211,19 @@ def test_multiplier_table_lists_lambda_per_region():
     table = configured_crac().multiplier_table()
     assert list(table) == ["outer", "inner"]
     assert table["outer"] == pytest.approx(OUTER_LAMBDA) and table["inner"] == pytest.approx(INNER_LAMBDA)
+
+
+@pytest.mark.parametrize("shape,kernel", [((2, 9, 11), 3), ((2, 9, 11), 5), ((1, 5, 6, 7), 3)])
+def test_inner_mask_read_off_the_prior_equals_the_window_rule(shape, kernel):
+    """CRaC reads the inner region off τ; it must be priors.inner_region_mask exactly."""
+    from CalibSegLib.priors import inner_region_mask
+
+    generator = torch.Generator().manual_seed(kernel)
+    target = torch.randint(0, 3, shape, generator=generator)
+    target[0, : shape[1] // 2] = 1  # large uniform blocks so both regions occur
+    target[-1, :, : shape[2] // 2] = 0
+    logits = torch.zeros((shape[0], 3) + shape[1:])
+    _, inner = CRaCLoss(3, kernel=kernel).constraints(logits, target)
+    expected = inner_region_mask(target, kernel)
+    assert expected.any() and (~expected).any()
+    torch.testing.assert_close(inner.squeeze(1), expected)
