@@ -134,3 +134,35 @@ def test_extension_metadata_is_complete():
         assert re.search(rf"set\({key} \S", text), key
     assert 'set(EXTENSION_CATEGORY "Segmentation")' in text
     assert "add_subdirectory(CalibSeg)" in text
+
+
+def test_shipped_sample_and_demo_bundle_run_in_the_module(mrml_scene, sample_acdc_dir):  # noqa: F811
+    """The module's sample data (volume + .seg.nrrd reference) and demo bundle give the metrics
+    CalibSegLib computes from the original ACDC file."""
+    import h5py
+    import slicer
+
+    from CalibSegLib.inference import Predictor
+    from CalibSegLib.metrics import dice, ece
+    from CalibSegLogic import CalibSegLogic
+
+    sample_dir = MODULE_DIR / "Resources" / "SampleData"
+    volume = mrml_scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "ACDC patient")
+    volume_storage = slicer.vtkMRMLVolumeArchetypeStorageNode()
+    volume_storage.SetFileName(str(sample_dir / "acdc_patient_image.nii.gz"))
+    assert volume_storage.ReadData(volume)
+    reference = mrml_scene.AddNewNodeByClass("vtkMRMLSegmentationNode", "ACDC patient reference")
+    reference_storage = slicer.vtkMRMLSegmentationStorageNode()
+    reference_storage.SetFileName(str(sample_dir / "acdc_patient_reference.seg.nrrd"))
+    assert reference_storage.ReadData(reference)
+
+    bundle = sample_dir / "acdc_demo.calibseg"
+    outputs = CalibSegLogic().run(volume, bundle, referenceNode=reference, device="cpu")
+
+    with h5py.File(sample_acdc_dir / "patient016_frame01.h5", "r") as handle:
+        image, labels = handle["image"][...], handle["label"][...].astype(np.int64)
+    np.testing.assert_allclose(volume.GetSpacing(), (1.5, 1.5, 10.0))
+    prediction = Predictor(bundle, device="cpu").predict(image, (10.0, 1.5, 1.5), keep_probabilities=True)
+    expected_dice = dice(prediction.labels, labels, 4)
+    np.testing.assert_allclose(outputs.metrics["Dice mean"], expected_dice.mean(), rtol=1e-6)
+    np.testing.assert_allclose(outputs.metrics["ECE"], ece(prediction.probabilities, labels), rtol=1e-6)

@@ -6,7 +6,9 @@ Writes into ``CalibSeg/Resources/SampleData/``: the end-diastolic frame of test 
 patient016 (never seen in training: ``Training/splits/acdc_sample.json``) as NIfTI with
 ACDC's assumed spacing, its reference as a Slicer segmentation (``.seg.nrrd``, segments
 named and coloured as the bundle's classes), and a copy of ``--bundle`` as the demo model.
-Needs the slicer-core package (installed by ``.[dev]``) for the segmentation file.
+It then runs the module's logic on that volume in a slicer-core MRML scene and renders the
+slice view to ``docs/images/slice_view.png`` (the README's picture). Needs the slicer-core
+package (installed by ``.[dev]``).
 """
 
 from __future__ import annotations
@@ -73,8 +75,34 @@ def main() -> None:
                                  SAMPLE_DIR / "acdc_patient_reference.seg.nrrd")
     with atomic_output(SAMPLE_DIR / "acdc_demo.calibseg") as temporary:
         shutil.copyfile(arguments.bundle, temporary)
-    for path in sorted(SAMPLE_DIR.iterdir()):
+    picture = render_readme_picture(metadata)
+    for path in sorted(SAMPLE_DIR.iterdir()) + [picture]:
         print(f"{path.relative_to(REPO_ROOT)}  {path.stat().st_size / 1e6:.2f} MB")
+
+
+def render_readme_picture(metadata) -> Path:
+    """The module's outputs for the sample volume and demo bundle, as a Slicer slice view shows them."""
+    from mrml_standins import install_standins
+
+    slicer = install_standins()
+    from CalibSegLogic import CalibSegLogic
+    from CalibSegTesting.render import render_slice_view
+
+    scene = slicer.vtkMRMLScene()
+    colors = slicer.vtkMRMLColorLogic()
+    colors.SetMRMLScene(scene)
+    colors.AddDefaultColorNodes()
+    slicer.mrmlScene = scene
+    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "ACDC patient")
+    storage = slicer.vtkMRMLVolumeArchetypeStorageNode()
+    storage.SetFileName(str(SAMPLE_DIR / "acdc_patient_image.nii.gz"))
+    storage.ReadData(volume)
+    volume.CreateDefaultDisplayNodes()
+    outputs = CalibSegLogic().run(volume, SAMPLE_DIR / "acdc_demo.calibseg", device="cpu")
+    path, _ = render_slice_view(scene, volume, outputs, metadata.class_names, metadata.class_colors,
+                                REPO_ROOT / "docs" / "images" / "slice_view.png",
+                                title=f"{CASE} (test patient): confidence, predicted outlines")
+    return path
 
 
 if __name__ == "__main__":
