@@ -12,6 +12,7 @@ import torch
 
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.losses import LOSSES
+from Training import benchmark as benchmark_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
 from Training.data import DataError, find_cases, load_cases, make_slices
@@ -104,6 +105,13 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     # a second run into the same folder must not overwrite it
     with pytest.raises(SystemExit, match="already holds a run"):
         train_cli.main(["--out", str(out), "--epochs", "1"])
+    # the papers' table from the finished run: its numbers are the run's own summary means
+    table, table_csv = benchmark_cli.main(["--collect", str(out), "--out", str(tmp_path / "benchmark")])
+    dice_mean = summary["uncalibrated"]["per_metric"]["dice_mean"]["mean"]
+    assert f"| nacl | {dice_mean:.3f} |" in table.read_text()
+    assert table_csv.read_text().count("nacl") == 2  # one row per temperature variant
+    with pytest.raises(SystemExit, match="error: "):
+        benchmark_cli.main(["--collect", str(tmp_path / "no-run"), "--out", str(tmp_path / "benchmark")])
 
 
 def write_h5(path, image, label):
