@@ -35,15 +35,27 @@ def install_standins():
     return slicer
 
 
-@pytest.fixture
-def mrml_scene():
-    """A fresh, empty ``vtkMRMLScene``, also published as ``slicer.mrmlScene`` as inside Slicer."""
+def new_scene():
+    """A fresh ``vtkMRMLScene`` with Slicer's default colour tables (grey, labels), as the application
+    makes it, also published as ``slicer.mrmlScene``."""
     slicer = install_standins()
     scene = slicer.vtkMRMLScene()
-    colors = slicer.vtkMRMLColorLogic()  # Slicer's default colour tables (grey, labels), as the application adds
+    colors = slicer.vtkMRMLColorLogic()
     colors.SetMRMLScene(scene)
     colors.AddDefaultColorNodes()
+    # The colour logic must live as long as the scene: once it is deleted, volumes lose their grey
+    # table and the slice pipeline draws them black.
+    scene.calibsegColorLogic = colors
     slicer.mrmlScene = scene
+    return scene
+
+
+@pytest.fixture
+def mrml_scene():
+    """:func:`new_scene` for one test, cleared afterwards."""
+    import slicer
+
+    scene = new_scene()
     yield scene
     scene.Clear(1)
     del slicer.mrmlScene

@@ -82,17 +82,13 @@ def main() -> None:
 
 def render_readme_picture(metadata) -> Path:
     """The module's outputs for the sample volume and demo bundle, as a Slicer slice view shows them."""
-    from mrml_standins import install_standins
+    from mrml_standins import new_scene
 
-    slicer = install_standins()
+    scene = new_scene()
+    import slicer
     from CalibSegLogic import CalibSegLogic
     from CalibSegTesting.render import render_slice_view
 
-    scene = slicer.vtkMRMLScene()
-    colors = slicer.vtkMRMLColorLogic()
-    colors.SetMRMLScene(scene)
-    colors.AddDefaultColorNodes()
-    slicer.mrmlScene = scene
     volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "ACDC patient")
     storage = slicer.vtkMRMLVolumeArchetypeStorageNode()
     storage.SetFileName(str(SAMPLE_DIR / "acdc_patient_image.nii.gz"))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -41,7 +40,7 @@ class CalibSegRequest:
     """What to run: arrays read from the scene plus the user's choices."""
 
     input_node: object
-    bundle_path: Path
+    bundle: object  # CalibSegLib.bundle.Bundle, read and checked once by prepare()
     image: np.ndarray
     spacing: tuple[float, float, float]
     reference_node: object | None = None
@@ -54,7 +53,6 @@ class CalibSegRequest:
 class CalibSegComputation:
     """Arrays and metrics computed off the main thread (no MRML)."""
 
-    bundle: object
     prediction: object
     evaluation: object | None = None
 
@@ -86,7 +84,7 @@ class CalibSegLogic:
         reference = None
         if referenceNode is not None:
             reference = reference_label_array(referenceNode, inputVolumeNode, bundle.metadata.class_names)
-        return CalibSegRequest(inputVolumeNode, Path(bundlePath), image, volume_spacing(inputVolumeNode), referenceNode,
+        return CalibSegRequest(inputVolumeNode, bundle, image, volume_spacing(inputVolumeNode), referenceNode,
                                reference, device, lowConfidenceThreshold)
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
@@ -95,18 +93,18 @@ class CalibSegLogic:
         from CalibSegLib.evaluation import predict_and_evaluate
         from CalibSegLib.inference import Predictor
 
-        predictor = Predictor(request.bundle_path, device=request.device)
+        predictor = Predictor(request.bundle, device=request.device)
         if request.reference is None:
             prediction = predictor.predict(request.image, request.spacing, progress=progress, cancel=cancel)
-            return CalibSegComputation(predictor.bundle, prediction)
+            return CalibSegComputation(prediction)
         evaluation = predict_and_evaluate(predictor, request.image, request.reference, request.spacing,
                                           progress=progress, cancel=cancel)
-        return CalibSegComputation(predictor.bundle, evaluation.prediction, evaluation)
+        return CalibSegComputation(evaluation.prediction, evaluation)
 
     def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:
         """Add the output nodes; on any error remove what was added and re-raise."""
         scene = request.input_node.GetScene()
-        metadata = computation.bundle.metadata
+        metadata = request.bundle.metadata
         base = request.input_node.GetName()
         prediction = computation.prediction
         with NodeTransaction(scene):

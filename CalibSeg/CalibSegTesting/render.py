@@ -49,7 +49,6 @@ def _blended_slice(scene, background, foreground, labelmap, size: int, slice_ind
     composite.SetLabelVolumeID(labelmap.GetID())
     composite.SetLabelOpacity(1.0)
     slice_logic.FitSliceToAll()
-    slice_logic.SetSliceOffset(slice_logic.GetSliceOffset())  # centre slice after fitting
     bounds = [0.0] * 6
     slice_logic.GetVolumeSliceBounds(background, bounds)
     spacing = slice_logic.GetLowestVolumeSliceSpacing()[2]
