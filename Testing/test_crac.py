@@ -34,7 +34,7 @@ def loop_constraints(labels: np.ndarray, margin: float):
 @pytest.mark.parametrize("dims", SHAPES)
 def test_crac_matches_voxel_loops(dims):
     logits, target = random_batch(SHAPES[dims], seed=11)
-    crac = configured_crac()
+    crac = configured_crac(margin=5.0)  # a margin other than 1, so the inner scaling is exercised
     array, labels = logits.double().numpy(), target.numpy()
     total, voxels = 0.0, 0
     for b in range(labels.shape[0]):
@@ -88,7 +88,7 @@ def test_crac_gradient_is_finite_and_matches_phr_derivative(dims, device):
 
 def test_constraint_statistics_match_voxel_loops():
     logits, target = random_batch(SHAPES["2d"], seed=13)
-    statistics = build_loss("crac", 3).constraint_statistics(logits, target)
+    statistics = build_loss("crac", 3, margin=5.0).constraint_statistics(logits, target)
     sums, counts = np.zeros((2, 3)), np.zeros((2, 3))
     for b in range(target.shape[0]):
         inner, scaled = loop_constraints(target[b].numpy(), margin=5.0)
