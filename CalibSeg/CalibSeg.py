@@ -29,6 +29,7 @@ from slicer.ScriptedLoadableModule import (
 )
 from slicer.util import VTKObservationMixin
 
+from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models
 from CalibSegLogic import CalibSegLogic, InferenceJob, install_missing, missing_packages
 from CalibSegLogic.display import show_outputs
 
@@ -52,8 +53,9 @@ how sure the model is: <b>confidence</b> (largest class probability, viridis) an
 (normalised entropy, inferno), both on a fixed 0–1 scale. The <i>low-confidence</i> segment marks
 voxels below the chosen threshold. With a reference segmentation the module reports Dice, HD95 and
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
-a reliability diagram. Models are trained with <code>python Training/train.py</code>
-(CRaC, NACL, MbLS and baselines).
+a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
+with the module and the CRaC one is preselected; others are trained with
+<code>python Training/train.py</code> (CRaC, NACL, MbLS and baselines).
 """
         self.parent.acknowledgementText = """
 Methods: Murugesan et al., CRaC (class and region-adaptive constraints), 2024;
@@ -65,7 +67,7 @@ Bernard et al., IEEE TMI 37(11), 2018.
 
 
 def register_sample_data() -> None:
-    """Add the shipped ACDC volume, its reference and the demo bundle to the Sample Data module."""
+    """Add the shipped ACDC volume and its reference to the Sample Data module."""
     import SampleData
 
     SampleData.SampleDataLogic.registerCustomSampleDataSource(
@@ -147,6 +149,9 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.setParameterNode(self.logic.getParameterNode())
         if not self._parameterNode.inputVolume:
             self._parameterNode.inputVolume = slicer.mrmlScene.GetFirstNodeByClass("vtkMRMLScalarVolumeNode")
+        if str(self._parameterNode.bundlePath) in ("", ".") and DEFAULT_MODEL in pretrained_models():
+            # A shipped ACDC model is ready to run; any other bundle can be picked instead.
+            self._parameterNode.bundlePath = pretrained_models()[DEFAULT_MODEL]
 
     def setParameterNode(self, inputParameterNode) -> None:
         if self._parameterNode:

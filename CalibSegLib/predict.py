@@ -2,6 +2,9 @@
 
     python -m CalibSegLib.predict --bundle model.calibseg --image case.nii.gz --out-dir out/ \
         [--reference ref.nii.gz] [--device auto] [--batch-size 16]
+    python -m CalibSegLib.predict --bundle acdc_crac --image case.nii.gz --out-dir out/
+
+``--bundle`` is a bundle file or the name of a shipped model (:mod:`CalibSegLib.pretrained`).
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
@@ -25,6 +28,7 @@ from CalibSegLib.bundle import BundleError
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import image_stem, read_image, write_image, write_json_atomic
+from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 
 __all__ = ["predict_files", "main"]
 
@@ -87,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m CalibSegLib.predict", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--bundle", required=True, type=Path, help="model bundle (.calibseg)")
+    parser.add_argument("--bundle", required=True,
+                        help="model bundle (.calibseg) or a shipped model's name: "
+                             + (", ".join(pretrained_models()) or "none shipped"))
     parser.add_argument("--image", required=True, type=Path, help="3D image (NIfTI, NRRD, MHA)")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
     parser.add_argument("--reference", type=Path, help="reference label image on the same grid, for metrics")
@@ -102,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 done, 2 bad input)."""
     arguments = _parser().parse_args(argv)
     try:
-        predictor = Predictor(arguments.bundle, device=arguments.device, batch_size=arguments.batch_size)
+        predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device, batch_size=arguments.batch_size)
         outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference)
     except (BundleError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

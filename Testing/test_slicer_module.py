@@ -18,6 +18,9 @@ from mrml_standins import MODULE_DIR, install_standins, mrml_scene  # noqa: F401
 
 REPO_ROOT = MODULE_DIR.parent
 UI_FILE = MODULE_DIR / "Resources" / "UI" / "CalibSeg.ui"
+# The volume behind Resources/SampleData (scripts/make_slicer_sample_data.py): a test patient of
+# Training/splits/acdc.json, so the shipped models never saw it.
+SAMPLE_CASE = "patient069_frame01"
 
 install_standins()
 from CalibSegTesting import CHECKS  # noqa: E402  (needs the module folder on sys.path)
@@ -79,6 +82,14 @@ def test_offscreen_slice_view_shows_confidence_outlines_and_legend(mrml_scene, t
         assert (outline_pixels > 0) == bool((predicted == label).any()), label
     # Confidence is blended in: without it the image would be grey (equal channels) off the outlines.
     assert np.abs(blended[..., 1] - blended[..., 0]).mean() > 5
+    # The input is drawn under it: a darker window/level darkens the view (a scene whose colour logic
+    # has gone draws the background black, and then the window would change nothing).
+    display = volume.GetDisplayNode()
+    display.AutoWindowLevelOff()
+    display.SetWindowLevel(display.GetWindow(), display.GetLevel() + display.GetWindow())
+    _, darker = render_slice_view(mrml_scene, volume, outputs, names, colors, tmp_path / "darker.png", size=300,
+                                  slice_index=3)
+    assert blended.mean() - darker.astype(int).mean() > 10
 
 
 def _ui_widgets() -> dict[str, str]:
@@ -125,6 +136,10 @@ def test_cmake_lists_every_library_file_the_module_imports():
     library = set(_cmake_listed(cmake, "CALIBSEGLIB_PYTHON_SCRIPTS"))
     on_disk = {str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "CalibSegLib").rglob("*.py")}
     assert library == on_disk
+    data_files = set(_cmake_listed(cmake, "CALIBSEGLIB_DATA_FILES"))
+    shipped = {str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "CalibSegLib" / "pretrained").iterdir()
+               if path.is_file() and path.suffix != ".py"}
+    assert data_files == shipped
 
 
 def test_extension_metadata_is_complete():
@@ -137,13 +152,14 @@ def test_extension_metadata_is_complete():
 
 
 def test_shipped_sample_and_demo_bundle_run_in_the_module(mrml_scene, sample_acdc_dir):  # noqa: F811
-    """The module's sample data (volume + .seg.nrrd reference) and demo bundle give the metrics
-    CalibSegLib computes from the original ACDC file."""
+    """The module's sample data (volume + .seg.nrrd reference) and the shipped CRaC model give the
+    metrics CalibSegLib computes from the original ACDC file."""
     import h5py
     import slicer
 
     from CalibSegLib.inference import Predictor
     from CalibSegLib.metrics import dice, ece
+    from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path
     from CalibSegLogic import CalibSegLogic
 
     sample_dir = MODULE_DIR / "Resources" / "SampleData"
@@ -156,10 +172,10 @@ def test_shipped_sample_and_demo_bundle_run_in_the_module(mrml_scene, sample_acd
     reference_storage.SetFileName(str(sample_dir / "acdc_patient_reference.seg.nrrd"))
     assert reference_storage.ReadData(reference)
 
-    bundle = sample_dir / "acdc_demo.calibseg"
+    bundle = resolve_bundle_path(DEFAULT_MODEL)
     outputs = CalibSegLogic().run(volume, bundle, referenceNode=reference, device="cpu")
 
-    with h5py.File(sample_acdc_dir / "patient016_frame01.h5", "r") as handle:
+    with h5py.File(sample_acdc_dir / f"{SAMPLE_CASE}.h5", "r") as handle:
         image, labels = handle["image"][...], handle["label"][...].astype(np.int64)
     np.testing.assert_allclose(volume.GetSpacing(), (1.5, 1.5, 10.0))
     prediction = Predictor(bundle, device="cpu").predict(image, (10.0, 1.5, 1.5), keep_probabilities=True)

@@ -13,6 +13,8 @@ import torch
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.losses import LOSSES
 from Training import benchmark as benchmark_cli
+from Training import results as results_cli
+from Training import ship as ship_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
 from Training.data import DataError, find_cases, load_cases, make_slices
@@ -112,6 +114,24 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     assert table_csv.read_text().count("nacl") == 2  # one row per temperature variant
     with pytest.raises(SystemExit, match="error: "):
         benchmark_cli.main(["--collect", str(tmp_path / "no-run"), "--out", str(tmp_path / "benchmark")])
+    # the results page: regenerated block with the run's own numbers, hand-written text kept
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    page.write_text(f"# Results\n\nHand-written discussion.\n\n{results_cli.BEGIN_MARKER}\nstale\n{results_cli.END_MARKER}\n")
+    results_cli.main(["--runs", str(out), "--out", str(page)])
+    text = page.read_text()
+    assert "Hand-written discussion." in text and "stale" not in text and text.count(results_cli.BEGIN_MARKER) == 1
+    assert f"| nacl | {dice_mean:.3f} |" in text and "0.854" in text  # ours beside the paper's NACL DSC
+    assert (page.parent / "results" / "results.csv").read_text().count("nacl") == 2
+    assert (page.parent / "results" / "reliability_uncalibrated.png").stat().st_size > 1000
+    # shipping: a float16 bundle whose recorded metrics come from evaluating that file
+    shipped, = ship_cli.main(["--runs", str(out), "--prefix", "tiny", "--out", str(tmp_path / "models"),
+                              "--data", str(sample_acdc_dir)])
+    assert shipped.name == "tiny_nacl.calibseg" and load_bundle(shipped).metadata.weights_dtype == "float16"
+    recorded = json.loads((tmp_path / "models" / "tiny_nacl.metrics.json").read_text())
+    assert recorded["cases"] == summary["cases"] and len(recorded["per_case"]["scaled"]) == 4
+    assert recorded["summary"]["uncalibrated"]["dice_mean"] == pytest.approx(dice_mean, abs=0.02)
+    assert not list((tmp_path / "models").glob(".*"))  # no staging left behind
 
 
 def write_h5(path, image, label):

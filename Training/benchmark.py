@@ -40,7 +40,8 @@ from CalibSegLib.metrics import RankTable, rank_methods
 from Training.evaluate import EVALUATION_DIR, SUMMARY_NAME, VARIANTS
 from Training.trainer import BUNDLE_NAME, CHECKPOINT_NAME
 
-__all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "write_benchmark", "main"]
+__all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "ranked_table",
+           "table_caption", "benchmark_csv", "write_benchmark", "main"]
 
 
 @dataclass(frozen=True)
@@ -133,42 +134,48 @@ def _format(value: float, key: str) -> str:
     return f"{value:.2f}" if key == "hd95_mean" else f"{value:.3f}"
 
 
-def _markdown(runs: Sequence[RunResult]) -> str:
+def ranked_table(runs: Sequence[RunResult], variant: str) -> list[str]:
+    """Markdown lines of one temperature variant's table, best Friedman rank first, with HD95 caveats."""
+    datasets = sorted({run.dataset for run in runs})
+    table, ranks = benchmark_tables(runs, variant)
+    header = ["Method"] + [
+        (f"{dataset} " if len(datasets) > 1 else "") + metric.label + (" ↑" if metric.higher_is_better else " ↓")
+        for dataset in datasets for metric in METRICS
+    ] + ["Friedman rank ↓", "Sum of ranks ↓", "Final rank"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for index, label in enumerate(ranks.methods):
+        cells = [_format(table[label][f"{dataset}/{metric.key}"], metric.key)
+                 for dataset in datasets for metric in METRICS]
+        cells += [f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}", str(ranks.final[index])]
+        lines.append("| " + " | ".join([label] + cells) + " |")
+    undefined = {run.run_dir.name: run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]
+                 for run in runs if run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]}
+    if undefined:
+        lines += ["", "HD95 undefined (a class present in only one of prediction and reference) in: "
+                  + ", ".join(f"{name} ({count} cases)" for name, count in undefined.items()) + "."]
+    return lines
+
+
+def table_caption(runs: Sequence[RunResult]) -> str:
+    """What the table's numbers are: which test cases, which ranking."""
     datasets = sorted({run.dataset for run in runs})
     cases = {run.dataset: len(run.summary.get("cases", [])) for run in runs}
-    lines = [
-        "# CalibSeg benchmark",
-        "",
-        "Mean over the test cases of " + ", ".join(f"{name} ({cases[name]} volumes)" for name in datasets) + ". "
-        "Friedman rank = mean rank over " + ", ".join(m.label for m in METRICS if m.key in RANKED_METRICS)
-        + " of every dataset (the papers' ranking; 1 = best, ties share the best rank); "
-        "Brier, NLL, error-detection AUROC (↑) and AURC (↓) are reported beside, unranked.",
-        "",
-    ]
+    return ("Mean over the test cases of " + ", ".join(f"{name} ({cases[name]} volumes)" for name in datasets) + ". "
+            "Friedman rank = mean rank over " + ", ".join(m.label for m in METRICS if m.key in RANKED_METRICS)
+            + " of every dataset (the papers' ranking; 1 = best, ties share the best rank); "
+            "Brier, NLL, error-detection AUROC (↑) and AURC (↓) are reported beside, unranked.")
+
+
+def _markdown(runs: Sequence[RunResult]) -> str:
+    lines = ["# CalibSeg benchmark", "", table_caption(runs), ""]
     for variant in ("uncalibrated", "scaled"):
-        table, ranks = benchmark_tables(runs, variant)
-        header = ["Method"] + [
-            (f"{dataset} " if len(datasets) > 1 else "") + metric.label + (" ↑" if metric.higher_is_better else " ↓")
-            for dataset in datasets for metric in METRICS
-        ] + ["Friedman rank ↓", "Sum of ranks ↓", "Final rank"]
-        lines += [f"## {VARIANT_TITLES[variant]}", "", "| " + " | ".join(header) + " |",
-                  "|" + "---|" * len(header)]
-        for index, label in enumerate(ranks.methods):
-            cells = [_format(table[label][f"{dataset}/{metric.key}"], metric.key)
-                     for dataset in datasets for metric in METRICS]
-            cells += [f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}", str(ranks.final[index])]
-            lines.append("| " + " | ".join([label] + cells) + " |")
-        undefined = {run.run_dir.name: run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]
-                     for run in runs if run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]}
-        if undefined:
-            lines += ["", "HD95 undefined (a class present in only one of prediction and reference) in: "
-                      + ", ".join(f"{name} ({count} cases)" for name, count in undefined.items()) + "."]
-        lines.append("")
+        lines += [f"## {VARIANT_TITLES[variant]}", "", *ranked_table(runs, variant), ""]
     lines += ["Runs: " + ", ".join(f"`{run.run_dir}`" for run in runs), ""]
     return "\n".join(lines)
 
 
-def _csv(runs: Sequence[RunResult]) -> str:
+def benchmark_csv(runs: Sequence[RunResult]) -> str:
+    """One row per method, dataset and temperature variant: means, standard deviations, undefined counts, ranks."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     statistics = ("mean", "std", "undefined")
@@ -190,7 +197,7 @@ def write_benchmark(runs: Sequence[RunResult], out_dir: str | Path) -> tuple[Pat
         raise ValueError("No runs to tabulate; give --methods or --collect with finished run folders.")
     out_dir = Path(out_dir)
     paths = out_dir / "benchmark.md", out_dir / "benchmark.csv"
-    for path, text in zip(paths, (_markdown(runs), _csv(runs))):
+    for path, text in zip(paths, (_markdown(runs), benchmark_csv(runs))):
         with atomic_output(path) as temporary:
             temporary.write_text(text)
     return paths

@@ -11,8 +11,9 @@ is never kept), on the reference foreground as in the papers. Writes into ``--ou
   ECE, MCE, CECE, TACE, Brier, NLL, error-detection AUROC and AURC of the per-voxel
   confidence, mean normalised entropy in the predicted foreground;
 - ``summary.json``: per variant, mean/std/count/undefined count of every column, pooled
-  calibration over all cases, and the Spearman correlation between per-case mean
-  foreground entropy and Dice (does uncertainty flag bad cases?);
+  calibration and its reliability bins over all cases, and the Spearman correlation between
+  per-case mean foreground entropy and Dice (does uncertainty flag bad cases?); the machine
+  (CPU/GPU, torch version) and the evaluation's wall time;
 - ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1).
 
 Variants: ``scaled`` uses the bundle's fitted temperature, ``uncalibrated`` T = 1 (after and
@@ -26,7 +27,10 @@ import csv
 import dataclasses
 import io
 import math
+import os
+import platform
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -34,19 +38,21 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+import torch
 from scipy.stats import spearmanr
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
-from CalibSegLib.inference import Predictor
+from CalibSegLib.inference import Predictor, resolve_device
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.metrics import summarize
-from CalibSegLib.metrics.calibration import CalibrationStatistics
+from CalibSegLib.metrics.calibration import CalibrationStatistics, Reliability
 from CalibSegLib.metrics.plots import reliability_figure
 from Training.data import DATASETS, Case, DataError, find_cases, load_cases
 from Training.splits import load_split, select_patients
 
-__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "evaluate_bundle", "print_summary", "main"]
+__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "variant_bundles", "environment", "reliability_to_dict",
+           "reliability_from_dict", "evaluate_bundle", "print_summary", "main"]
 
 EVALUATION_DIR = "evaluation"
 SUMMARY_NAME = "summary.json"
@@ -55,7 +61,7 @@ VARIANTS: tuple[str, ...] = ("scaled", "uncalibrated")
 RELIABILITY_NAMES = {"scaled": "reliability.png", "uncalibrated": "reliability_uncalibrated.png"}
 
 
-def _variant_bundles(bundle: Bundle) -> dict[str, Bundle]:
+def variant_bundles(bundle: Bundle) -> dict[str, Bundle]:
     """The bundle as trained (its fitted temperature) and the same weights at T = 1."""
     uncalibrated = dataclasses.replace(bundle, metadata=dataclasses.replace(bundle.metadata, temperature=1.0))
     return {"scaled": bundle, "uncalibrated": uncalibrated}
@@ -67,6 +73,37 @@ def _spearman(entropy: Sequence[float], dice_mean: Sequence[float]) -> float:
     if len(defined) < 3 or len({e for e, _ in defined}) < 2 or len({d for _, d in defined}) < 2:
         return float("nan")
     return float(spearmanr(*zip(*defined)).statistic)
+
+
+def environment(device: str = "auto") -> dict[str, str | int]:
+    """The machine a run is measured on, for results pages: device, CPU, core count, torch version."""
+    resolved = resolve_device(device)
+    return {
+        "device": torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else "cpu",
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count() or 0,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "platform": platform.platform(terse=True),
+    }
+
+
+def reliability_to_dict(reliability: Reliability) -> dict[str, list[float]]:
+    """JSON-ready reliability bins (NaN for empty bins becomes null)."""
+    def listed(values: np.ndarray) -> list:
+        return [None if math.isnan(value) else float(value) for value in np.asarray(values, dtype=float)]
+
+    return {"edges": listed(reliability.edges), "counts": [int(count) for count in reliability.counts],
+            "mean_confidence": listed(reliability.mean_confidence), "accuracy": listed(reliability.accuracy)}
+
+
+def reliability_from_dict(values: dict[str, list]) -> Reliability:
+    """Inverse of :func:`reliability_to_dict`."""
+    def array(key: str) -> np.ndarray:
+        return np.array([np.nan if value is None else value for value in values[key]], dtype=float)
+
+    return Reliability(counts=np.asarray(values["counts"], dtype=np.int64), mean_confidence=array("mean_confidence"),
+                       accuracy=array("accuracy"), edges=array("edges"))
 
 
 def _evaluate_variant(bundle: Bundle, cases: Sequence[Case], device: str, batch_size: int
@@ -93,16 +130,18 @@ def evaluate_bundle(
     if not cases:
         raise DataError("No cases to evaluate; the split side is empty.")
     out_dir = Path(out_dir)
+    started = time.perf_counter()
     summary: dict = {"cases": [case.case_id for case in cases], "bundle": str(bundle.path or ""),
-                     "temperature": bundle.metadata.temperature}
+                     "temperature": bundle.metadata.temperature, "environment": environment(device)}
     rows: list[dict] = []
-    for variant, variant_bundle in _variant_bundles(bundle).items():
+    for variant, variant_bundle in variant_bundles(bundle).items():
         variant_rows, pooled = _evaluate_variant(variant_bundle, cases, device, batch_size)
         rows += [{"variant": variant, **row} for row in variant_rows]
         columns = [key for key in variant_rows[0] if key != "case"]
         summary[variant] = {
             "per_metric": {column: summarize([row[column] for row in variant_rows]) for column in columns},
             "pooled_calibration": pooled.metrics(),
+            "reliability": reliability_to_dict(pooled.reliability()),
             "spearman_entropy_vs_dice": _spearman([row["mean_foreground_entropy"] for row in variant_rows],
                                                   [row["dice_mean"] for row in variant_rows]),
         }
@@ -116,6 +155,7 @@ def evaluate_bundle(
     writer.writerows(rows)
     with atomic_output(out_dir / CASES_NAME) as temporary:
         temporary.write_text(buffer.getvalue())
+    summary["wall_s"] = time.perf_counter() - started
     write_json_atomic(out_dir / SUMMARY_NAME, summary)
     return summary
 

@@ -1,20 +1,20 @@
 """Write the CalibSeg module's sample data from the shipped ACDC sample (rerun after changing either).
 
-    .venv/bin/python scripts/make_slicer_sample_data.py --bundle runs/demo/model.calibseg
+    .venv/bin/python scripts/make_slicer_sample_data.py [--model acdc_crac]
 
-Writes into ``CalibSeg/Resources/SampleData/``: the end-diastolic frame of test patient
-patient016 (never seen in training: ``Training/splits/acdc_sample.json``) as NIfTI with
-ACDC's assumed spacing, its reference as a Slicer segmentation (``.seg.nrrd``, segments
-named and coloured as the bundle's classes), and a copy of ``--bundle`` as the demo model.
-It then runs the module's logic on that volume in a slicer-core MRML scene and renders the
-slice view to ``docs/images/slice_view.png`` (the README's picture). Needs the slicer-core
-package (installed by ``.[dev]``).
+Writes into ``CalibSeg/Resources/SampleData/``: the end-diastolic frame of patient069, a test
+patient of both ``Training/splits/acdc.json`` (so the shipped models never saw it) and, as a
+validation patient, of ``acdc_sample.json``, as NIfTI with ACDC's assumed spacing, and its
+reference as a Slicer segmentation (``.seg.nrrd``, segments named and coloured as the model's
+classes). It then runs the module's logic with ``--model`` (a shipped model's name or a bundle
+path; default :data:`CalibSegLib.pretrained.DEFAULT_MODEL`) on that volume in a slicer-core MRML
+scene and renders the slice view to ``docs/images/slice_view.png`` (the README's picture).
+Needs the slicer-core package (installed by ``.[dev]``).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -25,11 +25,12 @@ sys.path.insert(0, str(REPO_ROOT / "Testing"))
 
 from CalibSegLib.bundle import load_bundle  # noqa: E402
 from CalibSegLib.io import ImageGeometry, atomic_output, write_image  # noqa: E402
+from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path  # noqa: E402
 from Training.data import find_cases, load_cases  # noqa: E402
 from Training.splits import select_patients  # noqa: E402
 
 SAMPLE_DIR = REPO_ROOT / "CalibSeg" / "Resources" / "SampleData"
-CASE = "patient016_frame01"
+CASE = "patient069_frame01"
 
 
 def write_reference_segmentation(labels, geometry: ImageGeometry, class_names, class_colors, path: Path) -> None:
@@ -61,10 +62,11 @@ def write_reference_segmentation(labels, geometry: ImageGeometry, class_names, c
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="demo bundle to ship beside the volume")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="shipped model name or bundle path for the picture")
     arguments = parser.parse_args()
-    metadata = load_bundle(arguments.bundle).metadata
-    files = [case for case in select_patients(find_cases(REPO_ROOT / "SampleData" / "ACDC"), ["patient016"])
+    bundle_path = resolve_bundle_path(arguments.model)
+    metadata = load_bundle(bundle_path).metadata
+    files = [case for case in select_patients(find_cases(REPO_ROOT / "SampleData" / "ACDC"), [CASE.split("_")[0]])
              if case.case_id == CASE]
     case = load_cases(files, metadata.num_classes)[0]
     # ACDC's HDF5 files carry spacing only, so the sample is axis-aligned at the origin.
@@ -73,15 +75,13 @@ def main() -> None:
     write_image(SAMPLE_DIR / "acdc_patient_image.nii.gz", case.image.astype("float32"), geometry)
     write_reference_segmentation(case.label, geometry, metadata.class_names, metadata.class_colors,
                                  SAMPLE_DIR / "acdc_patient_reference.seg.nrrd")
-    with atomic_output(SAMPLE_DIR / "acdc_demo.calibseg") as temporary:
-        shutil.copyfile(arguments.bundle, temporary)
-    picture = render_readme_picture(metadata)
+    picture = render_readme_picture(bundle_path, metadata)
     for path in sorted(SAMPLE_DIR.iterdir()) + [picture]:
         print(f"{path.relative_to(REPO_ROOT)}  {path.stat().st_size / 1e6:.2f} MB")
 
 
-def render_readme_picture(metadata) -> Path:
-    """The module's outputs for the sample volume and demo bundle, as a Slicer slice view shows them."""
+def render_readme_picture(bundle_path: Path, metadata) -> Path:
+    """The module's outputs for the sample volume and a shipped model, as a Slicer slice view shows them."""
     from mrml_standins import new_scene
 
     scene = new_scene()
@@ -94,10 +94,10 @@ def render_readme_picture(metadata) -> Path:
     storage.SetFileName(str(SAMPLE_DIR / "acdc_patient_image.nii.gz"))
     storage.ReadData(volume)
     volume.CreateDefaultDisplayNodes()
-    outputs = CalibSegLogic().run(volume, SAMPLE_DIR / "acdc_demo.calibseg", device="cpu")
+    outputs = CalibSegLogic().run(volume, bundle_path, device="cpu")
     path, _ = render_slice_view(scene, volume, outputs, metadata.class_names, metadata.class_colors,
                                 REPO_ROOT / "docs" / "images" / "slice_view.png",
-                                title=f"{CASE} (test patient): confidence, predicted outlines")
+                                title=f"{CASE} (test patient), {bundle_path.stem}: confidence, predicted outlines")
     return path
 
 

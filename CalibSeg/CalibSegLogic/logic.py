@@ -74,12 +74,16 @@ class CalibSegLogic:
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
                 lowConfidenceThreshold: float | None = None) -> CalibSegRequest:
-        """Read and check everything the run needs from the scene; raises ValueError with one sentence."""
+        """Read and check everything the run needs from the scene; raises ValueError with one sentence.
+
+        ``bundlePath`` is a ``.calibseg`` file or a shipped model's name (e.g. ``"acdc_crac"``).
+        """
         from CalibSegLib.bundle import load_bundle
+        from CalibSegLib.pretrained import resolve_bundle_path
 
         if not bundlePath:
             raise ValueError("Choose a model bundle (.calibseg file).")
-        bundle = load_bundle(bundlePath)
+        bundle = load_bundle(resolve_bundle_path(bundlePath))
         image = volume_array(inputVolumeNode)
         reference = None
         if referenceNode is not None:

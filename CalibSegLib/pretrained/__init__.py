@@ -1,0 +1,54 @@
+"""Ready-to-use model bundles shipped with CalibSeg, and their recorded test metrics.
+
+Each ``<name>.calibseg`` here (float16 weights) has a ``<name>.metrics.json`` beside it, written by
+``Training/ship.py`` from an evaluation of that very file on the test patients of its split:
+per-case rows (both temperature variants), their summary, the run it came from. Anywhere a
+bundle path is asked for (``python -m CalibSegLib.predict --bundle``, the Slicer module), the
+name alone (``acdc_crac``) picks the shipped file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["PRETRAINED_DIR", "BUNDLE_SUFFIX", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_models",
+           "resolve_bundle_path", "recorded_metrics"]
+
+PRETRAINED_DIR = Path(__file__).resolve().parent
+BUNDLE_SUFFIX = ".calibseg"
+METRICS_SUFFIX = ".metrics.json"
+# The model the Slicer module preselects: see docs/results.md for why this one.
+DEFAULT_MODEL = "acdc_crac"
+
+
+def pretrained_models() -> dict[str, Path]:
+    """``{name: bundle path}`` of every shipped bundle, sorted by name."""
+    return {path.name.removesuffix(BUNDLE_SUFFIX): path for path in sorted(PRETRAINED_DIR.glob(f"*{BUNDLE_SUFFIX}"))}
+
+
+def resolve_bundle_path(value: str | Path) -> Path:
+    """A bundle file path as given, or the shipped bundle of that name.
+
+    A value that looks like a path (a suffix or a folder) is returned as it is, so that the
+    bundle loader reports a missing file by its path.
+
+    Raises:
+        ValueError: a bare name that is neither a file nor a shipped model (one sentence listing the names).
+    """
+    path = Path(value)
+    models = pretrained_models()
+    if path.is_file() or path.suffix or len(path.parts) > 1:
+        return path
+    if str(value) in models:
+        return models[str(value)]
+    names = ", ".join(models) or "none shipped"
+    raise ValueError(f"Bundle {str(value)!r} is neither a file nor a shipped model ({names}); give a .calibseg path.")
+
+
+def recorded_metrics(name: str) -> dict:
+    """The metrics JSON written beside the shipped bundle ``name`` when it was shipped."""
+    path = PRETRAINED_DIR / f"{name}{METRICS_SUFFIX}"
+    if not path.is_file():
+        raise ValueError(f"No recorded metrics for shipped model {name!r}; expected {path}.")
+    return json.loads(path.read_text())

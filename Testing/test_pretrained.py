@@ -1,0 +1,69 @@
+"""Shipped models: each float16 bundle reproduces its recorded test metrics on shipped sample volumes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from CalibSegLib.bundle import load_bundle
+from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
+from CalibSegLib.inference import Predictor
+from CalibSegLib.pretrained import pretrained_models, recorded_metrics, resolve_bundle_path
+from Training.data import find_cases, load_cases
+from Training.evaluate import VARIANTS, variant_bundles
+
+SHIPPED = ("acdc_ce_dice", "acdc_nacl", "acdc_crac")
+# Two volumes of SampleData/ACDC whose patients are test patients of Training/splits/acdc.json.
+SAMPLE_CASES = ("patient041_frame01", "patient068_frame01")
+# Same code and weights, so only float summation order may differ between machines: a voxel whose
+# two largest probabilities tie to ~1e-6 can flip. Bounded metrics get 1e-3, HD95 1 % of its value.
+ABSOLUTE_TOLERANCE = 1e-3
+HD95_RELATIVE_TOLERANCE = 0.01
+COMPARED = ("dice_mean", "dice_right_ventricle", "dice_myocardium", "dice_left_ventricle", "ece", "cece", "tace",
+            "brier", "nll", "error_auroc", "aurc", "mean_foreground_entropy")
+
+
+def test_the_documented_models_are_shipped_with_their_metrics():
+    assert set(SHIPPED) <= set(pretrained_models())
+    for name in SHIPPED:
+        assert resolve_bundle_path(name) == pretrained_models()[name]
+        metrics = recorded_metrics(name)
+        assert metrics["weights_dtype"] == "float16" and metrics["method"] == name.removeprefix("acdc_")
+        assert load_bundle(resolve_bundle_path(name)).metadata.weights_dtype == "float16"
+        assert resolve_bundle_path(name).stat().st_size < 5_000_000
+        # the summary is the mean of the recorded cases, not numbers from elsewhere
+        for variant in VARIANTS:
+            dice = [row["dice_mean"] for row in metrics["per_case"][variant].values()]
+            assert len(dice) == len(metrics["cases"]) == 30
+            assert metrics["summary"][variant]["dice_mean"] == pytest.approx(float(np.mean(dice)), abs=1e-9)
+
+
+def test_unknown_model_name_is_one_sentence():
+    with pytest.raises(ValueError, match="neither a file nor a shipped model"):
+        resolve_bundle_path("acdc_no_such_method")
+
+
+@pytest.fixture(scope="module")
+def sample_cases(sample_acdc_dir):
+    files = [file for file in find_cases(sample_acdc_dir) if file.case_id in SAMPLE_CASES]
+    assert [file.case_id for file in files] == list(SAMPLE_CASES)
+    return load_cases(files, 4)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_bundle_reproduces_its_recorded_metrics(name, sample_cases):
+    metrics = recorded_metrics(name)
+    bundle = load_bundle(resolve_bundle_path(name))
+    for variant, variant_bundle in variant_bundles(bundle).items():
+        predictor = Predictor(variant_bundle, device="cpu")
+        for case in sample_cases:
+            assert case.case_id in metrics["cases"]
+            recorded = metrics["per_case"][variant][case.case_id]
+            evaluation = predict_and_evaluate(predictor, case.image, case.label.astype(np.int64), case.spacing)
+            fresh = case_metrics_row(evaluation, bundle.metadata.class_names)
+            for key in COMPARED:
+                assert fresh[key] == pytest.approx(recorded[key], abs=ABSOLUTE_TOLERANCE, nan_ok=True), (variant, case.case_id, key)
+            if not math.isnan(recorded["hd95_mean"]):
+                assert fresh["hd95_mean"] == pytest.approx(recorded["hd95_mean"], rel=HD95_RELATIVE_TOLERANCE)

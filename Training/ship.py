@@ -1,0 +1,111 @@
+"""Ship trained runs as ready-to-use models: float16 bundles plus the metrics of that very file.
+
+    python Training/ship.py --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
+
+For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
+(default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is
+evaluated in 3D on the test patients of its split, so the recorded numbers are the shipped
+model's own, not the float32 run's. ``<prefix>_<method>.metrics.json`` beside it holds every test
+case's metric row for both temperature variants, their summary, the run it came from and the
+machine. Both files are written under temporary names and renamed only when the evaluation
+succeeded, so a failed ship leaves any earlier model in place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.io import write_json_atomic
+from CalibSegLib.pretrained import BUNDLE_SUFFIX, METRICS_SUFFIX, PRETRAINED_DIR
+from Training.data import DataError, find_cases, load_cases
+from Training.evaluate import CASES_NAME, VARIANTS, evaluate_bundle
+from Training.splits import load_split, select_patients
+from Training.trainer import BUNDLE_NAME
+
+__all__ = ["ship_run", "main"]
+
+
+def _per_case(csv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
+    """``{variant: {case: {metric: value}}}`` from an evaluation's ``per_case.csv``."""
+    rows: dict[str, dict[str, dict[str, float]]] = {variant: {} for variant in VARIANTS}
+    with csv_path.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            variant, case = row.pop("variant"), row.pop("case")
+            rows[variant][case] = {key: float(value) for key, value in row.items()}
+    return rows
+
+
+def ship_run(run_dir: str | Path, name: str, out_dir: str | Path, data: str | Path | None = None,
+             device: str = "auto") -> tuple[Path, Path]:
+    """Ship one run as ``<out_dir>/<name>.calibseg`` (float16) with its metrics JSON; returns both paths.
+
+    Raises:
+        BundleError, DataError, ValueError: unreadable run, data or split (one sentence each).
+    """
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    bundle = load_bundle(run_dir / BUNDLE_NAME)
+    folder = Path(data or bundle.metadata.data.get("folder", ""))
+    split_file = bundle.metadata.data.get("split_file")
+    if not split_file:
+        raise DataError(f"The bundle of {run_dir} does not record its split file; it cannot be evaluated as shipped.")
+    files = select_patients(find_cases(folder), load_split(split_file)["test"])
+    cases = load_cases(files, bundle.metadata.num_classes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bundle_path, metrics_path = out_dir / f"{name}{BUNDLE_SUFFIX}", out_dir / f"{name}{METRICS_SUFFIX}"
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
+        staged = save_bundle(Path(staging) / bundle_path.name, bundle.state_dict, bundle.metadata, half=True)
+        shipped = load_bundle(staged)
+        summary = evaluate_bundle(shipped, cases, Path(staging) / "evaluation", device)
+        metrics = {
+            "model": name,
+            "source_run": str(run_dir),
+            "method": shipped.metadata.training.get("method"),
+            "weights_dtype": shipped.metadata.weights_dtype,
+            "temperature": shipped.metadata.temperature,
+            "data": str(folder),
+            "cases": summary["cases"],
+            "environment": summary["environment"],
+            "summary": {variant: {key: statistics["mean"] for key, statistics in summary[variant]["per_metric"].items()}
+                        for variant in VARIANTS},
+            "spearman_entropy_vs_dice": {variant: summary[variant]["spearman_entropy_vs_dice"] for variant in VARIANTS},
+            "per_case": _per_case(Path(staging) / "evaluation" / CASES_NAME),
+        }
+        os.replace(staged, bundle_path)
+    write_json_atomic(metrics_path, metrics)
+    return bundle_path, metrics_path
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    """Command line entry point; returns the shipped bundle paths. Bad input exits with one sentence."""
+    parser = argparse.ArgumentParser(prog="python Training/ship.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", nargs="+", type=Path, required=True, metavar="RUN_DIR", help="finished run folders")
+    parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
+    parser.add_argument("--out", type=Path, default=PRETRAINED_DIR, help=f"default {PRETRAINED_DIR}")
+    parser.add_argument("--data", type=Path, default=None, help="data folder (default: the one recorded in each bundle)")
+    parser.add_argument("--device", default="auto")
+    arguments = parser.parse_args(argv)
+    shipped = []
+    try:
+        for run_dir in arguments.runs:
+            method = load_bundle(run_dir / BUNDLE_NAME).metadata.training.get("method", run_dir.name)
+            bundle_path, metrics_path = ship_run(run_dir, f"{arguments.prefix}_{method}", arguments.out,
+                                                 arguments.data, arguments.device)
+            print(f"{bundle_path} ({bundle_path.stat().st_size / 1e6:.1f} MB, float16); metrics: {metrics_path}")
+            shipped.append(bundle_path)
+    except (BundleError, DataError, ValueError, OSError) as error:
+        raise SystemExit(f"error: {error}") from None
+    return shipped
+
+
+if __name__ == "__main__":
+    main()
