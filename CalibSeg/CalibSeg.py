@@ -54,7 +54,8 @@ how sure the model is: <b>confidence</b> (largest class probability, viridis) an
 voxels below the chosen threshold. With a reference segmentation the module reports Dice, HD95 and
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
 a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
-with the module and the CRaC one is preselected; others are trained with
+with the module and the CE+Dice one, the best of them on our test patients, is preselected; others
+are trained with
 <code>python Training/train.py</code> (CRaC, NACL, MbLS and baselines).
 """
         self.parent.acknowledgementText = """

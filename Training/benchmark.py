@@ -143,7 +143,8 @@ def ranked_table(runs: Sequence[RunResult], variant: str) -> list[str]:
         for dataset in datasets for metric in METRICS
     ] + ["Friedman rank ↓", "Sum of ranks ↓", "Final rank"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for index, label in enumerate(ranks.methods):
+    for index in sorted(range(len(ranks.methods)), key=lambda row: (ranks.final[row], ranks.friedman[row])):
+        label = ranks.methods[index]
         cells = [_format(table[label][f"{dataset}/{metric.key}"], metric.key)
                  for dataset in datasets for metric in METRICS]
         cells += [f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}", str(ranks.final[index])]

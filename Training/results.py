@@ -99,7 +99,8 @@ def paper_comparison(runs: Sequence[RunResult]) -> list[str]:
     our_ranks, paper_ranks = rank_methods(ours, direction), rank_methods(paper, direction)
     header = ["Method"] + [f"{label} ours / paper" for label, _, _ in PAPER_COLUMNS] + ["Rank ours", "Rank paper"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for index, method in enumerate(our_ranks.methods):
+    for index in sorted(range(len(our_ranks.methods)), key=lambda row: our_ranks.friedman[row]):
+        method = our_ranks.methods[index]
         cells = [f"{ours[method][key]:.{2 if key == 'hd95_mean' else 3}f} / {paper[method][key]:.{2 if key == 'hd95_mean' else 3}f}"
                  for _, key, _ in PAPER_COLUMNS]
         paper_rank = paper_ranks.friedman[paper_ranks.methods.index(method)]
@@ -179,7 +180,7 @@ def _reliability_figures(runs: Sequence[RunResult], figures_dir: Path) -> list[P
     written = []
     for variant in ("uncalibrated", "scaled"):
         reliabilities = [reliability_from_dict(run.summary[variant]["reliability"]) for run in compared]
-        labels = [f"{run.method} (ECE {run.summary[variant]['pooled_calibration']['ece']:.3f})" for run in compared]
+        labels = [f"{run.method} (pooled ECE {run.summary[variant]['pooled_calibration']['ece']:.3f})" for run in compared]
         figure = compare_reliability_figure(reliabilities, labels, title=VARIANT_TITLES[variant])
         path = figures_dir / f"reliability_{variant}.png"
         with atomic_output(path) as temporary:
@@ -194,7 +195,8 @@ def _multiplier_figure(runs: Sequence[RunResult], figures_dir: Path) -> Path | N
     keys = sorted({key for entry in history for key in entry if key.startswith("crac/lambda_")})
     if not keys:
         return None
-    figure = Figure(figsize=(10, 4), dpi=100)
+    figure = Figure(figsize=(11, 4), dpi=100)
+    figure.subplots_adjust(wspace=0.3)
     for index, region in enumerate(("inner", "outer")):
         axis = figure.add_subplot(1, 2, index + 1)
         for key in (key for key in keys if key.startswith(f"crac/lambda_{region}/")):
@@ -219,8 +221,8 @@ def _generated_block(runs: Sequence[RunResult], ranked: Sequence[RunResult], fig
               "Ranks: Friedman mean rank over DSC, HD95, ECE and TACE among these methods only, "
               "computed the same way for our numbers and for the paper's.", "", *paper_comparison(ranked), "",
               "### Does confidence find the errors?", "",
-              "Error-detection AUROC of per-voxel confidence (wrong vs right voxels in the reference foreground), "
-              "area under the risk–coverage curve, and Spearman ρ between a case's mean normalised entropy inside "
+              "Error-detection AUROC of per-voxel confidence (wrong vs right voxels, every voxel of the volume), "
+              "area under the risk–coverage curve over the same voxels, and Spearman ρ between a case's mean normalised entropy inside "
               "the predicted foreground and its Dice (negative = uncertainty flags the bad cases).", "",
               *_selective_table(ranked), ""]
     spread = _seed_spread(runs)

@@ -18,8 +18,9 @@ __all__ = ["PRETRAINED_DIR", "BUNDLE_SUFFIX", "METRICS_SUFFIX", "DEFAULT_MODEL",
 PRETRAINED_DIR = Path(__file__).resolve().parent
 BUNDLE_SUFFIX = ".calibseg"
 METRICS_SUFFIX = ".metrics.json"
-# The model the Slicer module preselects: see docs/results.md for why this one.
-DEFAULT_MODEL = "acdc_crac"
+# The model the Slicer module preselects: the best of the shipped ones on our own test numbers
+# (docs/results.md, "Shipped models").
+DEFAULT_MODEL = "acdc_ce_dice"
 
 
 def pretrained_models() -> dict[str, Path]:
