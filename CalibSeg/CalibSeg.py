@@ -55,8 +55,7 @@ voxels below the chosen threshold. With a reference segmentation the module repo
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
 a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
 with the module and the CE+Dice one, the best of them on our test patients, is preselected; others
-are trained with
-<code>python Training/train.py</code> (CRaC, NACL, MbLS and baselines).
+are trained with <code>python Training/train.py</code> (CRaC, NACL, MbLS and baselines).
 """
         self.parent.acknowledgementText = """
 Methods: Murugesan et al., CRaC (class and region-adaptive constraints), 2024;
@@ -150,9 +149,10 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.setParameterNode(self.logic.getParameterNode())
         if not self._parameterNode.inputVolume:
             self._parameterNode.inputVolume = slicer.mrmlScene.GetFirstNodeByClass("vtkMRMLScalarVolumeNode")
-        if str(self._parameterNode.bundlePath) in ("", ".") and DEFAULT_MODEL in pretrained_models():
+        default_model = pretrained_models().get(DEFAULT_MODEL)
+        if str(self._parameterNode.bundlePath) in ("", ".") and default_model:
             # A shipped ACDC model is ready to run; any other bundle can be picked instead.
-            self._parameterNode.bundlePath = pretrained_models()[DEFAULT_MODEL]
+            self._parameterNode.bundlePath = default_model
 
     def setParameterNode(self, inputParameterNode) -> None:
         if self._parameterNode:

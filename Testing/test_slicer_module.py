@@ -151,9 +151,9 @@ def test_extension_metadata_is_complete():
     assert "add_subdirectory(CalibSeg)" in text
 
 
-def test_shipped_sample_and_demo_bundle_run_in_the_module(mrml_scene, sample_acdc_dir):  # noqa: F811
-    """The module's sample data (volume + .seg.nrrd reference) and the shipped CRaC model give the
-    metrics CalibSegLib computes from the original ACDC file."""
+def test_shipped_sample_and_default_model_run_in_the_module(mrml_scene, sample_acdc_dir):  # noqa: F811
+    """The module's sample data (volume + .seg.nrrd reference) and the preselected shipped model give
+    the metrics CalibSegLib computes from the original ACDC file."""
     import h5py
     import slicer
 

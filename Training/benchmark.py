@@ -33,15 +33,15 @@ from typing import Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from CalibSegLib.bundle import BundleError, load_bundle
+from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
 from CalibSegLib.io import atomic_output
 from CalibSegLib.losses import LOSSES
 from CalibSegLib.metrics import RankTable, rank_methods
 from Training.evaluate import EVALUATION_DIR, SUMMARY_NAME, VARIANTS
 from Training.trainer import BUNDLE_NAME, CHECKPOINT_NAME
 
-__all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "ranked_table",
-           "table_caption", "benchmark_csv", "write_benchmark", "main"]
+__all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "markdown_table",
+           "format_value", "ranked_table", "table_caption", "benchmark_csv", "write_benchmark", "main"]
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,13 @@ VARIANT_TITLES = {
 
 @dataclass
 class RunResult:
-    """One finished run: its method, dataset, test summary (``summary.json``) and folder."""
+    """One finished run: its method, dataset, test summary (``summary.json``), folder and bundle metadata."""
 
     run_dir: Path
     method: str
     dataset: str
     summary: dict
+    metadata: BundleMetadata
 
     def value(self, variant: str, key: str, statistic: str = "mean") -> float:
         return float(self.summary[variant]["per_metric"][key][statistic])
@@ -101,7 +102,7 @@ def collect_run(run_dir: str | Path) -> RunResult:
     summary = json.loads(summary_path.read_text())
     folder = metadata.data.get("folder")
     dataset = Path(folder).name if folder else metadata.data.get("dataset", "data")
-    return RunResult(run_dir, metadata.training.get("method", run_dir.name), dataset, summary)
+    return RunResult(run_dir, metadata.training.get("method", run_dir.name), dataset, summary, metadata)
 
 
 def _labels(runs: Sequence[RunResult]) -> list[str]:
@@ -128,7 +129,13 @@ def benchmark_tables(runs: Sequence[RunResult], variant: str) -> tuple[dict[str,
     return table, rank_methods(ranked, direction)
 
 
-def _format(value: float, key: str) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Lines of a Markdown table."""
+    return ["| " + " | ".join(cells) + " |" for cells in (header, ["---"] * len(header), *rows)]
+
+
+def format_value(value: float, key: str) -> str:
+    """A metric mean as the tables print it: HD95 with 2 decimals, the rest with 3, NaN as n/a."""
     if value != value:  # NaN
         return "n/a"
     return f"{value:.2f}" if key == "hd95_mean" else f"{value:.3f}"
@@ -142,13 +149,13 @@ def ranked_table(runs: Sequence[RunResult], variant: str) -> list[str]:
         (f"{dataset} " if len(datasets) > 1 else "") + metric.label + (" ↑" if metric.higher_is_better else " ↓")
         for dataset in datasets for metric in METRICS
     ] + ["Friedman rank ↓", "Sum of ranks ↓", "Final rank"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for index in sorted(range(len(ranks.methods)), key=lambda row: (ranks.final[row], ranks.friedman[row])):
         label = ranks.methods[index]
-        cells = [_format(table[label][f"{dataset}/{metric.key}"], metric.key)
+        cells = [format_value(table[label][f"{dataset}/{metric.key}"], metric.key)
                  for dataset in datasets for metric in METRICS]
-        cells += [f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}", str(ranks.final[index])]
-        lines.append("| " + " | ".join([label] + cells) + " |")
+        rows.append([label, *cells, f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}", str(ranks.final[index])])
+    lines = markdown_table(header, rows)
     undefined = {run.run_dir.name: run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]
                  for run in runs if run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]}
     if undefined:

@@ -31,13 +31,14 @@ if __package__ in (None, ""):
 
 from matplotlib.figure import Figure
 
-from CalibSegLib.bundle import BundleError, load_bundle
+from CalibSegLib.bundle import BundleError
 from CalibSegLib.io import atomic_output
 from CalibSegLib.metrics import rank_methods
 from CalibSegLib.metrics.plots import compare_reliability_figure
-from Training.benchmark import RunResult, benchmark_csv, collect_run, ranked_table, table_caption, VARIANT_TITLES
+from Training.benchmark import (VARIANT_TITLES, RunResult, benchmark_csv, collect_run, format_value, markdown_table,
+                                ranked_table, table_caption)
 from Training.evaluate import reliability_from_dict
-from Training.trainer import BUNDLE_NAME, HISTORY_NAME
+from Training.trainer import HISTORY_NAME
 
 __all__ = ["PAPER_ACDC_UNET", "BEGIN_MARKER", "END_MARKER", "training_wall_seconds", "paper_comparison",
            "write_results", "main"]
@@ -73,7 +74,7 @@ def training_wall_seconds(run: RunResult) -> float:
 
 
 def _seed(run: RunResult) -> int:
-    return int(load_bundle(run.run_dir / BUNDLE_NAME).metadata.training.get("seed", 0))
+    return int(run.metadata.training.get("seed", 0))
 
 
 def _first_seed_runs(runs: Sequence[RunResult]) -> list[RunResult]:
@@ -98,29 +99,29 @@ def paper_comparison(runs: Sequence[RunResult]) -> list[str]:
     direction = {key: higher for _, key, higher in PAPER_COLUMNS}
     our_ranks, paper_ranks = rank_methods(ours, direction), rank_methods(paper, direction)
     header = ["Method"] + [f"{label} ours / paper" for label, _, _ in PAPER_COLUMNS] + ["Rank ours", "Rank paper"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for index in sorted(range(len(our_ranks.methods)), key=lambda row: our_ranks.friedman[row]):
         method = our_ranks.methods[index]
-        cells = [f"{ours[method][key]:.{2 if key == 'hd95_mean' else 3}f} / {paper[method][key]:.{2 if key == 'hd95_mean' else 3}f}"
+        cells = [f"{format_value(ours[method][key], key)} / {format_value(paper[method][key], key)}"
                  for _, key, _ in PAPER_COLUMNS]
         paper_rank = paper_ranks.friedman[paper_ranks.methods.index(method)]
-        lines.append("| " + " | ".join([method, *cells, f"{our_ranks.friedman[index]:.2f}", f"{paper_rank:.2f}"]) + " |")
-    return lines
+        rows.append([method, *cells, f"{our_ranks.friedman[index]:.2f}", f"{paper_rank:.2f}"])
+    return markdown_table(header, rows)
 
 
 def _selective_table(runs: Sequence[RunResult]) -> list[str]:
     """Error detection (AUROC, AURC) and case flagging (Spearman ρ of foreground entropy vs Dice), per variant."""
     header = ["Method"] + [f"{name} ({variant})" for variant in ("T = 1", "scaled")
                            for name in ("AUROC ↑", "AURC ↓", "ρ entropy–Dice")]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    rows = []
     for run in runs:
-        cells = []
+        cells = [run.method]
         for variant in ("uncalibrated", "scaled"):
             rho = run.summary[variant].get("spearman_entropy_vs_dice", float("nan"))
             cells += [f"{run.value(variant, 'error_auroc'):.3f}", f"{run.value(variant, 'aurc'):.4f}",
                       "n/a" if rho != rho else f"{rho:+.2f}"]
-        lines.append("| " + " | ".join([run.method, *cells]) + " |")
-    return lines
+        rows.append(cells)
+    return markdown_table(header, rows)
 
 
 def _seed_spread(runs: Sequence[RunResult]) -> list[str]:
@@ -131,18 +132,17 @@ def _seed_spread(runs: Sequence[RunResult]) -> list[str]:
     repeated = {method: sorted(group, key=_seed) for method, group in by_method.items() if len(group) > 1}
     if not repeated:
         return []
-    lines = ["| Method | Seeds | DSC per seed | ECE per seed (T = 1) | DSC range | ECE range |", "|---|---|---|---|---|---|"]
+    rows = []
     for method, group in repeated.items():
         dice = [run.value("uncalibrated", "dice_mean") for run in group]
         ece = [run.value("uncalibrated", "ece") for run in group]
-        lines.append(f"| {method} | {', '.join(str(_seed(run)) for run in group)} | "
-                     f"{', '.join(f'{value:.3f}' for value in dice)} | {', '.join(f'{value:.3f}' for value in ece)} | "
-                     f"{max(dice) - min(dice):.3f} | {max(ece) - min(ece):.3f} |")
-    return lines
+        rows.append([method, ", ".join(str(_seed(run)) for run in group), ", ".join(f"{value:.3f}" for value in dice),
+                     ", ".join(f"{value:.3f}" for value in ece), f"{max(dice) - min(dice):.3f}", f"{max(ece) - min(ece):.3f}"])
+    return markdown_table(["Method", "Seeds", "DSC per seed", "ECE per seed (T = 1)", "DSC range", "ECE range"], rows)
 
 
 def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
-    metadata = load_bundle(runs[0].run_dir / BUNDLE_NAME).metadata
+    metadata = runs[0].metadata
     training, data = metadata.training, metadata.data
     environment = runs[0].summary.get("environment", {})
     lines = [
@@ -160,16 +160,15 @@ def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
         lines.append(f"- Machine: {environment.get('device')} ({environment.get('cpu')}, {environment.get('cpu_count')} cores, "
                      f"{environment.get('torch_threads')} torch threads), torch {environment.get('torch')}, "
                      f"{environment.get('platform')}.")
-    lines += ["", "| Run | Method | Seed | Best epoch | Training wall time | Test evaluation wall time | Temperature |",
-              "|---|---|---|---|---|---|---|"]
+    rows = []
     for run in runs:
-        run_training = load_bundle(run.run_dir / BUNDLE_NAME).metadata.training
         temperature = run.summary.get("temperature")
         temperature_text = f"{temperature:.2f}" if isinstance(temperature, (int, float)) else "per class"
-        lines.append(f"| `{run.run_dir}` | {run.method} | {run_training.get('seed', 0)} | {run_training.get('best_epoch', '?')} | "
-                     f"{training_wall_seconds(run) / 60:.1f} min | {run.summary.get('wall_s', float('nan')):.0f} s | "
-                     f"{temperature_text} |")
-    return lines
+        rows.append([f"`{run.run_dir}`", run.method, str(_seed(run)), str(run.metadata.training.get("best_epoch", "?")),
+                     f"{training_wall_seconds(run) / 60:.1f} min", f"{run.summary.get('wall_s', float('nan')):.0f} s",
+                     temperature_text])
+    header = ["Run", "Method", "Seed", "Best epoch", "Training wall time", "Test evaluation wall time", "Temperature"]
+    return lines + ["", *markdown_table(header, rows)]
 
 
 def _reliability_figures(runs: Sequence[RunResult], figures_dir: Path) -> list[Path]:

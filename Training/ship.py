@@ -45,15 +45,16 @@ def _per_case(csv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
     return rows
 
 
-def ship_run(run_dir: str | Path, name: str, out_dir: str | Path, data: str | Path | None = None,
+def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | Path | None = None,
              device: str = "auto") -> tuple[Path, Path]:
-    """Ship one run as ``<out_dir>/<name>.calibseg`` (float16) with its metrics JSON; returns both paths.
+    """Ship one run as ``<out_dir>/<prefix>_<method>.calibseg`` (float16) with its metrics JSON; returns both paths.
 
     Raises:
         BundleError, DataError, ValueError: unreadable run, data or split (one sentence each).
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     bundle = load_bundle(run_dir / BUNDLE_NAME)
+    name = f"{prefix}_{bundle.metadata.training.get('method', run_dir.name)}"
     folder = Path(data or bundle.metadata.data.get("folder", ""))
     split_file = bundle.metadata.data.get("split_file")
     if not split_file:
@@ -97,9 +98,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     shipped = []
     try:
         for run_dir in arguments.runs:
-            method = load_bundle(run_dir / BUNDLE_NAME).metadata.training.get("method", run_dir.name)
-            bundle_path, metrics_path = ship_run(run_dir, f"{arguments.prefix}_{method}", arguments.out,
-                                                 arguments.data, arguments.device)
+            bundle_path, metrics_path = ship_run(run_dir, arguments.prefix, arguments.out, arguments.data,
+                                                 arguments.device)
             print(f"{bundle_path} ({bundle_path.stat().st_size / 1e6:.1f} MB, float16); metrics: {metrics_path}")
             shipped.append(bundle_path)
     except (BundleError, DataError, ValueError, OSError) as error:
