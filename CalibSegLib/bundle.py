@@ -34,20 +34,24 @@ from torch import nn
 
 from CalibSegLib import __version__, networks
 from CalibSegLib.io import atomic_output
-from CalibSegLib.preprocessing import MIN_IN_PLANE, NORMALIZATIONS
+from CalibSegLib.postprocessing import Postprocessing
+from CalibSegLib.preprocessing import Preprocessing
+from CalibSegLib.sliding_window import SlidingWindow
 
 __all__ = [
     "SCHEMA_VERSION",
     "BUNDLE_SUFFIX",
     "BundleError",
-    "Preprocessing",
     "BundleMetadata",
     "Bundle",
     "save_bundle",
     "load_bundle",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Schema 1 bundles resized every slice to a fixed size instead of resampling by spacing; their
+# networks expect inputs this CalibSeg no longer produces.
+OLDEST_SCHEMA_VERSION = 2
 BUNDLE_SUFFIX = ".calibseg"
 METADATA_MEMBER = "bundle.json"
 WEIGHTS_MEMBER = "weights.safetensors"
@@ -60,43 +64,19 @@ class BundleError(ValueError):
     """A model bundle is missing, corrupt or incompatible; the message says which and what to do."""
 
 
-@dataclass
-class Preprocessing:
-    """How a volume is turned into network input; inference uses nothing else.
+_SECTIONS: dict[str, type] = {
+    "preprocessing": Preprocessing, "sliding_window": SlidingWindow, "postprocessing": Postprocessing,
+}
 
-    ``normalization``: ``"percentile"`` clips each volume to ``[min, upper_percentile]`` and
-    scales it to [0, 1] (how the ACDC data were prepared); ``"none"`` leaves intensities.
-    ``target_size``: in-plane ``(y, x)`` size in voxels the 2D network sees (bilinear resize).
-    ``slice_axis``: the array axis 2D networks step along (0 = z).
-    """
 
-    normalization: str = "percentile"
-    upper_percentile: float = 99.0
-    target_size: tuple[int, int] = (224, 224)
-    slice_axis: int = 0
-
-    def validate(self) -> None:
-        """Raise :class:`BundleError` when a value is out of range."""
-        if self.normalization not in NORMALIZATIONS:
-            raise BundleError(
-                f"The bundle's normalization {self.normalization!r} is unknown; "
-                f"known: {', '.join(NORMALIZATIONS)}."
-            )
-        if not _is_number(self.upper_percentile) or not 0 < self.upper_percentile <= 100:
-            raise BundleError(
-                f"The bundle's upper_percentile must lie in (0, 100], got {self.upper_percentile!r}."
-            )
-        size = self.target_size
-        if (
-            not isinstance(size, (list, tuple))
-            or len(size) != 2
-            or not all(_is_int(value) and value >= MIN_IN_PLANE for value in size)
-        ):
-            raise BundleError(
-                f"The bundle's target_size must be two integers >= {MIN_IN_PLANE} (y, x), got {list(size)}."
-            )
-        if not _is_int(self.slice_axis) or self.slice_axis not in (0, 1, 2):
-            raise BundleError(f"The bundle's slice_axis must be 0, 1 or 2, got {self.slice_axis!r}.")
+def _section(name: str, section_class: type, values: Any) -> Any:
+    """One settings section of ``bundle.json`` as its dataclass; :class:`BundleError` on a wrong shape or field."""
+    if not isinstance(values, dict):
+        raise BundleError(f"{METADATA_MEMBER}'s {name} must be an object, got {values!r}.")
+    unknown = sorted(set(values) - {item.name for item in dataclasses.fields(section_class)})
+    if unknown:
+        raise BundleError(f"{METADATA_MEMBER}'s {name} has unknown field(s) {', '.join(unknown)}.")
+    return section_class(**values)
 
 
 @dataclass
@@ -117,6 +97,8 @@ class BundleMetadata:
     class_names: list[str]
     class_colors: list[tuple[float, float, float]]
     preprocessing: Preprocessing = field(default_factory=Preprocessing)
+    sliding_window: SlidingWindow = field(default_factory=SlidingWindow)
+    postprocessing: Postprocessing = field(default_factory=Postprocessing)
     training: dict[str, Any] = field(default_factory=dict)
     temperature: float | list[float] = 1.0
     data: dict[str, Any] = field(default_factory=dict)
@@ -145,18 +127,9 @@ class BundleMetadata:
                 f"{METADATA_MEMBER} lacks the required field(s) {', '.join(missing)}; re-export the bundle."
             )
         known = {item.name: values[item.name] for item in dataclasses.fields(cls) if item.name in values}
-        preprocessing = known.get("preprocessing", {})
-        if not isinstance(preprocessing, dict):
-            raise BundleError(f"{METADATA_MEMBER}'s preprocessing must be an object, got {preprocessing!r}.")
-        try:
-            known["preprocessing"] = Preprocessing(**preprocessing)
-        except TypeError:
-            unknown = sorted(set(preprocessing) - {item.name for item in dataclasses.fields(Preprocessing)})
-            raise BundleError(
-                f"{METADATA_MEMBER}'s preprocessing has unknown field(s) {', '.join(unknown)}."
-            ) from None
-        if isinstance(known["preprocessing"].target_size, list):
-            known["preprocessing"].target_size = tuple(known["preprocessing"].target_size)
+        for section, section_class in _SECTIONS.items():
+            if section in known:
+                known[section] = _section(section, section_class, known[section])
         if isinstance(known["class_colors"], list):
             known["class_colors"] = [
                 tuple(color) if isinstance(color, list) else color for color in known["class_colors"]
@@ -167,6 +140,12 @@ class BundleMetadata:
         """Raise :class:`BundleError` when a field has the wrong type or contradicts another."""
         if not _is_int(self.schema_version):
             raise BundleError(f"The bundle's schema_version must be an integer, got {self.schema_version!r}.")
+        if self.schema_version < OLDEST_SCHEMA_VERSION:
+            raise BundleError(
+                f"The bundle uses schema version {self.schema_version}, from a CalibSeg that resized slices to a "
+                f"fixed size; this CalibSeg ({__version__}) resamples by spacing and reads schema "
+                f"{OLDEST_SCHEMA_VERSION}–{SCHEMA_VERSION}: retrain the model with Training/train.py."
+            )
         if self.schema_version > SCHEMA_VERSION:
             raise BundleError(
                 f"The bundle uses schema version {self.schema_version!r}, newer than this CalibSeg "
@@ -206,9 +185,19 @@ class BundleMetadata:
             raise BundleError(
                 f"The bundle's class_colors must be RGB triples in [0, 1], got {self.class_colors!r}."
             )
-        if not isinstance(self.preprocessing, Preprocessing):
-            raise BundleError("The bundle's preprocessing must be a Preprocessing object.")
-        self.preprocessing.validate()
+        for section, section_class in _SECTIONS.items():
+            value = getattr(self, section)
+            if not isinstance(value, section_class):
+                raise BundleError(f"The bundle's {section} must be a {section_class.__name__} object.")
+            try:
+                value.validate()
+            except ValueError as error:
+                raise BundleError(f"The bundle's {section} is invalid: {error}") from None
+        if any(class_id >= self.num_classes for class_id in self.postprocessing.largest_component):
+            raise BundleError(
+                f"The bundle's postprocessing names class {max(self.postprocessing.largest_component)}, but the "
+                f"model has {self.num_classes} classes."
+            )
         temperatures = self.temperature if isinstance(self.temperature, (list, tuple)) else [self.temperature]
         if len(temperatures) not in (1, self.num_classes) or not all(
             _is_number(value) and math.isfinite(value) and value > 0 for value in temperatures

@@ -60,7 +60,7 @@ def predict_and_evaluate(
         raise ValueError(
             f"reference labels must lie in [0, {num_classes - 1}] for this model, found [{reference.min()}, {reference.max()}]."
         )
-    axis = predictor.bundle.metadata.preprocessing.slice_axis
+    axis = predictor.metadata.preprocessing.slice_axis
     reference_slices = np.moveaxis(reference, axis, 0)
     statistics = CalibrationStatistics(num_classes)
 

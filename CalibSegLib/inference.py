@@ -1,11 +1,19 @@
 """Prediction of a 3D volume with a bundle: labels, per-voxel confidence and normalised entropy.
 
-Data flow per batch of slices along the bundle's slice axis: scale intensities with the
-whole volume's range → resize in-plane to the bundle's ``target_size`` → network → resize the
-logits back to the input's in-plane size → divide by the bundle's temperature → softmax →
-labels, confidence, entropy written into the output arrays. Memory is bounded by the batch:
-the ``(C, z, y, x)`` probability volume exists only when asked for. Preprocessing comes
-only from the bundle.
+Data flow per batch of slices along the bundle's slice axis (every step from the bundle):
+
+1. scale intensities with the whole volume's range (:mod:`CalibSegLib.preprocessing`);
+2. resample the slices in-plane from the image's real spacing to the model's
+   ``target_spacing``, so the network sees every image at the physical scale it was trained at;
+3. run the network in overlapping windows of its training crop size, blended with a Gaussian
+   weight, optionally mirrored (:mod:`CalibSegLib.sliding_window`);
+4. divide the logits by the bundle's temperature, softmax, and resample the *probabilities*
+   back onto the input's exact grid; labels = argmax there, confidence = max probability,
+   entropy normalised by log C;
+5. once the whole volume is labelled, the bundle's post-processing (largest connected
+   component of the classes validation chose, :mod:`CalibSegLib.postprocessing`).
+
+Memory is bounded by the batch: the ``(C, z, y, x)`` probability volume exists only when asked for.
 """
 
 from __future__ import annotations
@@ -19,8 +27,13 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.bundle import Bundle, load_bundle
-from CalibSegLib.preprocessing import check_volume, intensity_range, resize_slices, scale_intensity
+from torch import nn
+
+from CalibSegLib.bundle import Bundle, BundleMetadata, load_bundle
+from CalibSegLib.device import resolve_device
+from CalibSegLib.preprocessing import (check_volume, in_plane_spacing, intensity_range, network_grid_shape,
+                                       resample_slices, scale_intensity)
+from CalibSegLib.sliding_window import window_logits
 from CalibSegLib.temperature import apply_temperature
 
 __all__ = [
@@ -29,7 +42,6 @@ __all__ = [
     "Predictor",
     "ProbabilitySink",
     "confidence_maps",
-    "resolve_device",
 ]
 
 ProbabilitySink = Callable[[slice, np.ndarray], None]
@@ -56,19 +68,6 @@ class Prediction:
     probabilities: np.ndarray | None = None
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` → CUDA when available, else CPU; anything else as torch understands it."""
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"Unknown device {device!r}; use 'auto', 'cpu' or 'cuda'.") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("Device 'cuda' was asked for but no CUDA device is available; use 'cpu' or 'auto'.")
-    return device
-
-
 def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Labels, confidence and normalised entropy of ``(n, C, *spatial)`` probabilities.
 
@@ -89,14 +88,27 @@ class Predictor:
     Args:
         bundle: a :class:`Bundle` or the path of a ``.calibseg`` file.
         device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        batch_size: slices per forward pass; memory grows with it, not with the volume.
+        batch_size: slices per step; memory grows with it (and the slice size), not with the volume.
     """
 
     def __init__(
         self, bundle: Bundle | str | Path, device: str | torch.device = "auto", batch_size: int = 16
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
-        metadata = self.bundle.metadata
+        self._setup(self.bundle.metadata, None, device, batch_size)
+
+    @classmethod
+    def from_network(cls, network: nn.Module, metadata: BundleMetadata, device: str | torch.device = "auto",
+                     batch_size: int = 16) -> "Predictor":
+        """A predictor around a live ``network`` described by ``metadata`` (e.g. validation while training:
+        no copy of the weights, no bundle file). The network is used as it is, in eval mode."""
+        predictor = cls.__new__(cls)
+        predictor.bundle = None
+        predictor._setup(metadata, network, device, batch_size)
+        return predictor
+
+    def _setup(self, metadata: BundleMetadata, network: nn.Module | None, device: str | torch.device,
+               batch_size: int) -> None:
         metadata.validate()
         if metadata.spatial_dims != 2 or metadata.in_channels != 1:
             raise ValueError(
@@ -105,23 +117,36 @@ class Predictor:
             )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        self.metadata = metadata
         self.device = resolve_device(device)
         self.batch_size = batch_size
-        self.model = self.bundle.build_model().to(self.device)
+        self.model = (network if network is not None else self.bundle.build_model()).to(self.device)
 
     @property
     def num_classes(self) -> int:
-        return self.bundle.metadata.num_classes
+        return self.metadata.num_classes
 
     @torch.inference_mode()
-    def slice_probabilities(self, slices: np.ndarray) -> torch.Tensor:
-        """Normalised ``(n, y, x)`` slices → ``(n, C, y, x)`` float32 probabilities on ``device``."""
-        metadata = self.bundle.metadata
-        batch = torch.from_numpy(np.ascontiguousarray(slices, dtype=np.float32)).to(self.device).unsqueeze(1)
-        logits = self.model(resize_slices(batch, metadata.preprocessing.target_size))
-        # Back to the input's in-plane grid before the softmax, so probabilities are interpolated as logits.
-        logits = resize_slices(logits.float(), slices.shape[1:])
-        return torch.softmax(apply_temperature(logits, metadata.temperature), dim=1)
+    def network_logits(self, images: torch.Tensor) -> torch.Tensor:
+        """Blended ``(n, C, y, x)`` float32 logits (before temperature) of normalised ``images (n, 1, y, x)``
+        already on the model's grid (any in-plane size), on ``device``."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return window_logits(self.model, images.to(self.device), self.metadata.sliding_window)
+        finally:
+            self.model.train(was_training)
+
+    def slice_probabilities(self, slices: np.ndarray, spacing: Sequence[float]) -> torch.Tensor:
+        """Normalised ``(n, y, x)`` slices with in-plane ``spacing (y, x)`` mm → ``(n, C, y, x)`` float32
+        probabilities on the same grid, on ``device``."""
+        metadata = self.metadata
+        batch = torch.from_numpy(np.ascontiguousarray(slices, dtype=np.float32)).unsqueeze(1)
+        grid = network_grid_shape(slices.shape[1:], spacing, metadata.preprocessing.target_spacing)
+        logits = self.network_logits(resample_slices(batch, grid))
+        probabilities = torch.softmax(apply_temperature(logits, metadata.temperature), dim=1)
+        # Probabilities (not logits) go back to the input grid: bilinear weights keep them summing to 1.
+        return resample_slices(probabilities, slices.shape[1:])
 
     def predict(
         self,
@@ -136,8 +161,8 @@ class Predictor:
 
         Args:
             image: the volume, any real dtype; never modified.
-            spacing: voxel size; checked (three positive numbers), the resize is to the
-                bundle's ``target_size``.
+            spacing: voxel size; the in-plane pair decides how slices are resampled to the
+                model's ``target_spacing``.
             progress: called with the fraction done after every batch; the last call is 1.0,
                 made exactly once.
             cancel: checked before every batch; once set, :class:`InferenceCancelled` is raised.
@@ -147,13 +172,17 @@ class Predictor:
                 to stream metrics without keeping the probability volume.
 
         Raises:
-            ValueError: the image is not 3D, empty, constant, too small, has NaN/inf values, or
-                ``spacing`` is not three positive numbers.
+            ValueError: the image is not 3D, empty, constant, too small, has NaN/inf values, its
+                in-plane spacing is missing, zero or implausible for the model.
             InferenceCancelled: ``cancel`` was set.
         """
-        preprocessing = self.bundle.metadata.preprocessing
+        preprocessing = self.metadata.preprocessing
         axis = preprocessing.slice_axis
         check_volume(image, spacing, slice_axis=axis)
+        plane_spacing = in_plane_spacing(spacing, axis)
+        in_plane_shape = tuple(size for index, size in enumerate(image.shape) if index != axis)
+        # Fails here, before any work, when the spacing is implausible for the model.
+        network_grid_shape(in_plane_shape, plane_spacing, preprocessing.target_spacing)
         intensity = intensity_range(image, preprocessing.normalization, preprocessing.upper_percentile)
         prediction = Prediction(
             labels=np.empty(image.shape, np.uint8),
@@ -177,7 +206,7 @@ class Predictor:
             if cancel is not None and cancel.is_set():
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
-            probabilities = self.slice_probabilities(scale_intensity(source[batch], intensity))
+            probabilities = self.slice_probabilities(scale_intensity(source[batch], intensity), plane_spacing)
             for target, values in zip(targets, confidence_maps(probabilities), strict=True):
                 target[batch] = values.cpu().numpy()
             if kept is not None or probability_sink is not None:
@@ -186,6 +215,9 @@ class Predictor:
                     kept[:, batch] = class_first
                 if probability_sink is not None:
                     probability_sink(batch, class_first)
-            if progress is not None:
+            if progress is not None and batch.stop < count:
                 progress(batch.stop / count)
+        self.metadata.postprocessing.apply(prediction.labels)
+        if progress is not None:
+            progress(1.0)
         return prediction

@@ -72,7 +72,7 @@ def predict_files(
             predictor, image, reference.astype(np.int64), geometry.spacing, progress=progress, cancel=cancel
         )
         prediction = evaluation.prediction
-        row = case_metrics_row(evaluation, predictor.bundle.metadata.class_names)
+        row = case_metrics_row(evaluation, predictor.metadata.class_names)
         outputs["metrics"] = write_json_atomic(out_dir / f"{stem}_metrics.json", row)
     for name in OUTPUT_MAPS:
         outputs[name] = write_image(out_dir / f"{stem}_{name}.nii.gz", getattr(prediction, name), geometry)

@@ -1,14 +1,21 @@
-"""Bundle-driven preprocessing steps shared by training and inference.
+"""How a volume becomes network input: the bundle's :class:`Preprocessing` and the steps that apply it.
 
 Training and inference call the same functions, so a model sees at inference exactly the
-intensities and in-plane size it was trained on. Intensity normalisation is split into
-:func:`intensity_range` (one pass over the whole volume) and :func:`scale_intensity` (any
-chunk of slices), so the predictor never holds a normalised copy of the volume.
+intensities and the physical scale it was trained on:
+
+1. :func:`intensity_range` (one pass over the whole volume) and :func:`scale_intensity` (any
+   chunk of slices), so the predictor never holds a normalised copy of the volume;
+2. :func:`network_grid_shape` + :func:`resample_slices`: every slice is resampled in-plane
+   from the image's own spacing to ``Preprocessing.target_spacing`` (mm), the spacing the
+   network was trained at — a scanner with 0.7 mm pixels is seen at the same physical scale
+   as one with 1.5 mm pixels. Probabilities go back to the input's grid the same way.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -17,15 +24,69 @@ import torch.nn.functional as F
 __all__ = [
     "NORMALIZATIONS",
     "MIN_IN_PLANE",
+    "MAX_NETWORK_GRID",
+    "Preprocessing",
     "check_volume",
+    "in_plane_spacing",
+    "network_grid_shape",
     "intensity_range",
     "scale_intensity",
     "normalize_intensity",
-    "resize_slices",
+    "resample_slices",
 ]
 
 NORMALIZATIONS: tuple[str, ...] = ("percentile", "none")
 MIN_IN_PLANE = 8  # voxels; smaller slices carry too little context for a 2D network
+# A slice resampled to the network's spacing larger than this (voxels per side) would need
+# gigabytes per batch: 4096² voxels at 0.25 mm is a 1 m field of view.
+MAX_NETWORK_GRID = 4096
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+@dataclass
+class Preprocessing:
+    """How a volume is turned into network input; inference uses nothing else.
+
+    Args:
+        normalization: ``"percentile"`` clips each volume to ``[min, upper_percentile]`` and
+            scales it to [0, 1] (how the ACDC data were prepared); ``"none"`` leaves intensities.
+        upper_percentile: the clipping percentile, in (0, 100].
+        target_spacing: in-plane ``(y, x)`` spacing in mm of the grid the 2D network works on;
+            every slice is resampled to it (training and inference alike).
+        slice_axis: the array axis 2D networks step along (0 = z).
+    """
+
+    normalization: str = "percentile"
+    upper_percentile: float = 99.0
+    target_spacing: tuple[float, float] = (1.5, 1.5)
+    slice_axis: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.target_spacing, list):  # as read back from JSON
+            self.target_spacing = tuple(self.target_spacing)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` (one sentence naming the field) when a value is out of range."""
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalization {self.normalization!r} is unknown; known: {', '.join(NORMALIZATIONS)}."
+            )
+        if not _is_number(self.upper_percentile) or not 0 < self.upper_percentile <= 100:
+            raise ValueError(f"upper_percentile must lie in (0, 100], got {self.upper_percentile!r}.")
+        spacing = self.target_spacing
+        if (
+            not isinstance(spacing, (list, tuple))
+            or len(spacing) != 2
+            or not all(_is_number(value) and math.isfinite(value) and value > 0 for value in spacing)
+        ):
+            raise ValueError(
+                f"target_spacing must be two positive, finite in-plane spacings (y, x) in mm, got {spacing!r}."
+            )
+        if isinstance(self.slice_axis, bool) or self.slice_axis not in (0, 1, 2):
+            raise ValueError(f"slice_axis must be 0, 1 or 2, got {self.slice_axis!r}.")
 
 
 def check_volume(
@@ -69,8 +130,14 @@ def check_volume(
             values = np.asarray(spacing, dtype=np.float64).reshape(-1)
         except (TypeError, ValueError):
             values = np.empty(0)
-        if values.size != 3 or not (np.isfinite(values).all() and (values > 0).all()):
-            raise ValueError(f"The spacing must be three positive numbers (z, y, x) in mm, got {spacing!r}.")
+        if values.size != 3:
+            raise ValueError(f"The spacing must be three numbers (z, y, x) in mm, got {spacing!r}.")
+        in_plane = np.delete(values, slice_axis)
+        if not (np.isfinite(in_plane).all() and (in_plane > 0).all()):
+            raise ValueError(
+                f"The image's in-plane spacing {tuple(float(value) for value in in_plane)} mm is missing, zero "
+                "or not finite; the model resamples slices by it, so set the image's real voxel size first."
+            )
 
 
 def intensity_range(
@@ -121,16 +188,45 @@ def normalize_intensity(
     """
     return scale_intensity(volume, intensity_range(volume, normalization, upper_percentile))
 
+def in_plane_spacing(spacing: Sequence[float], slice_axis: int = 0) -> tuple[float, float]:
+    """The two in-plane spacings (mm) of a ``(z, y, x)`` ``spacing``, in array order, without ``slice_axis``."""
+    values = [float(value) for axis, value in enumerate(spacing) if axis != slice_axis]
+    return values[0], values[1]
 
-def resize_slices(slices: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> torch.Tensor:
-    """Resize ``(n, channels, y, x)`` slices in-plane to ``size`` ``(y, x)`` (``bilinear`` or ``nearest``).
 
-    Bilinear uses ``align_corners=False`` both ways, so resizing logits back lands on the
-    input's voxel centres; slices already of ``size`` are returned unchanged.
+def network_grid_shape(
+    shape: Sequence[int], spacing: Sequence[float], target_spacing: Sequence[float]
+) -> tuple[int, int]:
+    """In-plane ``(y, x)`` size of a slice of ``shape`` voxels at ``spacing`` mm once resampled to ``target_spacing``.
+
+    The physical extent is kept (size × spacing), rounded to whole voxels.
+
+    Raises:
+        ValueError: the resampled slice would be smaller than :data:`MIN_IN_PLANE` or larger than
+            :data:`MAX_NETWORK_GRID` voxels per side — almost always a wrong spacing in the file.
+    """
+    grid = tuple(max(1, int(round(size * step / target))) for size, step, target in zip(shape, spacing, target_spacing))
+    if min(grid) < MIN_IN_PLANE or max(grid) > MAX_NETWORK_GRID:
+        raise ValueError(
+            f"A {shape[0]}×{shape[1]} slice with {spacing[0]:g}×{spacing[1]:g} mm pixels becomes {grid[0]}×{grid[1]} "
+            f"voxels at the model's {target_spacing[0]:g}×{target_spacing[1]:g} mm; that is outside "
+            f"{MIN_IN_PLANE}–{MAX_NETWORK_GRID}, so the image's spacing is probably wrong (check its units)."
+        )
+    return grid
+
+
+def resample_slices(slices: torch.Tensor, size: Sequence[int], mode: str = "bilinear") -> torch.Tensor:
+    """Resample ``(n, channels, y, x)`` slices in-plane to ``size`` ``(y, x)`` (``bilinear`` or ``nearest``).
+
+    The slice's outer edges map onto each other (``align_corners=False``), so resampling to a
+    grid and back lands on the original voxel centres. Bilinear shrinking is anti-aliased (a
+    0.7 mm image seen at 1.5 mm looks like a 1.5 mm acquisition, not a sub-sampled one);
+    slices already of ``size`` are returned unchanged.
     """
     size = tuple(int(value) for value in size)
     if tuple(slices.shape[-2:]) == size:
         return slices
     if mode == "nearest":
         return F.interpolate(slices, size=size, mode="nearest-exact")
-    return F.interpolate(slices, size=size, mode=mode, align_corners=False)
+    shrinking = size[0] < slices.shape[-2] or size[1] < slices.shape[-1]
+    return F.interpolate(slices, size=size, mode=mode, align_corners=False, antialias=shrinking)

@@ -1,7 +1,7 @@
 """Small, deterministic model bundles for tests: pytest, benchmarks and the Slicer self-test.
 
     from CalibSegLib.testing import make_test_bundle
-    path = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, target_size=(64, 64))
+    path = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, patch_size=(64, 64))
 
 The network is a two-level MONAI UNet with a few thousand weights drawn from ``seed``, so
 the same arguments always give byte-identical weights and identical predictions.
@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from CalibSegLib.bundle import BundleMetadata, Preprocessing, save_bundle
+from CalibSegLib.bundle import BundleMetadata, save_bundle
+from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.networks import build_network
 
 __all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle"]
@@ -23,7 +24,7 @@ TINY_UNET: dict[str, Any] = {"channels": [4, 8], "strides": [2], "num_res_units"
 
 
 def make_test_metadata(
-    num_classes: int = 4, target_size: tuple[int, int] = (64, 64), **overrides: Any
+    num_classes: int = 4, patch_size: tuple[int, int] = (64, 64), **overrides: Any
 ) -> BundleMetadata:
     """Metadata of a tiny UNet bundle with every section filled; ``overrides`` replace fields."""
     values: dict[str, Any] = {
@@ -35,7 +36,7 @@ def make_test_metadata(
         "class_names": ["background"] + [f"class {index}" for index in range(1, num_classes)],
         "class_colors": [(0.0, 0.0, 0.0)]
         + [(index / num_classes, 0.5, 1.0 - index / num_classes) for index in range(1, num_classes)],
-        "preprocessing": Preprocessing(target_size=tuple(target_size)),
+        "sliding_window": SlidingWindow(patch_size=tuple(patch_size)),
         "training": {
             "method": "crac",
             "loss_hyperparameters": {"margin": 5.0},
@@ -43,7 +44,7 @@ def make_test_metadata(
             "lr": 1e-3,
             "batch_size": 2,
             "seed": 0,
-            "crac_multipliers": {"outer": [1e-6] * num_classes, "inner": [1e-6] * num_classes},
+            "loss_state": {"multipliers": {"outer": [1e-6] * num_classes, "inner": [1e-6] * num_classes}},
         },
         "data": {"dataset": "synthetic", "split": "none", "cases": {"train": ["case0"], "val": ["case1"]}},
         "validation_metrics": {"dice_mean": 0.5, "ece": 0.1},
@@ -55,7 +56,7 @@ def make_test_metadata(
 def make_test_bundle(
     path: str | Path,
     num_classes: int = 4,
-    target_size: tuple[int, int] = (64, 64),
+    patch_size: tuple[int, int] = (64, 64),
     seed: int = 0,
     half: bool = False,
     **overrides: Any,
@@ -64,12 +65,12 @@ def make_test_bundle(
 
     Args:
         num_classes: output classes, background included.
-        target_size: in-plane ``(y, x)`` size the network sees (multiples of 2).
+        patch_size: in-plane ``(y, x)`` sliding-window size the network sees (multiples of 2).
         seed: draws the weights; same seed → byte-identical bundle weights.
         half: store the weights as float16.
         overrides: :class:`BundleMetadata` fields to replace (e.g. ``temperature=2.0``).
     """
-    metadata = make_test_metadata(num_classes, target_size, **overrides)
+    metadata = make_test_metadata(num_classes, patch_size, **overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = build_network(

@@ -89,6 +89,8 @@ def test_bundle_json_records_every_section(good):
         "class_names",
         "class_colors",
         "preprocessing",
+        "sliding_window",
+        "postprocessing",
         "training",
         "temperature",
         "data",
@@ -101,10 +103,12 @@ def test_bundle_json_records_every_section(good):
     assert stored["preprocessing"] == {
         "normalization": "percentile",
         "upper_percentile": 99.0,
-        "target_size": [64, 64],
+        "target_spacing": [1.5, 1.5],
         "slice_axis": 0,
     }
-    assert stored["training"]["crac_multipliers"]["inner"] == [1e-6] * 4
+    assert stored["sliding_window"] == {"patch_size": [64, 64], "overlap": 0.5, "mirror_axes": [], "batch_size": 32}
+    assert stored["postprocessing"] == {"largest_component": []}
+    assert stored["training"]["loss_state"]["multipliers"]["inner"] == [1e-6] * 4
 
 
 def test_tensor_hyperparameters_are_stored_as_plain_json(tmp_path):
@@ -234,9 +238,34 @@ BAD_BUNDLES = {
         lambda g, f: rewritten(g, f / "t.calibseg", lambda m: m.update(temperature=[1.0, 2.0])),
         "temperature",
     ),
-    "bad target size": (
-        lambda g, f: rewritten(g, f / "ts.calibseg", lambda m: m["preprocessing"].update(target_size=[4])),
-        "target_size",
+    "old resize-based schema": (
+        lambda g, f: rewritten(g, f / "v1.calibseg", lambda m: m.update(schema_version=1)),
+        "schema version 1, from a CalibSeg that resized slices",
+    ),
+    "unknown preprocessing field": (
+        lambda g, f: rewritten(g, f / "ts.calibseg", lambda m: m["preprocessing"].update(target_size=[224, 224])),
+        "unknown field.*target_size",
+    ),
+    "zero target spacing": (
+        lambda g, f: rewritten(g, f / "sp0.calibseg", lambda m: m["preprocessing"].update(target_spacing=[0, 1.5])),
+        "target_spacing must be two positive, finite",
+    ),
+    "infinite target spacing": (
+        lambda g, f: rewritten(g, f / "spi.calibseg",
+                               lambda m: m["preprocessing"].update(target_spacing=[float("inf"), 1.5])),
+        "target_spacing must be two positive, finite",
+    ),
+    "huge window": (
+        lambda g, f: rewritten(g, f / "win.calibseg", lambda m: m["sliding_window"].update(patch_size=[40000, 40000])),
+        "patch_size must be two integers in 8..2048",
+    ),
+    "bad mirror axis": (
+        lambda g, f: rewritten(g, f / "mir.calibseg", lambda m: m["sliding_window"].update(mirror_axes=[2])),
+        "mirror_axes",
+    ),
+    "post-processing of a class the model lacks": (
+        lambda g, f: rewritten(g, f / "pp.calibseg", lambda m: m["postprocessing"].update(largest_component=[7])),
+        "postprocessing names class 7",
     ),
     "pickle member": (
         lambda g, f: rewritten(g, f / "pkl.calibseg", extra={"model.pkl": pickle.dumps({"a": 1})}),

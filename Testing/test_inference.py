@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,8 +13,13 @@ import torch
 from torch import nn
 
 from CalibSegLib import networks
-from CalibSegLib.bundle import Bundle, Preprocessing, load_bundle, save_bundle
-from CalibSegLib.inference import InferenceCancelled, Predictor, confidence_maps, resolve_device
+from CalibSegLib import inference
+from CalibSegLib.bundle import Bundle, load_bundle, save_bundle
+from CalibSegLib.device import resolve_device
+from CalibSegLib.inference import InferenceCancelled, Predictor, confidence_maps
+from CalibSegLib.postprocessing import Postprocessing
+from CalibSegLib.preprocessing import Preprocessing
+from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.testing import make_test_bundle, make_test_metadata
 
 SPACING = (8.0, 1.3, 0.7)  # anisotropic, mm
@@ -42,10 +48,10 @@ def linear_bundle(monkeypatch, tmp_path):
     """Saved 2-class bundles of a hand-set 1×1 conv: logits (0, 8·x − 3) for normalised intensity x."""
     monkeypatch.setitem(networks._BUILDERS, "pixel_linear", _pixel_linear)
 
-    def make(temperature=1.0, target_size=(16, 16)):
+    def make(temperature=1.0, patch_size=(16, 16)):
         state = {"weight": torch.tensor([[[[0.0]]], [[[8.0]]]]), "bias": torch.tensor([0.0, -3.0])}
         metadata = make_test_metadata(
-            2, target_size, network="pixel_linear", network_kwargs={}, temperature=temperature
+            2, patch_size, network="pixel_linear", network_kwargs={}, temperature=temperature
         )
         return load_bundle(save_bundle(tmp_path / f"linear_{temperature}.calibseg", state, metadata))
 
@@ -88,8 +94,9 @@ def test_input_is_not_modified_and_integer_images_work(predictor):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.5])
-def test_known_weights_give_known_confidence_through_resize(linear_bundle, temperature):
-    # Each slice is constant, so the bilinear resize to 16×16 and back is exact; slice k normalises to k/4.
+def test_known_weights_give_known_confidence_through_resampling(linear_bundle, temperature):
+    # Each slice is constant, so resampling from 1 mm to the model's 1.5 mm and back is exact and the
+    # Gaussian blending of windows of a 1×1 convolution averages equal values; slice k normalises to k/4.
     image = np.repeat(np.arange(5, dtype=np.float32)[:, None, None] * 10.0, 20 * 24).reshape(5, 20, 24)
     prediction = Predictor(linear_bundle(temperature), device="cpu", batch_size=2).predict(image, (2, 1, 1))
     foreground = expected_foreground_probability(np.arange(5) / 4.0, temperature)[:, None, None]
@@ -107,8 +114,9 @@ def test_known_weights_voxel_by_voxel_with_percentile_clipping(linear_bundle):
     image = np.random.default_rng(1).gamma(2.0, 50.0, size=(3, 16, 16)).astype(np.float32)
     low, high = image.min(), np.percentile(image, 99.0)
     normalised = (np.clip(image, low, high) - low) / (high - low)
-    prediction = Predictor(linear_bundle(target_size=(16, 16)), device="cpu").predict(
-        image, (2, 1, 1), keep_probabilities=True
+    # At the model's own 1.5 mm nothing is resampled, so every voxel is checked against the formula.
+    prediction = Predictor(linear_bundle(patch_size=(16, 16)), device="cpu").predict(
+        image, (2, 1.5, 1.5), keep_probabilities=True
     )
     np.testing.assert_allclose(
         prediction.probabilities[1], expected_foreground_probability(normalised, 1.0), rtol=1e-5, atol=1e-6
@@ -117,9 +125,9 @@ def test_known_weights_voxel_by_voxel_with_percentile_clipping(linear_bundle):
 
 def test_per_class_temperature_divides_each_logit(linear_bundle):
     image = np.random.default_rng(2).random((2, 16, 16)).astype(np.float32)
-    one = Predictor(linear_bundle(1.0), device="cpu").predict(image, (1, 1, 1), keep_probabilities=True)
+    one = Predictor(linear_bundle(1.0), device="cpu").predict(image, (1, 1.5, 1.5), keep_probabilities=True)
     per_class = Predictor(linear_bundle([1.0, 2.0]), device="cpu").predict(
-        image, (1, 1, 1), keep_probabilities=True
+        image, (1, 1.5, 1.5), keep_probabilities=True
     )
     logit = np.log(one.probabilities[1]) - np.log(one.probabilities[0])  # 8x − 3 at T = 1
     np.testing.assert_allclose(
@@ -129,13 +137,14 @@ def test_per_class_temperature_divides_each_logit(linear_bundle):
 
 def test_slice_axis_runs_along_the_declared_axis(tiny_bundle):
     along_x = Bundle(
-        make_test_metadata(preprocessing=Preprocessing(target_size=(64, 64), slice_axis=2)),
+        make_test_metadata(preprocessing=Preprocessing(slice_axis=2)),
         tiny_bundle.state_dict,
     )
     image = noise_volume((24, 20, 3))
     rotated = Predictor(along_x, device="cpu").predict(image, SPACING, keep_probabilities=True)
+    moved_spacing = (SPACING[2], SPACING[0], SPACING[1])  # the spacing travels with its axis
     reference = Predictor(tiny_bundle, device="cpu").predict(
-        np.ascontiguousarray(np.moveaxis(image, 2, 0)), SPACING, keep_probabilities=True
+        np.ascontiguousarray(np.moveaxis(image, 2, 0)), moved_spacing, keep_probabilities=True
     )
     assert rotated.labels.shape == image.shape and rotated.labels.flags.c_contiguous
     np.testing.assert_allclose(
@@ -207,7 +216,9 @@ BAD_INPUTS = {
     "too small": (np.random.rand(3, 4, 20), SPACING, "at least 8×8"),
     "complex": (np.random.rand(3, 20, 20).astype(np.complex64), SPACING, "real numbers"),
     "not an array": ([[[1.0]]], SPACING, "NumPy array"),
-    "zero spacing": (np.random.rand(3, 20, 20), (1, 0, 1), "spacing"),
+    "zero spacing": (np.random.rand(3, 20, 20), (1, 0, 1), "in-plane spacing .* is missing, zero"),
+    "NaN spacing": (np.random.rand(3, 20, 20), (1, float("nan"), 1), "in-plane spacing .* is missing, zero"),
+    "spacing in metres": (np.random.rand(3, 20, 20), (0.01, 0.0015, 0.0015), "spacing is probably wrong"),
     "two spacings": (np.random.rand(3, 20, 20), (1, 1), "spacing"),
     "text spacing": (np.random.rand(3, 20, 20), ("a", 1, 1), "spacing"),
 }
@@ -235,3 +246,56 @@ def test_device_auto_and_missing_cuda(tiny_bundle):
             Predictor(tiny_bundle, device="cuda")
     with pytest.raises(ValueError, match="batch_size"):
         Predictor(tiny_bundle, device="cpu", batch_size=0)
+
+
+@pytest.mark.parametrize("spacing,grid", [((5.0, 1.5, 1.5), (30, 40)), ((5.0, 0.75, 0.75), (15, 20)),
+                                          ((5.0, 3.0, 1.5), (60, 40))])
+def test_the_network_sees_slices_at_the_models_spacing(tiny_bundle, monkeypatch, spacing, grid):
+    """A (30, 40) slice is resampled by its in-plane spacing to the model's 1.5 mm before the windows run."""
+    seen = []
+
+    def recording(model, images, settings):
+        seen.append(tuple(images.shape[-2:]))
+        return torch.zeros(images.shape[0], 4, *images.shape[-2:])
+
+    monkeypatch.setattr(inference, "window_logits", recording)
+    prediction = Predictor(tiny_bundle, device="cpu").predict(noise_volume((3, 30, 40)), spacing)
+    assert seen == [grid] and prediction.labels.shape == (3, 30, 40)
+
+
+def test_windows_cover_slices_larger_and_smaller_than_the_patch(tiny_bundle):
+    """Slices of 20×20 (padded up to the 64×64 window) and 150×90 (several windows) come back on their grid."""
+    predictor = Predictor(tiny_bundle, device="cpu")
+    for shape in ((2, 20, 20), (2, 150, 90)):
+        probabilities = predictor.predict(noise_volume(shape), (3.0, 1.5, 1.5), keep_probabilities=True).probabilities
+        assert probabilities.shape == (4, *shape)
+        np.testing.assert_allclose(probabilities.sum(0), 1.0, atol=1e-5)
+
+
+def test_mirroring_averages_the_logits_of_the_flipped_slices(tiny_bundle):
+    image = noise_volume((2, 40, 40))
+    mirrored = Bundle(make_test_metadata(sliding_window=SlidingWindow((64, 64), mirror_axes=(0, 1))),
+                      tiny_bundle.state_dict)
+    plain = Predictor(tiny_bundle, device="cpu")
+    flipped_sum = 0
+    for dims in ((), (1,), (2,), (1, 2)):
+        source = np.ascontiguousarray(np.flip(image, dims)) if dims else image
+        logits = np.log(plain.predict(source, (3.0, 1.5, 1.5), keep_probabilities=True).probabilities)
+        flipped_sum = flipped_sum + (np.flip(logits, tuple(d + 1 for d in dims)) if dims else logits)
+    expected = torch.softmax(torch.from_numpy(flipped_sum / 4), dim=0).numpy()
+    result = Predictor(mirrored, device="cpu").predict(image, (3.0, 1.5, 1.5), keep_probabilities=True)
+    np.testing.assert_allclose(result.probabilities, expected, atol=1e-4)
+
+
+def test_bundle_postprocessing_keeps_the_largest_component_of_its_classes(linear_bundle):
+    """Two bright blobs of class 1: with post-processing for class 1 only the larger survives."""
+    image = np.zeros((3, 24, 24), np.float32)
+    image[:, 2:10, 2:10] = 100.0
+    image[:, 16:19, 16:19] = 100.0
+    bundle = linear_bundle()
+    processed = Bundle(replace(bundle.metadata, postprocessing=Postprocessing((1,))), bundle.state_dict)
+    raw = Predictor(bundle, device="cpu").predict(image, (2, 1.5, 1.5))
+    kept = Predictor(processed, device="cpu").predict(image, (2, 1.5, 1.5))
+    assert raw.labels[:, 17, 17].all() and not kept.labels[:, 17, 17].any()
+    np.testing.assert_array_equal(kept.labels[:, :12, :12], raw.labels[:, :12, :12])
+    np.testing.assert_array_equal(kept.confidence, raw.confidence)  # labels only: the maps stay the network's

@@ -244,8 +244,10 @@ def test_bad_hyperparameter_value_is_refused_when_built(name, hparams, message):
     ("svls", {"kernel": 3, "sigma": 2.0}),
     ("mbls", {"weight": 0.1, "margin": 10.0}),
     ("nacl", {"weight": 0.1, "kernel": 3, "prior": "mean", "penalty": "l1", "on": "logits"}),
-    ("crac", {"margin": 1.0, "kernel": 3, "initial_multiplier": 1e-6, "initial_penalty": 0.1, "rho_max": 10.0,
-              "gamma": 1.2, "mu": 0.9, "rho_update_every": 10, "min_multiplier": 1e-6, "max_multiplier": 1e6}),
+    # CRaC: the authors' ACDC command (lag.margin=5 lag.rho=0.1) over their yaml defaults.
+    ("crac", {"margin": 5.0, "kernel": 3, "penalty_reduction": "region_slots", "initial_multiplier": 1e-6,
+              "initial_penalty": 0.1, "rho_max": 10.0, "gamma": 1.2, "mu": 0.9, "rho_update_every": 10,
+              "rho_reference": "previous_epoch", "min_multiplier": 1e-6, "max_multiplier": 1e6}),
     ("bwcr", {"weight_min": 0.01, "weight_max": 1.0}),
 ])
 def test_defaults_are_the_papers_values(name, expected):

@@ -63,7 +63,7 @@ def test_offscreen_slice_view_shows_confidence_outlines_and_legend(mrml_scene, t
     image, _ = _phantom()
     volume = make_volume_node(mrml_scene, image)
     volume.CreateDefaultDisplayNodes()
-    bundle = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, target_size=(32, 32))
+    bundle = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, patch_size=(32, 32))
     outputs = CalibSegLogic().run(volume, bundle)
     names = ["background", "class 1", "class 2", "class 3"]
     colors = [(0, 0, 0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]

@@ -17,9 +17,9 @@ from Training import results as results_cli
 from Training import ship as ship_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
-from Training.data import DataError, find_cases, load_cases, make_slices
+from Training.data import DataError, find_cases, load_cases
 from Training.splits import SPLITS_DIR, load_split
-from Training.trainer import TrainConfig, Trainer
+from Training.trainer import RunSummary, TrainConfig, Trainer
 
 TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
 
@@ -33,7 +33,7 @@ def sample_cases(sample_acdc_dir):
 
 
 def tiny_trainer(tmp_path, cases, method="crac", **overrides) -> Trainer:
-    options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, image_size=(32, 32), device="cpu",
+    options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, patch_size=(32, 32), device="cpu",
                    lr_step_epoch=1, deterministic=True, progress=False, augment=True, iterations_per_epoch=3)
     config = TrainConfig(**{**options, **overrides})
     train_cases, val_cases = cases
@@ -42,8 +42,8 @@ def tiny_trainer(tmp_path, cases, method="crac", **overrides) -> Trainer:
 
 @pytest.mark.parametrize("method", LOSSES)
 def test_every_method_decreases_its_loss_on_a_fixed_batch(method, sample_cases, tmp_path):
-    trainer = tiny_trainer(tmp_path, sample_cases, method, seed=1)
-    images, target = trainer.train_slices.images[:8], trainer.train_slices.labels[:8].long()
+    trainer = tiny_trainer(tmp_path, sample_cases, method, seed=1, batch_size=8)
+    images, target = next(iter(trainer.epoch_batches()))
     trainer.model.train()
     values = []
     for _ in range(15):
@@ -67,7 +67,15 @@ def test_crac_multipliers_change_and_survive_resume(sample_cases, tmp_path):
 def test_interrupted_run_resumes_to_identical_weights(sample_cases, tmp_path):
     uninterrupted = tiny_trainer(tmp_path / "full", sample_cases, epochs=3)
     uninterrupted.fit()
-    killed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3, stop_after_steps=5)  # dies mid epoch 2
+    killed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3)
+    step = killed.train_step
+
+    def dying_step(images, target):  # as if the process were killed in the middle of epoch 2
+        if killed.steps == 5:
+            raise KeyboardInterrupt
+        return step(images, target)
+
+    killed.train_step = dying_step
     with pytest.raises(KeyboardInterrupt):
         killed.fit()
     assert load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["epoch"] == 1
@@ -94,9 +102,10 @@ def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):
 
 def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     out = tmp_path / "run"
-    bundle_path = train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--image-size",
-                                  "32", "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg",
-                                  "strides=[2]", "--network-arg", "num_res_units=0", "--device", "cpu", "--out", str(out)])
+    bundle_path = train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--patch-size",
+                                  "128", "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg",
+                                  "strides=[2]", "--network-arg", "num_res_units=0", "--device", "cpu", "--no-compile",
+                                  "--out", str(out)])
     assert bundle_path == out / "model.calibseg"
     bundle = load_bundle(bundle_path)
     assert bundle.metadata.training["method"] == "nacl" and bundle.metadata.temperature > 0

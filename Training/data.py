@@ -1,12 +1,13 @@
 """Dataset adapters: ACDC HDF5 volumes and folders of NIfTI/NRRD image + label pairs.
 
-Volumes are read whole (3D, for evaluation) and cut into 2D slices for training, cached in
-memory as tensors. Each slice is *resized* in-plane to the bundle's ``target_size`` (224×224
-in the papers' schedule) — images bilinear, labels nearest — not cropped, so the whole field of
-view is kept and the aspect ratio is not (the predictor resizes the same way and back).
-Intensities go through the same :func:`CalibSegLib.preprocessing.normalize_intensity` the
-predictor uses. ACDC's HDF5 files carry no spacing: :data:`ACDC_SPACING` (10 mm between
-slices, 1.5 × 1.5 mm in-plane) is assumed for HD95/ASD.
+Volumes are read whole (3D, for evaluation) and, for training, put on the model's grid and
+cached in memory as tensors (:func:`to_model_grid`): intensities through the same
+:func:`CalibSegLib.preprocessing.normalize_intensity` the predictor uses, every slice
+resampled in-plane from the volume's own spacing to ``Preprocessing.target_spacing`` (images
+bilinear, labels by the argmax of their resampled one-hot maps), whole — crops are cut from
+them per batch (:mod:`Training.batches`). ACDC's HDF5 files carry no spacing: every ACDC
+volume is taken to have :data:`ACDC_SPACING` (10 mm between slices, 1.5 × 1.5 mm in-plane),
+which is also the default training spacing, so ACDC slices are used at their native resolution.
 
 Folder layouts (:func:`find_cases`):
 - ACDC: ``patientNNN_frameMM.h5`` files with ``image`` and ``label`` datasets; the patient
@@ -27,9 +28,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.bundle import Preprocessing
 from CalibSegLib.io import read_image
-from CalibSegLib.preprocessing import normalize_intensity, resize_slices
+from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
+                                       resample_slices)
 
 __all__ = [
     "ACDC_SPACING",
@@ -42,12 +43,14 @@ __all__ = [
     "find_cases",
     "default_classes",
     "load_cases",
-    "SliceData",
-    "make_slices",
+    "GridVolume",
+    "to_model_grid",
 ]
 
 # The ACDC HDF5 files carry no spacing; ACDC's in-plane spacing is about 1.4–1.7 mm and its
-# slice thickness 5–10 mm. HD95/ASD on ACDC are reported with this assumption.
+# slice thickness 5–10 mm. Every ACDC volume is read with this one assumption: it decides
+# HD95/ASD in mm and, with the default Preprocessing.target_spacing of 1.5 mm, that ACDC slices
+# are trained on without resampling.
 ACDC_SPACING: tuple[float, float, float] = (10.0, 1.5, 1.5)
 ACDC_CLASS_NAMES: list[str] = ["background", "right ventricle", "myocardium", "left ventricle"]
 ACDC_CLASS_COLORS: list[tuple[float, float, float]] = [
@@ -214,36 +217,51 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
 
 
 @dataclass
-class SliceData:
-    """Training slices cached in memory: ``images (N, 1, H, W)`` float32 in [0, 1], ``labels (N, H, W)`` uint8.
+class GridVolume:
+    """One volume on the model's grid, cached for training or validation.
 
-    Labels are kept as uint8 (an eighth of int64's memory; the full ACDC set at 224×224 is
-    about 50 MB) and widened to int64 per batch.
+    ``images (z, 1, y, x)`` float32 normalised, ``labels (z, y, x)`` uint8 (an eighth of int64's
+    memory, widened per batch); ``(y, x)`` is the volume's in-plane size at the model's spacing.
     """
 
+    case_id: str
     images: torch.Tensor
     labels: torch.Tensor
 
-    def __len__(self) -> int:
-        return self.images.shape[0]
-
-    def to(self, device: torch.device) -> "SliceData":
-        """The same slices on ``device`` (e.g. cached on the GPU so batches never wait for the host)."""
-        return SliceData(self.images.to(device), self.labels.to(device))
+    def to(self, device: torch.device) -> "GridVolume":
+        """The same volume on ``device`` (e.g. cached on the GPU so batches never wait for the host)."""
+        return GridVolume(self.case_id, self.images.to(device), self.labels.to(device))
 
 
-def make_slices(cases: Sequence[Case], preprocessing: Preprocessing, include_empty: bool = True) -> SliceData:
-    """Normalise volumes as the bundle's ``preprocessing`` says and cut them into z-slices
-    resized in-plane to its ``target_size`` (bilinear images, nearest labels)."""
-    images, labels = [], []
-    size = preprocessing.target_size
+def _labels_to_grid(label: np.ndarray, size: tuple[int, int], num_classes: int) -> torch.Tensor:
+    """``(z, y, x)`` labels on another in-plane grid: argmax of the bilinearly resampled one-hot maps
+    (smoother and fairer to thin structures than nearest neighbour)."""
+    labels = torch.from_numpy(label.astype(np.int64))
+    if tuple(labels.shape[1:]) == size:
+        return labels.to(torch.uint8)
+    one_hot = torch.nn.functional.one_hot(labels, num_classes).movedim(-1, 1).float()
+    return resample_slices(one_hot, size).argmax(dim=1).to(torch.uint8)
+
+
+def to_model_grid(cases: Sequence[Case], preprocessing: Preprocessing, num_classes: int) -> list[GridVolume]:
+    """Normalise each volume as ``preprocessing`` says and resample its slices in-plane from the
+    volume's spacing to ``preprocessing.target_spacing`` (the predictor does the same at inference).
+
+    Raises:
+        DataError: no volume, or a volume whose spacing puts it outside the model's grid limits.
+    """
+    if not cases:
+        raise DataError("No volumes to train on; the split selected no volume.")
+    if preprocessing.slice_axis != 0:
+        raise DataError("Training reads slices along the first array axis (z); use slice_axis 0.")
+    volumes = []
     for case in cases:
+        spacing = in_plane_spacing(case.spacing, 0)
+        try:
+            size = network_grid_shape(case.image.shape[1:], spacing, preprocessing.target_spacing)
+        except ValueError as error:
+            raise DataError(f"{case.case_id}: {error}") from None
         normalized = normalize_intensity(case.image, preprocessing.normalization, preprocessing.upper_percentile)
-        image = torch.from_numpy(normalized).unsqueeze(1)
-        label = torch.from_numpy(case.label.astype(np.float32)).unsqueeze(1)
-        keep = torch.ones(image.shape[0], dtype=torch.bool) if include_empty else (label.flatten(1) > 0).any(dim=1)
-        images.append(resize_slices(image[keep], size))
-        labels.append(resize_slices(label[keep], size, mode="nearest").squeeze(1).round().to(torch.uint8))
-    if not images:
-        raise DataError("No slices to train on; the split selected no volume.")
-    return SliceData(torch.cat(images), torch.cat(labels))
+        images = resample_slices(torch.from_numpy(normalized).unsqueeze(1), size)
+        volumes.append(GridVolume(case.case_id, images.contiguous(), _labels_to_grid(case.label, size, num_classes)))
+    return volumes

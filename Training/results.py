@@ -149,12 +149,15 @@ def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
         f"- Data: `{data.get('folder', '?')}`, split `{Path(data.get('split_file', '?')).name}`: "
         f"{len(data.get('train', []))} training, {len(data.get('val', []))} validation and "
         f"{len(data.get('test', []))} test patients ({len(runs[0].summary['cases'])} test volumes, evaluated in 3D).",
-        f"- Schedule (every run alike): {training.get('epochs')} epochs, batch {training.get('batch_size')}, "
-        f"{training.get('optimizer', 'adam')} lr {training.get('lr')} → {training.get('lr_step_to')} at epoch "
-        f"{training.get('lr_step_epoch')}, slices resized to {'×'.join(map(str, metadata.preprocessing.target_size))}, "
+        f"- Schedule (every run alike): {training.get('epochs')} epochs of {training.get('iterations_per_epoch')} "
+        f"batches of {training.get('batch_size')} crops of {'×'.join(map(str, training.get('patch_size', [])))} "
+        f"voxels at {'×'.join(f'{value:g}' for value in metadata.preprocessing.target_spacing)} mm "
+        f"({100 * training.get('foreground_share', 0):.0f} % centred on foreground), "
+        f"{training.get('optimizer', 'adam')} lr {training.get('lr')} with {training.get('lr_schedule', 'step')} decay, "
         f"augmentation {'on' if training.get('augment') else 'off'}, network `{metadata.network}` "
         f"{json.dumps(metadata.network_kwargs)}; "
-        "the bundle of the epoch with the best validation Dice is kept.",
+        "the weights of the epoch with the best validation Dice are kept, then mirroring, temperature and "
+        "post-processing are chosen on validation.",
     ]
     if environment:
         lines.append(f"- Machine: {environment.get('device')} ({environment.get('cpu')}, {environment.get('cpu_count')} cores, "
@@ -189,18 +192,20 @@ def _reliability_figures(runs: Sequence[RunResult], figures_dir: Path) -> list[P
 
 
 def _multiplier_figure(runs: Sequence[RunResult], figures_dir: Path) -> Path | None:
+    """CRaC's λ per class × region over epochs, from the ``loss_state`` each history entry records."""
     crac = next((run for run in runs if run.method == "crac"), None)
-    history = _history(crac) if crac else []
-    keys = sorted({key for entry in history for key in entry if key.startswith("crac/lambda_")})
-    if not keys:
+    history = [entry for entry in _history(crac) if "multipliers" in entry.get("loss_state", {})] if crac else []
+    if not history:
         return None
+    class_names = crac.metadata.class_names
     figure = Figure(figsize=(11, 4), dpi=100)
     figure.subplots_adjust(wspace=0.3)
-    for index, region in enumerate(("inner", "outer")):
+    for index, region in enumerate(history[0]["loss_state"]["multipliers"]):
         axis = figure.add_subplot(1, 2, index + 1)
-        for key in (key for key in keys if key.startswith(f"crac/lambda_{region}/")):
-            points = [(entry["epoch"], entry[key]) for entry in history if key in entry]
-            axis.plot(*zip(*points), marker=".", label=key.rsplit("/", 1)[1])
+        epochs = [entry["epoch"] for entry in history]
+        for class_index, name in enumerate(class_names):
+            axis.plot(epochs, [entry["loss_state"]["multipliers"][region][class_index] for entry in history],
+                      marker=".", label=name)
         axis.set_title(f"CRaC λ, {region} region")
         axis.set_xlabel("epoch")
         axis.set_yscale("log")

@@ -75,7 +75,7 @@ def _phantom(shape=(6, 48, 40), seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def _bundle(work_dir: Path) -> Path:
     from CalibSegLib.testing import make_test_bundle
 
-    return make_test_bundle(Path(work_dir) / "tiny.calibseg", num_classes=NUM_CLASSES, target_size=(32, 32))
+    return make_test_bundle(Path(work_dir) / "tiny.calibseg", num_classes=NUM_CLASSES, patch_size=(32, 32))
 
 
 def _scene_is_unchanged_after(scene, action: Callable[[], object], message: str) -> str:

@@ -4,9 +4,9 @@ NACL's single penalty weight λ becomes 2·C multipliers, one per region (*outer
 whose window holds more than one label; *inner*: the rest) and class, learned with an
 augmented Lagrangian method (ALM) and the PHR penalty (paper Eq. 7–10).
 
-The training loop, not the loss, owns the ALM schedule: after each epoch it sums
-:meth:`CRaCLoss.constraint_statistics` over the validation set and calls
-:meth:`CRaCLoss.update_multipliers`. Multipliers, penalty parameters and the schedule
+The training loop runs the ALM outer steps through the loss's epoch hook: after each epoch
+it sums :meth:`CRaCLoss.validation_statistics` over the validation set and calls
+:meth:`CRaCLoss.end_epoch`. Multipliers, penalty parameters and the schedule
 state are buffers, so they travel in ``state_dict`` (checkpoints, bundles) and resume exactly.
 """
 
@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from CalibSegLib.losses._base import SegmentationLoss
-from CalibSegLib.losses._validation import check_loss_inputs, check_non_negative
+from CalibSegLib.losses._validation import check_choice, check_loss_inputs, check_non_negative
 from CalibSegLib.priors import check_prior_arguments, neighbourhood_prior
 
-__all__ = ["CRaCLoss", "phr_penalty", "REGIONS"]
+__all__ = ["CRaCLoss", "phr_penalty", "REGIONS", "PENALTY_REDUCTIONS", "RHO_REFERENCES"]
 
 REGIONS: tuple[str, ...] = ("outer", "inner")  # row order of the (2, C) buffers
 
@@ -37,46 +37,68 @@ def phr_penalty(z: torch.Tensor, rho: torch.Tensor, lam: torch.Tensor) -> torch.
     return torch.where(lam + rho * z >= 0, quadratic, flat)
 
 
-class CRaCLoss(SegmentationLoss):
-    """``CE + mean_{voxels, k} PHR(h_k, ρ_{r,k}, λ_{r,k})``, r the voxel's region.
+PENALTY_REDUCTIONS: tuple[str, ...] = ("region_slots", "voxels")
+RHO_REFERENCES: tuple[str, ...] = ("previous_epoch", "previous_check")
 
-    Constraints per voxel and class: ``h = |τ_k − l_k|`` (paper Eq. 7), τ the ``mean``
-    neighbourhood prior over a ``kernel``-wide window (outside = background), l the logits.
-    The authors' reference code can scale the inner target to ``m·τ_k`` (``margin``); the paper
-    has no margin and their configuration uses 1, the default here. A margin of 5 stops
-    learning on ACDC: inner targets of 5 make the early violations, hence the multipliers of
-    the foreground channels, five times larger, and the L1 pull of those channels towards 0 in
-    the background then outweighs cross-entropy (measured in docs/results.md: validation Dice
-    0.000 from epoch 4 of 30). With ``ρ = 0`` and every λ equal, this is NACL with that λ.
+
+class CRaCLoss(SegmentationLoss):
+    """``CE + reduce_{voxels, k} PHR(h_k, ρ_{r,k}, λ_{r,k})``, r the voxel's region.
+
+    Constraints per voxel and class: outer (boundary) ``h = |τ_k − l_k|`` (paper Eq. 7), inner
+    ``h = |m·τ_k − l_k|``, τ the ``mean`` neighbourhood prior over a ``kernel``-wide window
+    (outside = background), l the logits. The defaults are the authors' ACDC run (README of
+    github.com/Bala93/CRac: ``lag.margin=5 lag.rho=0.1``; ``aug_lagrangian_spatial_cls_bndry.py``):
+
+    - ``margin`` m = 5. Since h ≥ 0, λ only grows, and an L1 pull of weight λ pins a logit at its
+      target once λ exceeds the cross-entropy pull 1 − p; with m = 1 the inner logits are pinned
+      in [0, 1] and the softmax at e/(e + 3) ≈ 0.48 (under-confident), with m = 5 at
+      e⁵/(e⁵ + 3) ≈ 0.98.
+    - ``penalty_reduction="region_slots"``: the penalty is averaged over B·voxels·2C
+      region × class slots, the other region's slot being 0 — half of a plain mean over voxels
+      and classes (``"voxels"``).
+    - ρ (Eq. 9) every ``rho_update_every`` epochs, compared with the *previous epoch's* mean
+      violation (``rho_reference="previous_epoch"``), clamped to [ρ₀, ρ_max];
+      ``"previous_check"`` compares with the value at the previous ρ check instead.
+
+    With ``margin=1``, ``ρ = 0``, ``penalty_reduction="voxels"`` and every λ equal, this is NACL
+    with that λ.
 
     Args:
         num_classes: C, background included.
-        margin: inner-region target scale m (1: the paper's constraint).
+        margin: inner-region target scale m (5; 1 is the paper's Eq. 7 without margin).
         kernel: prior and region window width (3).
+        penalty_reduction: ``"region_slots"`` (authors) or ``"voxels"``.
         initial_multiplier: λ at start (1e-6).
-        initial_penalty: ρ₀ (0.1).
+        initial_penalty: ρ₀ (0.1), also ρ's lower bound.
         rho_max: ρ never grows beyond this (10).
         gamma: ρ growth factor γ (1.2).
-        mu: ρ grows when the mean violation is above ``mu`` times the one at the previous ρ check (0.9).
-        rho_update_every: Eq. 9 is applied on multiplier updates 0, n, 2n, … (n = 10 epochs).
+        mu: ρ grows where the mean violation is above ``mu`` times the reference one (0.9).
+        rho_update_every: Eq. 9 is applied at the end of epochs n, 2n, … (n = 10).
+        rho_reference: ``"previous_epoch"`` (authors) or ``"previous_check"``.
+        warmup_epochs: epochs before the first multiplier update (0: from the first epoch).
         min_multiplier, max_multiplier: λ is clamped to this range (1e-6, 1e6).
 
     Buffers (``(2, C)``, row 0 outer, row 1 inner): ``multipliers`` λ, ``penalty`` ρ,
-    ``previous_violation`` (mean constraint at the last ρ check, ``inf`` before the first);
-    scalar ``updates`` (number of :meth:`update_multipliers` calls).
+    ``previous_violation`` (the reference mean violation, ``inf`` before the first);
+    scalar ``updates`` (number of :meth:`end_epoch` calls).
     """
+
+    uses_validation_statistics = True
 
     def __init__(
         self,
         num_classes: int,
-        margin: float = 1.0,
+        margin: float = 5.0,
         kernel: int = 3,
+        penalty_reduction: str = "region_slots",
         initial_multiplier: float = 1e-6,
         initial_penalty: float = 0.1,
         rho_max: float = 10.0,
         gamma: float = 1.2,
         mu: float = 0.9,
         rho_update_every: int = 10,
+        rho_reference: str = "previous_epoch",
+        warmup_epochs: int = 0,
         min_multiplier: float = 1e-6,
         max_multiplier: float = 1e6,
     ) -> None:
@@ -86,18 +108,27 @@ class CRaCLoss(SegmentationLoss):
             rho_max=rho_max, gamma=gamma, mu=mu, min_multiplier=min_multiplier, max_multiplier=max_multiplier,
         )
         check_prior_arguments("mean", kernel)
+        check_choice("penalty_reduction", penalty_reduction, PENALTY_REDUCTIONS)
+        check_choice("rho_reference", rho_reference, RHO_REFERENCES)
         if rho_max < initial_penalty:
             raise ValueError(f"rho_max ({rho_max}) must be >= initial_penalty ({initial_penalty}).")
         if min_multiplier > max_multiplier:
             raise ValueError(f"min_multiplier ({min_multiplier}) must be <= max_multiplier ({max_multiplier}).")
-        if isinstance(rho_update_every, bool) or not isinstance(rho_update_every, int) or rho_update_every < 1:
-            raise ValueError(f"rho_update_every must be a positive integer, got {rho_update_every!r}.")
+        for name, value, lowest in (("rho_update_every", rho_update_every, 1), ("warmup_epochs", warmup_epochs, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+                raise ValueError(f"{name} must be an integer >= {lowest}, got {value!r}.")
         self.margin = margin
         self.kernel = kernel
+        self.penalty_reduction = penalty_reduction
+        # region_slots: the mean over 2C slots per voxel, C of them zero, is half the mean over C.
+        self.reduction_scale = 0.5 if penalty_reduction == "region_slots" else 1.0
+        self.initial_penalty = initial_penalty
         self.rho_max = rho_max
         self.gamma = gamma
         self.mu = mu
         self.rho_update_every = rho_update_every
+        self.rho_reference = rho_reference
+        self.warmup_epochs = warmup_epochs
         self.min_multiplier = min_multiplier
         self.max_multiplier = max_multiplier
         shape = (len(REGIONS), num_classes)
@@ -128,14 +159,14 @@ class CRaCLoss(SegmentationLoss):
         # h = |·| ≥ 0, λ ≥ min_multiplier > 0 and ρ ≥ 0, so λ + ρh ≥ 0 and the PHR penalty is
         # always on its quadratic branch: skipping phr_penalty's branch selection saves ~30 %.
         penalty = violation * (lam + 0.5 * rho * violation)
-        return F.cross_entropy(logits, target) + penalty.mean()
+        return F.cross_entropy(logits, target) + self.reduction_scale * penalty.mean()
 
     @torch.no_grad()
-    def constraint_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+    def validation_statistics(self, logits: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per region × class sums for one batch: ``violation_sum`` (Σ h) and ``count`` (voxels).
 
         Both ``(2, C)`` float64 on the CPU, detached; add them over validation batches and
-        pass the totals to :meth:`update_multipliers`.
+        pass the totals to :meth:`end_epoch`.
         """
         check_loss_inputs(logits, target, self.num_classes)
         violation, inner = self.constraints(logits.float(), target)
@@ -146,35 +177,54 @@ class CRaCLoss(SegmentationLoss):
         return {"violation_sum": sums.double().cpu(), "count": counts.double().cpu()}
 
     @torch.no_grad()
-    def update_multipliers(self, statistics: dict[str, torch.Tensor]) -> None:
+    def end_epoch(self, statistics: dict[str, torch.Tensor]) -> None:
         """One ALM outer step from summed validation statistics.
 
         Eq. 8: λ ← clamp(mean over validation voxels of PHR'(h), min, max) = clamp(λ + ρ·h̄).
         As in the authors' reference implementation, the mean runs over *all* validation
         voxels with h counted as 0 outside the region (PHR'(0) = λ there), so
         ``h̄ = Σ_region h / N_all``: a region's multiplier grows in proportion to its share of
-        voxels. Eq. 9, every ``rho_update_every`` calls: ``ρ ← min(γρ, ρ_max)`` where h̄ did
-        not shrink below ``μ`` times its value at the previous check.
+        voxels. Eq. 9 (see the class docstring): ρ ← clamp(γρ, ρ₀, ρ_max) where h̄ did not shrink
+        below ``μ`` times the reference. During ``warmup_epochs`` nothing changes but the count.
         """
         total = statistics["violation_sum"].to(self.multipliers.device, torch.float64)
         count = statistics["count"].to(self.multipliers.device, torch.float64)
         if total.shape != self.multipliers.shape or count.shape != self.multipliers.shape:
             raise ValueError(
-                f"statistics must be {tuple(self.multipliers.shape)} sums from constraint_statistics(), "
+                f"statistics must be {tuple(self.multipliers.shape)} sums from validation_statistics(), "
                 f"got {tuple(total.shape)} and {tuple(count.shape)}."
             )
+        epoch = int(self.updates)
+        self.updates += 1
+        if epoch < self.warmup_epochs:
+            return
         voxels = count.sum(dim=0, keepdim=True)  # outer + inner = every validation voxel, per class
         mean_violation = total / voxels.clamp_min(1.0)
         stepped = self.multipliers.double() + self.penalty.double() * mean_violation
         self.multipliers.copy_(stepped.clamp(self.min_multiplier, self.max_multiplier))
 
-        if int(self.updates) % self.rho_update_every == 0:
-            not_shrinking = mean_violation > self.mu * self.previous_violation.double()
-            grown = (self.penalty * self.gamma).clamp_max(self.rho_max)
+        step = epoch - self.warmup_epochs
+        if self.rho_reference == "previous_epoch":
+            scheduled, remember = (step + 1) % self.rho_update_every == 0, True
+        else:
+            scheduled = remember = step % self.rho_update_every == 0
+        if scheduled:
+            not_shrinking = mean_violation > self.mu * self.previous_violation.double().clamp_min(0.0)
+            grown = (self.penalty * self.gamma).clamp(self.initial_penalty, self.rho_max)
             self.penalty.copy_(torch.where(not_shrinking, grown, self.penalty))
+        if remember:
             self.previous_violation.copy_(mean_violation)
-        self.updates += 1
 
-    def multiplier_table(self) -> dict[str, list[float]]:
-        """λ per region as plain lists, ``{"outer": [C floats], "inner": [C floats]}`` (logs, bundles)."""
-        return {region: self.multipliers[index].tolist() for index, region in enumerate(REGIONS)}
+    def epoch_scalars(self, class_names: list[str]) -> dict[str, float]:
+        """λ and ρ per region × class, ``crac/lambda_<region>/<class>`` and ``crac/rho_<region>/<class>``."""
+        return {f"crac/{name}_{region}/{class_name}": float(buffer[index, class_index])
+                for name, buffer in (("lambda", self.multipliers), ("rho", self.penalty))
+                for index, region in enumerate(REGIONS) for class_index, class_name in enumerate(class_names)}
+
+    def state_summary(self) -> dict[str, object]:
+        """``{"multipliers": {region: [C floats]}, "penalty": {region: [C floats]}, "updates": n}``."""
+        return {
+            "multipliers": {region: self.multipliers[index].tolist() for index, region in enumerate(REGIONS)},
+            "penalty": {region: self.penalty[index].tolist() for index, region in enumerate(REGIONS)},
+            "updates": int(self.updates),
+        }

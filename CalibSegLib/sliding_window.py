@@ -1,0 +1,107 @@
+"""How a 2D network is run over a slice of any size: overlapping windows, Gaussian blending, mirroring.
+
+The network is trained on fixed ``patch_size`` crops; at inference every slice (already
+resampled to the model's spacing) is covered by windows of that size with ``overlap``, and
+the windows' logits are blended with a Gaussian weight that trusts window centres more than
+their borders (MONAI's :func:`~monai.inferers.sliding_window_inference`, as nnU-Net does).
+So the network always sees inputs like those it was trained on, whatever the field of view.
+``mirror_axes`` adds test-time mirroring: logits are averaged over every combination of
+flips along those in-plane axes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from monai.inferers import sliding_window_inference
+from torch import nn
+
+__all__ = ["SlidingWindow", "MAX_PATCH", "window_logits"]
+
+# Largest accepted window side: a 2D network's activations for a 2048² window already take
+# gigabytes, so anything larger in a bundle is a mistake or an attack.
+MAX_PATCH = 2048
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclass
+class SlidingWindow:
+    """Window settings a bundle records (the training crop is the window).
+
+    Args:
+        patch_size: in-plane ``(y, x)`` window size in voxels at the model's spacing.
+        overlap: fraction of a window shared with its neighbour, in [0, 1).
+        mirror_axes: in-plane axes (0 = y, 1 = x) to mirror at test time; logits are averaged
+            over all ``2**len(mirror_axes)`` flips. Empty: no mirroring.
+        batch_size: windows per forward pass (memory grows with it, not with the slice).
+    """
+
+    patch_size: tuple[int, int] = (128, 128)
+    overlap: float = 0.5
+    mirror_axes: tuple[int, ...] = ()
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        if isinstance(self.patch_size, list):  # as read back from JSON
+            self.patch_size = tuple(self.patch_size)
+        if isinstance(self.mirror_axes, list):
+            self.mirror_axes = tuple(self.mirror_axes)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` (one sentence naming the field) when a value is out of range."""
+        size = self.patch_size
+        if (
+            not isinstance(size, (list, tuple))
+            or len(size) != 2
+            or not all(_is_int(value) and 8 <= value <= MAX_PATCH for value in size)
+        ):
+            raise ValueError(f"patch_size must be two integers in 8..{MAX_PATCH} (y, x), got {size!r}.")
+        if isinstance(self.overlap, bool) or not isinstance(self.overlap, (int, float)) \
+                or not 0 <= self.overlap < 1:
+            raise ValueError(f"overlap must lie in [0, 1), got {self.overlap!r}.")
+        axes = self.mirror_axes
+        if not isinstance(axes, (list, tuple)) or len(set(axes)) != len(axes) \
+                or not all(_is_int(axis) and axis in (0, 1) for axis in axes):
+            raise ValueError(f"mirror_axes must be distinct in-plane axes 0 (y) and/or 1 (x), got {axes!r}.")
+        if not _is_int(self.batch_size) or not 1 <= self.batch_size <= 1024:
+            raise ValueError(f"batch_size must be an integer in 1..1024, got {self.batch_size!r}.")
+
+    def windows_per_slice(self, shape: Sequence[int]) -> int:
+        """Number of windows covering a ``(y, x)`` slice (MONAI's placement), times the mirrorings."""
+        counts = []
+        for size, patch in zip(shape, self.patch_size):
+            step = max(int(patch * (1 - self.overlap)), 1)
+            counts.append(1 if size <= patch else math.ceil((size - patch) / step) + 1)
+        return counts[0] * counts[1] * 2 ** len(self.mirror_axes)
+
+
+def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindow) -> torch.Tensor:
+    """Blended logits ``(n, C, y, x)`` of ``images (n, 1, y, x)`` (any in-plane size, at the model's spacing).
+
+    Slices smaller than the window are zero-padded for the network and cropped back, so
+    every output voxel comes from a full-size window.
+    """
+
+    def blended(batch: torch.Tensor) -> torch.Tensor:
+        return sliding_window_inference(
+            batch, roi_size=settings.patch_size, sw_batch_size=settings.batch_size, predictor=model,
+            overlap=settings.overlap, mode="gaussian", padding_mode="constant", cval=0.0,
+        )
+
+    # Every subset of the mirror axes, the empty one (no flip) included.
+    flips = [dims for count in range(len(settings.mirror_axes) + 1)
+             for dims in itertools.combinations([axis + 2 for axis in settings.mirror_axes], count)]
+    total = None
+    for dims in flips:
+        logits = blended(images.flip(dims) if dims else images).float()
+        logits = logits.flip(dims) if dims else logits
+        total = logits if total is None else total + logits
+    return total / len(flips)
