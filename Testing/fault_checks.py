@@ -21,7 +21,8 @@ from functools import lru_cache
 from pathlib import Path
 
 __all__ = ["assert_one_sentence", "tree_snapshot", "normal_file_mode", "RawMember", "write_raw_zip",
-           "deflated_zeros", "bundle_parts", "write_bundle", "edited_weights", "rewrite_bundle", "bundle_declaring_four_gib", "BROKEN_BUNDLES", "FOUR_GIB"]
+           "deflated_zeros", "bundle_parts", "write_bundle", "edited_weights", "rewrite_bundle",
+           "bundle_declaring_four_gib", "BROKEN_BUNDLES", "FOUR_GIB"]
 
 FOUR_GIB = 4 << 30
 
@@ -87,7 +88,8 @@ def write_raw_zip(path: Path, members: list[RawMember]) -> Path:
         directory += struct.pack("<4s4B4H3I5H2I", b"PK\x01\x02", 45, 3, 45, 0, *common, 0, 0, 0, 0, len(body))
         directory += name + extra
         body += struct.pack("<4s5H3I2H", b"PK\x03\x04", 45, *common) + name + extra + member.data
-    end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, len(members), len(members), len(directory), len(body), 0)
+    count = len(members)
+    end = struct.pack("<4s4H2IH", b"PK\x05\x06", 0, 0, count, count, len(directory), len(body), 0)
     path.write_bytes(bytes(body + directory + end))
     return path
 
@@ -141,7 +143,8 @@ def edited_weights(weights: bytes, change) -> bytes:
 def rewrite_bundle(good: Path, out: Path, change_metadata=None, change_weights=None,
                    duplicate: str | None = None) -> Path:
     """A copy of the bundle ``good`` at ``out``: ``change_metadata(dict)`` edits ``bundle.json``,
-    ``change_weights(state_dict)`` the tensors (checksum updated), ``duplicate`` names a member written twice."""
+    ``change_weights(state_dict)`` the tensors (checksum updated), ``duplicate`` names a member
+    written twice."""
     metadata, weights = bundle_parts(good)
     if change_weights is not None:
         weights = edited_weights(weights, change_weights)
@@ -164,8 +167,12 @@ def bundle_declaring_four_gib(good: Path, out: Path) -> Path:
     ])
 
 
-def _last_weight(tensors) -> str:
-    return [name for name in tensors if name.endswith("weight")][-1]
+def _filled(value: float):
+    """A ``change_weights`` that fills the last convolution's weight tensor with ``value``."""
+    def change(tensors) -> None:
+        tensors[[name for name in tensors if name.endswith("weight")][-1]].fill_(value)
+
+    return change
 
 
 # Bundles broken in the ways a user meets through the CLI or the Slicer module:
@@ -173,7 +180,7 @@ def _last_weight(tensors) -> str:
 # (finite weights) but its logits overflow, so prediction must refuse it.
 BROKEN_BUNDLES = {
     "NaN weights": (
-        lambda good, out: rewrite_bundle(good, out, change_weights=lambda t: t[_last_weight(t)].fill_(math.nan)),
+        lambda good, out: rewrite_bundle(good, out, change_weights=_filled(math.nan)),
         "holds NaN or infinite values"),
     "channels [-4, 8]": (
         lambda good, out: rewrite_bundle(good, out, lambda m: m["network_kwargs"].update(channels=[-4, 8])),
@@ -185,6 +192,6 @@ BROKEN_BUNDLES = {
         lambda good, out: rewrite_bundle(good, out, duplicate="bundle.json"), "bundle.json more than once"),
     "4 GiB weights member": (bundle_declaring_four_gib, "declares 4.0 GiB"),
     "exploding weights": (
-        lambda good, out: rewrite_bundle(good, out, change_weights=lambda t: t[_last_weight(t)].fill_(3e38)),
+        lambda good, out: rewrite_bundle(good, out, change_weights=_filled(3e38)),
         "NaN or infinite probabilities"),
 }

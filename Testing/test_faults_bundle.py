@@ -95,35 +95,23 @@ def four_gib_bundle(good, tmp_path_factory) -> Path:
     return bundle_declaring_four_gib(good, tmp_path_factory.mktemp("huge") / "huge.calibseg")
 
 
-def _declared(name: str, declared: int, data: bytes = b"{}") -> Callable:
+def _raw(member: str = WEIGHTS_MEMBER, **fields) -> Callable:
+    """The good bundle written byte by byte, with ``fields`` of :class:`RawMember` replaced in ``member``
+    (what its directory entry declares: size, CRC, compression method, flags)."""
     def make(parts, good, folder: Path) -> Path:
         metadata = json.dumps(parts[0]).encode()
-        members = [RawMember(METADATA_MEMBER, metadata, len(metadata), zlib.crc32(metadata)),
-                   RawMember(WEIGHTS_MEMBER, parts[1], len(parts[1]), zlib.crc32(parts[1]))]
-        target = next(member for member in members if member.name == name)
-        target.data, target.file_size, target.crc = data, declared, zlib.crc32(data)
-        return write_raw_zip(folder / "declared.calibseg", members)
+        members = {METADATA_MEMBER: RawMember(METADATA_MEMBER, metadata, len(metadata), zlib.crc32(metadata)),
+                   WEIGHTS_MEMBER: RawMember(WEIGHTS_MEMBER, parts[1], len(parts[1]), zlib.crc32(parts[1]))}
+        for key, value in fields.items():
+            setattr(members[member], key, value)
+        return write_raw_zip(folder / "raw.calibseg", list(members.values()))
 
     return make
 
 
-def _flagged(flags: int = 0, method: int = zipfile.ZIP_STORED) -> Callable:
-    def make(parts, good, folder: Path) -> Path:
-        metadata = json.dumps(parts[0]).encode()
-        return write_raw_zip(folder / "flagged.calibseg", [
-            RawMember(METADATA_MEMBER, metadata, len(metadata), zlib.crc32(metadata)),
-            RawMember(WEIGHTS_MEMBER, parts[1], len(parts[1]), zlib.crc32(parts[1]), method, flags),
-        ])
-
-    return make
-
-
-def _bad_crc(parts, good, folder: Path) -> Path:
-    metadata = json.dumps(parts[0]).encode()
-    return write_raw_zip(folder / "crc.calibseg", [
-        RawMember(METADATA_MEMBER, metadata, len(metadata), zlib.crc32(metadata)),
-        RawMember(WEIGHTS_MEMBER, parts[1], len(parts[1]), zlib.crc32(parts[1]) ^ 1),
-    ])
+def _declared(member: str, declared: int, data: bytes = b"{}") -> Callable:
+    """``member`` holds ``data`` but its directory entry declares ``declared`` bytes."""
+    return _raw(member, data=data, file_size=declared, crc=zlib.crc32(data))
 
 
 def _many_members(parts, good, folder: Path) -> Path:
@@ -166,12 +154,13 @@ BAD_BUNDLES: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "weights declare 3 GB": (
         _declared(WEIGHTS_MEMBER, 3_000_000_000), ("declares 2.8 GiB", "refused unread")),
     "weights declare 1.5 GB for a tiny network": (
-        _declared(WEIGHTS_MEMBER, 1_500_000_000, b"\x10" + bytes(7) + b"{"), ("do not fit the declared network",)),
+        _declared(WEIGHTS_MEMBER, 1_500_000_000, b"\x10" + bytes(7) + b"{"),
+        ("do not fit the declared network",)),
     "bundle.json declares 2 MB": (_declared(METADATA_MEMBER, 2 << 20), ("bundle.json declares 2.0 MiB",)),
     "zip directory of 100 members": (_many_members, ("lists 100 members", "refused unread")),
-    "encrypted weights": (_flagged(flags=0x1), ("encrypted",)),
-    "unknown compression method": (_flagged(method=99), ("corrupt or truncated", "compression method")),
-    "bad CRC": (_bad_crc, ("corrupt or truncated", "CRC"),),
+    "encrypted weights": (_raw(flags=0x1), ("encrypted",)),
+    "unknown compression method": (_raw(method=99), ("corrupt or truncated", "compression method")),
+    "bad CRC": (lambda p, g, f: _raw(crc=zlib.crc32(p[1]) ^ 1)(p, g, f), ("corrupt or truncated", "CRC")),
     "channels [-4, 8]": (_kwargs(channels=[-4, 8]), ("cannot be built from its network_kwargs", "negative")),
     "channels [4, 8e9] (float)": (_kwargs(channels=[4, 8e9]), ("cannot be built from its network_kwargs",)),
     "channels [4, 8000000000]": (_kwargs(channels=[4, 8_000_000_000]), (r"channels\[1\] is 8000000000",)),
@@ -183,13 +172,15 @@ BAD_BUNDLES: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "deeply nested option": (_kwargs(channels=[[[[[[4]]]]]]), ("nests deeper",)),
     "NaN option": (_kwargs(dropout=float("nan")), ("dropout is nan",)),
     "bundle.json nested 100000 deep": (_metadata_bytes(b"[" * 100_000 + b"]" * 100_000), ("not valid JSON",)),
-    "bundle.json with a 5000-digit number": (_metadata_bytes(b'{"a": ' + b"9" * 5000 + b"}"), ("not valid JSON",)),
+    "bundle.json with a 5000-digit number": (
+        _metadata_bytes(b'{"a": ' + b"9" * 5000 + b"}"), ("not valid JSON",)),
     "bundle.json not UTF-8": (_metadata_bytes(b'{"a": "\xff\xfe"}'), ("not valid JSON",)),
     "bundle.json is a list": (_metadata_bytes(b"[]"), ("must be a JSON object",)),
     "NaN temperature": (_field(temperature=float("nan")), ("temperature",)),
     "NaN class colour": (_field(class_colors=[[float("nan"), 0, 0]] * 4), ("class_colors",)),
     "weights_dtype float64": (_field(weights_dtype="float64"), ("weights_dtype 'float64'",)),
-    "NaN in a weight": (_weights(lambda g, w: with_value(g, float("nan"))), ("weight model.*NaN or infinite",)),
+    "NaN in a weight": (
+        _weights(lambda g, w: with_value(g, float("nan"))), ("weight model.*NaN or infinite",)),
     "inf in a float16 weight": (
         _weights(lambda g, w: with_value(g, float("inf"), torch.float16)),
         ("stored as 'F16'",)),  # the metadata says float32: the dtype check comes first
@@ -197,9 +188,11 @@ BAD_BUNDLES: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "empty weights": (_weights(lambda g, w: b""), ("not a safetensors file",)),
     "header length 2**60": (
         _weights(lambda g, w: (1 << 60).to_bytes(8, "little") + b"{}"), ("do not fit the declared network",)),
-    "header not JSON": (_weights(lambda g, w: safetensors_with_header(b"{nope", b"")), ("header is not valid JSON",)),
+    "header not JSON": (
+        _weights(lambda g, w: safetensors_with_header(b"{nope", b"")), ("header is not valid JSON",)),
     "overlapping tensors": (_weights(lambda g, w: overlapping_offsets(w)), ("lies at bytes",)),
-    "data shorter than the header says": (_weights(lambda g, w: truncated_data(w)), ("bytes but its header describes",)),
+    "data shorter than the header says": (
+        _weights(lambda g, w: truncated_data(w)), ("bytes but its header describes",)),
     "checksum of other weights": (_weights(lambda g, w: with_value(g, 0.5), checksum=False), ("checksum",)),
 }
 
@@ -217,7 +210,8 @@ def test_bad_bundle_is_one_sentence_and_changes_nothing(case, parts, good, tmp_p
 
 def test_nan_weights_in_float16_bundle_name_the_tensor(parts, good, tmp_path):
     weights = with_value(good, float("inf"), torch.float16)
-    path = variant(parts, tmp_path / "half.calibseg", lambda m: m.update(weights_dtype="float16"), weights=weights)
+    path = variant(parts, tmp_path / "half.calibseg", lambda m: m.update(weights_dtype="float16"),
+                   weights=weights)
     with pytest.raises(BundleError) as caught:
         load_bundle(path)
     last = list(state(good))[-1]
@@ -242,7 +236,8 @@ def test_refusing_the_four_gib_bundle_peaks_below_1_gb(four_gib_bundle):
     )
     result = subprocess.run([sys.executable, "-c", script, str(four_gib_bundle)], cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=120,
-                            env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"})
+                            env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT),
+                                 "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     message, peak_kib = result.stdout.strip().splitlines()
     assert "declares 4.0 GiB" in message

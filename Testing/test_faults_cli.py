@@ -39,7 +39,8 @@ def case(tmp_path_factory) -> Path:
     return folder
 
 
-def predict_cli(case: Path, out_dir: Path, *extra: str, bundle: Path | None = None, image: str = "case.nii.gz"):
+def predict_cli(case: Path, out_dir: Path, *extra: str, bundle: Path | None = None,
+                image: str = "case.nii.gz") -> int:
     return predict.main(["--bundle", str(bundle or case / "model.calibseg"), "--image", str(case / image),
                          "--out-dir", str(out_dir), "--device", "cpu", "--batch-size", "2", *extra])
 
@@ -105,7 +106,8 @@ BAD_OUT_DIRS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "--out-dir is a file": (_out_is_file, ("Cannot write into", "is a file, not a folder")),
     "--out-dir below a file": (_out_below_file, ("is a file, not a folder",)),
     "--out-dir not writable": (_out_unwritable, ("is not writable",)),
-    "an output name is a folder": (_map_name_taken_by_folder, ("case_entropy.nii.gz: a folder of that name",)),
+    "an output name is a folder": (
+        _map_name_taken_by_folder, ("case_entropy.nii.gz: a folder of that name",)),
 }
 
 

@@ -111,7 +111,8 @@ def test_extreme_float32_intensities_normalise_without_overflow(tiny_bundle):
         warnings.simplefilter("error")  # an overflow RuntimeWarning fails the test
         low, high = intensity_range(image)
         normalised = normalize_intensity(image)
-        prediction = Predictor(tiny_bundle, device="cpu").predict(image, GRID.spacing, keep_probabilities=True)
+        predictor = Predictor(tiny_bundle, device="cpu")
+        prediction = predictor.predict(image, GRID.spacing, keep_probabilities=True)
     assert np.isfinite([low, high]).all() and high > low
     assert np.isfinite(normalised).all() and normalised.min() == 0.0 and normalised.max() == 1.0
     assert np.isfinite(prediction.probabilities).all()

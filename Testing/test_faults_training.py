@@ -39,7 +39,8 @@ BAD_RUNS = {
     "--network-arg channels=[-4,8]": (_flags("--network-arg", "channels=[-4,8]"), ("negative dimension",)),
     "--network-arg channels=[4,8e9]": (_flags("--network-arg", "channels=[4,8e9]"), ("cannot be built",)),
     "unetpp with deep supervision": (
-        _flags("--network", "unetpp", "--network-arg", "deep_supervision=true"), ("without deep supervision",)),
+        _flags("--network", "unetpp", "--network-arg", "deep_supervision=true"),
+        ("without deep supervision",)),
     "--loss-arg bogus=1": (_flags("--loss-arg", "bogus=1"), ("has no hyper-parameter bogus",)),
     "--epochs 0": (_flags("--epochs", "0"), ("--epochs must be positive",)),
     "--data missing": (_flags("--data", "/nonexistent/calibseg-data"), ("calibseg-data",)),
@@ -86,7 +87,8 @@ def test_checkpoint_bundle_history_and_json_get_the_umask_mode(umask_027, tmp_pa
     with atomic_output(tmp_path / "history.jsonl") as temporary:  # how the trainer writes its history
         temporary.write_text('{"epoch": 1}\n')
     written.append(tmp_path / "history.jsonl")
-    assert {path.name: path.stat().st_mode & 0o777 for path in written} == {path.name: 0o640 for path in written}
+    modes = {path.name: path.stat().st_mode & 0o777 for path in written}
+    assert modes == {path.name: 0o640 for path in written}
 
 
 @pytest.mark.parametrize("interruption", [OSError(28, "No space left on device"), KeyboardInterrupt()],
