@@ -10,7 +10,10 @@ Members (nothing else is allowed):
   so loading one can never run code.
 
 :func:`load_bundle` checks all of it and raises :class:`BundleError` with one sentence on
-anything missing, corrupt or incompatible.
+anything missing, corrupt or incompatible. Bundles are untrusted input: the loader bounds what
+one can make it spend (member sizes from the zip directory, the network's size computed on
+torch's meta device, weights streamed in pieces) before spending it, and refuses weights
+holding NaN or infinite values.
 """
 
 from __future__ import annotations
@@ -19,16 +22,16 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
+import struct
 import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
@@ -56,6 +59,38 @@ BUNDLE_SUFFIX = ".calibseg"
 METADATA_MEMBER = "bundle.json"
 WEIGHTS_MEMBER = "weights.safetensors"
 _MAX_CLASSES = 256  # labels are written as uint8
+
+# Limits on what an untrusted bundle may make the loader spend; all are checked before the
+# memory they bound is allocated. Shipped bundles are well under 1 MB.
+_MAX_METADATA_BYTES = 1 << 20  # bundle.json: a few KB in practice
+# Weights up to 2 GiB (the largest zip member without zip64 extensions) and networks up to 500 M
+# parameters (2 GB as float32 once loaded): far above any segmentation network we know (MONAI's
+# 3D DynUNet has 11 M), far below what would exhaust a workstation.
+_MAX_WEIGHTS_BYTES = (1 << 31) - 1
+_MAX_PARAMETERS = 500_000_000
+_MEMBER_LIMITS = {METADATA_MEMBER: _MAX_METADATA_BYTES, WEIGHTS_MEMBER: _MAX_WEIGHTS_BYTES}
+_MAX_ZIP_ENTRIES = 64  # a bundle has 2; a few more still get the "contains ..." sentence
+_MAX_ZIP_DIRECTORY_BYTES = 64 << 10
+_END_RECORD_SEARCH_BYTES = 22 + 0xFFFF  # the end record plus the longest zip comment
+# The safetensors JSON header: a fixed allowance plus one per tensor (name, dtype, shape, offsets).
+_HEADER_BASE_BYTES = 64 << 10
+_HEADER_BYTES_PER_TENSOR = 1 << 10
+_READ_CHUNK_BYTES = 1 << 20  # weights are hashed and checked in pieces of this size
+# network_kwargs are a few lists of sizes, strides and names: bounded so even the meta-device
+# build that sizes the network stays small and shallow (no recursion blow-up, no huge ints).
+_MAX_KWARGS_ITEMS = 64
+_MAX_KWARGS_DEPTH = 4
+_MAX_KWARGS_INTEGER = 1 << 31
+_STORED_FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# torch dtype → (safetensors dtype code, little-endian NumPy dtype) for every dtype a bundle may hold.
+_SAFETENSORS_CODES: dict[torch.dtype, tuple[str, str]] = {
+    torch.float32: ("F32", "<f4"),
+    torch.float16: ("F16", "<f2"),
+    torch.int64: ("I64", "<i8"),
+    torch.int32: ("I32", "<i4"),
+    torch.uint8: ("U8", "|u1"),
+    torch.bool: ("BOOL", "|b1"),
+}
 # First bytes of what torch.save / pickle.dump write: a zip archive or a pickle protocol marker.
 _PICKLE_SIGNATURES = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
@@ -138,19 +173,7 @@ class BundleMetadata:
 
     def validate(self) -> None:
         """Raise :class:`BundleError` when a field has the wrong type or contradicts another."""
-        if not _is_int(self.schema_version):
-            raise BundleError(f"The bundle's schema_version must be an integer, got {self.schema_version!r}.")
-        if self.schema_version < OLDEST_SCHEMA_VERSION:
-            raise BundleError(
-                f"The bundle uses schema version {self.schema_version}, from a CalibSeg that resized slices to a "
-                f"fixed size; this CalibSeg ({__version__}) resamples by spacing and reads schema "
-                f"{OLDEST_SCHEMA_VERSION}–{SCHEMA_VERSION}: retrain the model with Training/train.py."
-            )
-        if self.schema_version > SCHEMA_VERSION:
-            raise BundleError(
-                f"The bundle uses schema version {self.schema_version!r}, newer than this CalibSeg "
-                f"({__version__}) reads ({SCHEMA_VERSION}); update CalibSeg."
-            )
+        _check_schema_version(self.schema_version, "The bundle")
         if not isinstance(self.network, str) or not isinstance(self.network_kwargs, dict):
             raise BundleError("The bundle's network must be a name and its network_kwargs an object.")
         for name in ("in_channels", "num_classes", "spatial_dims"):
@@ -247,36 +270,82 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _build_network(metadata: BundleMetadata) -> nn.Module:
-    """The declared network with random weights; :class:`BundleError` when it cannot be built."""
-    try:
-        return networks.build_network(
-            metadata.network,
-            metadata.in_channels,
-            metadata.num_classes,
-            metadata.spatial_dims,
-            **metadata.network_kwargs,
+def _size_text(size: int) -> str:
+    """``size`` bytes in the largest binary unit that keeps it >= 1 (``4.0 GiB``)."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{size} bytes"
+
+
+def _check_network_kwargs(value: Any, where: str = "network_kwargs", depth: int = 0) -> None:
+    """Raise :class:`BundleError` unless ``value`` is plain, small JSON: at most :data:`_MAX_KWARGS_ITEMS`
+    items per list or object, :data:`_MAX_KWARGS_DEPTH` levels, finite numbers, integers within
+    ±:data:`_MAX_KWARGS_INTEGER` — so even building the network on the meta device stays cheap."""
+    if depth > _MAX_KWARGS_DEPTH:
+        raise BundleError(
+            f"The bundle's {where} nests deeper than {_MAX_KWARGS_DEPTH} levels; re-export the bundle."
         )
+    if isinstance(value, (dict, list, tuple)) and len(value) > _MAX_KWARGS_ITEMS:
+        raise BundleError(
+            f"The bundle's {where} has {len(value)} items, more than the {_MAX_KWARGS_ITEMS} "
+            "any network option needs."
+        )
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_network_kwargs(item, f"{where}.{key}", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_network_kwargs(item, f"{where}[{index}]", depth + 1)
+    elif _is_int(value) and abs(value) > _MAX_KWARGS_INTEGER:
+        raise BundleError(
+            f"The bundle's {where} is {value}, beyond ±{_MAX_KWARGS_INTEGER:,}; "
+            "no network option is that large."
+        )
+    elif _is_number(value) and not math.isfinite(value):
+        raise BundleError(f"The bundle's {where} is {value}; network options must be finite numbers.")
+
+
+def _build_network(metadata: BundleMetadata, device: str = "cpu") -> nn.Module:
+    """The declared network with random weights; :class:`BundleError` when it cannot be built.
+
+    It is first built on torch's meta device (shapes only, no memory) and refused when it has
+    more than :data:`_MAX_PARAMETERS` numbers; only then, unless ``device="meta"``, for real.
+    """
+    _check_network_kwargs(metadata.network_kwargs)
+    declaration = (metadata.network, metadata.in_channels, metadata.num_classes, metadata.spatial_dims)
+    try:
+        skeleton = networks.build_network_on_meta(*declaration, **metadata.network_kwargs)
     except KeyError:
         raise BundleError(
             f"The bundle names an unknown network {metadata.network!r}; this CalibSeg knows "
             f"{', '.join(networks.NETWORKS)}."
         ) from None
-    except (TypeError, ValueError, AssertionError) as error:
+    except networks.NetworkOptionsError as error:
         raise BundleError(
-            f"The bundle's network {metadata.network!r} cannot be built from its network_kwargs ({error})."
+            f"The bundle's network {metadata.network!r} cannot be built from its network_kwargs "
+            f"({error.reason})."
         ) from None
+    count = sum(tensor.numel() for tensor in skeleton.state_dict().values())
+    if count > _MAX_PARAMETERS:
+        raise BundleError(
+            f"The bundle's network {metadata.network!r} would have {count:,} parameters, more than the "
+            f"{_MAX_PARAMETERS:,} CalibSeg loads; check its network_kwargs."
+        )
+    return skeleton if device == "meta" else networks.build_network(*declaration, **metadata.network_kwargs)
 
 
-def _check_weights_fit(metadata: BundleMetadata, state_dict: dict[str, torch.Tensor]) -> None:
-    """Raise :class:`BundleError` unless ``state_dict`` has exactly the declared network's keys and shapes."""
-    expected = _build_network(metadata).state_dict()
-    missing = [name for name in expected if name not in state_dict]
-    unexpected = [name for name in state_dict if name not in expected]
+def _check_weights_fit(
+    network: str, expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]]
+) -> None:
+    """Raise :class:`BundleError` unless ``shapes`` (weight name → shape) are exactly the ``expected``
+    keys and shapes of the declared ``network``."""
+    missing = [name for name in expected if name not in shapes]
+    unexpected = [name for name in shapes if name not in expected]
     mismatched = [
-        f"{name} {tuple(state_dict[name].shape)} vs {tuple(expected[name].shape)}"
+        f"{name} {tuple(shapes[name])} vs {expected[name]}"
         for name in expected
-        if name in state_dict and state_dict[name].shape != expected[name].shape
+        if name in shapes and tuple(shapes[name]) != expected[name]
     ]
     problems = [
         f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
@@ -285,9 +354,16 @@ def _check_weights_fit(metadata: BundleMetadata, state_dict: dict[str, torch.Ten
     ]
     if problems:
         raise BundleError(
-            f"The bundle's weights do not fit the declared network {metadata.network!r} "
-            f"({'; '.join(problems)})."
+            f"The bundle's weights do not fit the declared network {network!r} ({'; '.join(problems)})."
         )
+
+
+def _first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """Name of the first floating-point tensor holding NaN or inf, or None."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return name
+    return None
 
 
 def save_bundle(
@@ -305,8 +381,8 @@ def save_bundle(
         half: store floating-point weights as float16 (half the size; loading casts back to float32).
 
     Raises:
-        BundleError: the metadata is invalid or the weights do not fit the declared network;
-            nothing is written then.
+        BundleError: the metadata is invalid, the weights do not fit the declared network or hold
+            NaN/inf (also after the float16 cast); nothing is written then.
     """
     path = Path(path)
     state = (
@@ -324,6 +400,12 @@ def save_bundle(
         .clone()
         for name, tensor in state.items()
     }
+    non_finite = _first_non_finite(tensors)
+    if non_finite is not None:
+        raise BundleError(
+            f"The weight {non_finite} holds NaN or infinite values{' in float16' if half else ''}, "
+            "so the model cannot be saved; training diverged or the weights are too large."
+        )
     weights = save_safetensors(tensors)
     metadata = dataclasses.replace(
         metadata,
@@ -333,7 +415,12 @@ def save_bundle(
         weights_sha256=hashlib.sha256(weights).hexdigest(),
     )
     metadata.validate()
-    _check_weights_fit(metadata, tensors)
+    declared = _build_network(metadata, "meta").state_dict()
+    _check_weights_fit(
+        metadata.network,
+        {name: tuple(tensor.shape) for name, tensor in declared.items()},
+        {name: tuple(tensor.shape) for name, tensor in tensors.items()},
+    )
     text = metadata.to_json()
     with atomic_output(path) as temporary:
         with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
@@ -342,38 +429,87 @@ def save_bundle(
     return path
 
 
-def _read_members(path: Path) -> tuple[bytes, bytes]:
-    """``bundle.json`` and weights bytes of the zip at ``path``, refusing anything else in it."""
+def _check_container(path: Path) -> None:
+    """Refuse a file that is no bundle, judged from its zip end record alone.
+
+    ``zipfile`` reads the whole central directory into memory, so a directory listing millions of
+    members must be refused before :class:`zipfile.ZipFile` opens the file.
+    """
     if not path.is_file():
         raise BundleError(f"No model bundle at {path}; check the path (bundles end in {BUNDLE_SUFFIX}).")
     if not zipfile.is_zipfile(path):
         raise BundleError(
             f"{path.name} is not a CalibSeg bundle (not a zip file); choose a {BUNDLE_SUFFIX} file."
         )
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = archive.namelist()
-            if METADATA_MEMBER not in members:
-                raise BundleError(f"{path.name} has no {METADATA_MEMBER}, so it is not a CalibSeg bundle.")
-            others = [name for name in members if name not in (METADATA_MEMBER, WEIGHTS_MEMBER)]
-            if others:
-                raise BundleError(
-                    f"{path.name} contains {', '.join(others)}; bundles may hold only {METADATA_MEMBER} and "
-                    f"{WEIGHTS_MEMBER}, and pickled objects are refused because loading them can run code."
-                )
-            if WEIGHTS_MEMBER not in members:
-                raise BundleError(f"{path.name} has no {WEIGHTS_MEMBER}; re-export the bundle.")
-            return archive.read(METADATA_MEMBER), archive.read(WEIGHTS_MEMBER)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError) as error:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(handle.tell() - _END_RECORD_SEARCH_BYTES, 0))
+        tail = handle.read()
+    at = tail.rfind(b"PK\x05\x06")  # end of central directory record: entries at +10, directory size at +12
+    if at >= 0 and len(tail) - at >= 22:
+        entries, directory_size = struct.unpack_from("<HI", tail, at + 10)
+        if entries > _MAX_ZIP_ENTRIES or directory_size > _MAX_ZIP_DIRECTORY_BYTES:
+            raise BundleError(
+                f"{path.name}'s zip directory lists {entries} members in {_size_text(directory_size)}; "
+                f"a bundle holds only {METADATA_MEMBER} and {WEIGHTS_MEMBER}, so it is refused unread."
+            )
+
+
+def _read_members(name: str, archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """``{member name: ZipInfo}`` of a bundle, checked from the zip directory before any byte is read:
+    exactly one ``bundle.json`` and one weights member, nothing else, unencrypted, within size limits."""
+    names = [info.filename for info in archive.infolist()]
+    duplicates = sorted({member for member in names if names.count(member) > 1})
+    if duplicates:
         raise BundleError(
-            f"{path.name} is corrupt or truncated ({error}); re-export or re-download it."
-        ) from None
+            f"{name} holds {', '.join(duplicates)} more than once, so which one counts is ambiguous; "
+            "re-export the bundle."
+        )
+    if METADATA_MEMBER not in names:
+        raise BundleError(f"{name} has no {METADATA_MEMBER}, so it is not a CalibSeg bundle.")
+    others = [member for member in names if member not in _MEMBER_LIMITS]
+    if others:
+        raise BundleError(
+            f"{name} contains {', '.join(others)}; bundles may hold only {METADATA_MEMBER} and "
+            f"{WEIGHTS_MEMBER}, and pickled objects are refused because loading them can run code."
+        )
+    if WEIGHTS_MEMBER not in names:
+        raise BundleError(f"{name} has no {WEIGHTS_MEMBER}; re-export the bundle.")
+    members = {info.filename: info for info in archive.infolist()}
+    for member, info in members.items():
+        if info.flag_bits & 0x1:
+            raise BundleError(f"{name}'s {member} is encrypted; bundles never are, re-export the bundle.")
+        if info.file_size > _MEMBER_LIMITS[member]:
+            raise BundleError(
+                f"{name}'s {member} declares {_size_text(info.file_size)}, more than the "
+                f"{_size_text(_MEMBER_LIMITS[member])} a bundle's {member} may hold, so it is refused unread."
+            )
+    return members
+
+
+def _check_schema_version(version: Any, name: str) -> None:
+    """Raise :class:`BundleError` unless ``version`` is a schema this CalibSeg reads (``name`` starts the sentence)."""
+    if not _is_int(version):
+        raise BundleError(f"{name}'s schema_version must be an integer, got {version!r}.")
+    if version < OLDEST_SCHEMA_VERSION:
+        readable = " to ".join(dict.fromkeys(map(str, (OLDEST_SCHEMA_VERSION, SCHEMA_VERSION))))
+        raise BundleError(
+            f"{name} uses bundle schema version {version}, from a CalibSeg that resized slices to a fixed size; "
+            f"this CalibSeg ({__version__}) resamples by spacing and reads schema {readable}: retrain the model "
+            "with Training/train.py."
+        )
+    if version > SCHEMA_VERSION:
+        raise BundleError(
+            f"{name} uses bundle schema version {version}, newer than this CalibSeg ({__version__}) reads "
+            f"({SCHEMA_VERSION}); update CalibSeg."
+        )
 
 
 def _parse_metadata(name: str, raw: bytes) -> BundleMetadata:
+    """Checked :class:`BundleMetadata` from ``bundle.json`` bytes (bounded by :data:`_MAX_METADATA_BYTES`)."""
     try:
         values = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:  # ValueError: also over-long integers
         raise BundleError(
             f"{name}'s {METADATA_MEMBER} is not valid JSON ({error}); re-export the bundle."
         ) from None
@@ -384,56 +520,223 @@ def _parse_metadata(name: str, raw: bytes) -> BundleMetadata:
             raise BundleError(
                 f"{name}'s {METADATA_MEMBER} lacks the required field {required}; re-export the bundle."
             )
-    version = values["schema_version"]
-    if _is_int(version) and version > SCHEMA_VERSION:
-        raise BundleError(
-            f"{name} uses bundle schema version {version}, newer than this CalibSeg ({__version__}) reads "
-            f"({SCHEMA_VERSION}); update CalibSeg."
-        )
+    # Before the fields are read: another schema's fields would only give a confusing message.
+    _check_schema_version(values["schema_version"], name)
     metadata = BundleMetadata.from_dict(values)
     metadata.validate()
+    if metadata.weights_dtype not in _STORED_FLOAT_DTYPES:
+        raise BundleError(
+            f"{name}'s weights_dtype {metadata.weights_dtype!r} is not one CalibSeg stores "
+            f"({', '.join(_STORED_FLOAT_DTYPES)}); re-export the bundle."
+        )
     return metadata
 
 
-def _is_safetensors(data: bytes) -> bool:
-    """Safetensors starts with a little-endian u64 header length followed by that many bytes of JSON."""
-    return len(data) >= 9 and data[8:9] == b"{" and 8 + int.from_bytes(data[:8], "little") <= len(data)
+@dataclass(frozen=True)
+class _StoredTensor:
+    """One tensor of the weights member as the declared network needs it: name, shape and stored dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def code(self) -> str:
+        return _SAFETENSORS_CODES[self.dtype][0]
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return np.dtype(_SAFETENSORS_CODES[self.dtype][1])
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.numpy_dtype.itemsize
 
 
-def _parse_weights(name: str, weights: bytes) -> dict[str, torch.Tensor]:
-    if not _is_safetensors(weights):
-        if weights.startswith(_PICKLE_SIGNATURES):
-            raise BundleError(
-                f"{name}'s weights are a pickle (torch.save) file, which is refused because loading "
-                f"it can run code; re-export the bundle with save_bundle."
-            )
-        raise BundleError(
-            f"{name}'s weights are not a safetensors file; re-export the bundle with save_bundle."
-        )
+def _declared_tensors(metadata: BundleMetadata) -> dict[str, _StoredTensor]:
+    """What the weights member must hold for the declared network (built on the meta device)."""
+    stored = _STORED_FLOAT_DTYPES[metadata.weights_dtype]
+    tensors = {}
+    for name, tensor in _build_network(metadata, "meta").state_dict().items():
+        dtype = stored if tensor.is_floating_point() else tensor.dtype
+        if dtype not in _SAFETENSORS_CODES:
+            raise BundleError(f"The bundle's network has a {dtype} tensor {name}, which bundles cannot hold.")
+        tensors[name] = _StoredTensor(name, tuple(tensor.shape), dtype)
+    return tensors
+
+
+def _header_limit(tensors: dict[str, _StoredTensor]) -> int:
+    """Largest safetensors JSON header accepted for these tensors (names, dtypes, shapes, offsets)."""
+    return _HEADER_BASE_BYTES + _HEADER_BYTES_PER_TENSOR * len(tensors)
+
+
+def _parse_weights(name: str, header: bytes, metadata: BundleMetadata,
+                   tensors: dict[str, _StoredTensor]) -> list[_StoredTensor]:
+    """Check a safetensors JSON header against the declared network; returns its tensors in file order.
+
+    Every name, shape, dtype and byte range must be exactly what the network needs, so the data
+    that follows can be read tensor by tensor into buffers of known size.
+    """
     try:
-        tensors = load_safetensors(weights)
-    except (SafetensorError, ValueError, RuntimeError) as error:
+        entries = json.loads(header)
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
         raise BundleError(
-            f"{name}'s weights cannot be read as safetensors ({error}); re-export the bundle."
+            f"{name}'s weights header is not valid JSON ({error}); re-export the bundle."
         ) from None
-    return {key: tensor.float() if tensor.is_floating_point() else tensor for key, tensor in tensors.items()}
+    if not isinstance(entries, dict):
+        raise BundleError(f"{name}'s weights header is not a JSON object; re-export the bundle.")
+    entries.pop("__metadata__", None)
+    shapes = {}
+    for key, entry in entries.items():
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(shape, list) or not all(_is_int(size) and size >= 0 for size in shape):
+            raise BundleError(f"{name}'s weight {key} has no valid shape; re-export the bundle.")
+        shapes[key] = tuple(shape)
+    _check_weights_fit(metadata.network, {key: tensor.shape for key, tensor in tensors.items()}, shapes)
+    ranges = []
+    for key, entry in entries.items():
+        expected = tensors[key]
+        if entry.get("dtype") != expected.code:
+            raise BundleError(
+                f"{name}'s weight {key} is stored as {entry.get('dtype')!r}, but the bundle declares "
+                f"{expected.code} ({metadata.weights_dtype} weights); re-export the bundle."
+            )
+        offsets = entry.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(value) for value in offsets)):
+            raise BundleError(f"{name}'s weight {key} has no valid data_offsets; re-export the bundle.")
+        ranges.append((offsets[0], offsets[1], expected))
+    ranges.sort(key=lambda item: item[:2])
+    position = 0
+    for begin, end, expected in ranges:
+        if (begin, end) != (position, position + expected.nbytes):
+            raise BundleError(
+                f"{name}'s weight {expected.name} lies at bytes [{begin}, {end}], not where its shape "
+                f"puts it ([{position}, {position + expected.nbytes}]); the file is corrupt, re-export it."
+            )
+        position = end
+    return [expected for _, _, expected in ranges]
+
+
+def _read_exactly(stream: BinaryIO, size: int, hasher: Any, name: str) -> bytes:
+    """``size`` bytes from ``stream`` (fed to ``hasher``), or a :class:`BundleError` when it ends early."""
+    data = stream.read(size)
+    if len(data) != size:
+        raise BundleError(f"{name}'s weights end early; the file is truncated, re-export or re-download it.")
+    hasher.update(data)
+    return data
+
+
+def _stream_weights(
+    name: str,
+    archive: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    metadata: BundleMetadata,
+    tensors: dict[str, _StoredTensor],
+    keep: bool,
+) -> tuple[str, str | None, dict[str, torch.Tensor]]:
+    """Read the weights member front to back in bounded pieces, checking it as it goes.
+
+    The size in the zip directory, the header and every tensor's byte range are checked against
+    the declared network before the bytes they describe are read; floating-point values are
+    checked for NaN/inf piece by piece.
+
+    Returns:
+        The SHA-256 of the member, the name of the first tensor holding NaN/inf (or None), and
+        with ``keep`` the float32 state dict (else an empty dict: memory stays at one piece).
+    """
+    data_bytes = sum(tensor.nbytes for tensor in tensors.values())
+    hasher = hashlib.sha256()
+    non_finite: str | None = None
+    state_dict: dict[str, torch.Tensor] = {}
+    with archive.open(info) as stream:
+        # Safetensors: a little-endian u64 header length, then that many bytes of JSON ("{...}").
+        opening = stream.read(9)
+        header_bytes = int.from_bytes(opening[:8], "little")
+        if len(opening) < 9 or opening[8:9] != b"{" or header_bytes < 2:
+            if opening.startswith(_PICKLE_SIGNATURES):
+                raise BundleError(
+                    f"{name}'s weights are a pickle (torch.save) file, which is refused because loading "
+                    f"it can run code; re-export the bundle with save_bundle."
+                )
+            raise BundleError(
+                f"{name}'s weights are not a safetensors file; re-export the bundle with save_bundle."
+            )
+        if info.file_size > 8 + _header_limit(tensors) + data_bytes or header_bytes > _header_limit(tensors):
+            raise BundleError(
+                f"The bundle's weights do not fit the declared network {metadata.network!r} "
+                f"({_size_text(info.file_size)} stored where it needs {_size_text(data_bytes)} "
+                "plus a header); re-export the bundle."
+            )
+        hasher.update(opening)
+        header = opening[8:] + _read_exactly(stream, header_bytes - 1, hasher, name)
+        ordered = _parse_weights(name, header, metadata, tensors)
+        if info.file_size != 8 + header_bytes + data_bytes:
+            raise BundleError(
+                f"{name}'s weights member is {info.file_size} bytes but its header describes "
+                f"{8 + header_bytes + data_bytes}; the file is corrupt, re-export it."
+            )
+        for tensor in ordered:
+            buffer = bytearray(tensor.nbytes) if keep else None
+            for start in range(0, tensor.nbytes, _READ_CHUNK_BYTES):
+                piece = _read_exactly(stream, min(tensor.nbytes - start, _READ_CHUNK_BYTES), hasher, name)
+                values = np.frombuffer(piece, dtype=tensor.numpy_dtype)
+                if non_finite is None and values.dtype.kind == "f" and not np.isfinite(values).all():
+                    non_finite = tensor.name
+                if buffer is not None:
+                    buffer[start : start + len(piece)] = piece
+            if buffer is not None:
+                array = np.frombuffer(buffer, dtype=tensor.numpy_dtype).reshape(tensor.shape)
+                loaded = torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=False))
+                state_dict[tensor.name] = loaded.float() if loaded.is_floating_point() else loaded
+    return hasher.hexdigest(), non_finite, state_dict
 
 
 def load_bundle(path: str | Path) -> Bundle:
     """Read and check a bundle; weights come back as float32 whatever dtype they were stored in.
 
+    Resources are bounded before they are spent: member sizes come from the zip directory
+    (``bundle.json`` at most :data:`_MAX_METADATA_BYTES`, weights at most
+    :data:`_MAX_WEIGHTS_BYTES` and no more than the declared network needs plus its header),
+    the network is sized on torch's meta device (at most :data:`_MAX_PARAMETERS` parameters),
+    and the weights are hashed and checked for NaN/inf in a first streamed pass that keeps
+    nothing; only a bundle that passed is read into memory, in a second pass.
+
     Raises:
-        BundleError: (one sentence) the file is missing, not a zip, lacks or has extra members
-            (pickles are refused), has invalid or incomplete ``bundle.json``, a newer schema
-            version, a checksum mismatch, an unknown network, or weights that do not fit it.
+        BundleError: (one sentence) the file is missing, not a zip, lacks, repeats or has extra
+            members (pickles are refused), declares members larger than allowed, has invalid or
+            incomplete ``bundle.json``, a newer schema version, an unknown or oversized network or
+            one its kwargs cannot build, weights that do not fit it, a checksum mismatch, or
+            weights holding NaN/inf.
     """
     path = Path(path)
-    raw_metadata, weights = _read_members(path)
-    metadata = _parse_metadata(path.name, raw_metadata)
-    if hashlib.sha256(weights).hexdigest() != metadata.weights_sha256:
+    _check_container(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = _read_members(path.name, archive)
+            with archive.open(members[METADATA_MEMBER]) as stream:
+                metadata = _parse_metadata(path.name, stream.read(_MAX_METADATA_BYTES + 1))
+            weights, tensors = members[WEIGHTS_MEMBER], _declared_tensors(metadata)
+            # First pass keeps nothing, so a bad bundle is refused with one piece in memory.
+            digest, non_finite, _ = _stream_weights(
+                path.name, archive, weights, metadata, tensors, keep=False
+            )
+            if digest != metadata.weights_sha256:
+                raise BundleError(
+                    f"{path.name}'s weights do not match their checksum; the file is corrupt, re-export it."
+                )
+            if non_finite is not None:
+                raise BundleError(
+                    f"{path.name}'s weight {non_finite} holds NaN or infinite values, so the model would "
+                    "give no valid output; re-train or re-export it."
+                )
+            digest, _, state_dict = _stream_weights(
+                path.name, archive, weights, metadata, tensors, keep=True
+            )
+            if digest != metadata.weights_sha256:
+                raise BundleError(f"{path.name} changed while it was being read; load it again.")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError,
+            NotImplementedError) as error:  # NotImplementedError: a compression method zipfile lacks
         raise BundleError(
-            f"{path.name}'s weights do not match their checksum; the file is corrupt, re-export it."
-        )
-    state_dict = _parse_weights(path.name, weights)
-    _check_weights_fit(metadata, state_dict)
+            f"{path.name} is corrupt or truncated ({error}); re-export or re-download it."
+        ) from None
     return Bundle(metadata=metadata, state_dict=state_dict, path=path)

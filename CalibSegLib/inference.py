@@ -75,7 +75,16 @@ def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         ``labels`` uint8 argmax, ``confidence`` max probability clamped to [1/C, 1] (float
         rounding can put it a hair outside), ``entropy`` ``-Σ p log p / log C`` in [0, 1];
         each ``(n, *spatial)``.
+
+    Raises:
+        ValueError: a probability is NaN or infinite (broken weights, or logits that overflowed);
+            raised here, before any map exists, so no caller can write or show a wrong result.
     """
+    if not torch.isfinite(probabilities).all():
+        raise ValueError(
+            "The network produced NaN or infinite probabilities, so no result is given; "
+            "the bundle's weights or the image's intensities are broken."
+        )
     num_classes = probabilities.shape[1]
     confidence, labels = probabilities.max(dim=1)
     entropy = -torch.special.xlogy(probabilities, probabilities).sum(dim=1) / math.log(num_classes)

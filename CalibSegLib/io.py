@@ -5,18 +5,31 @@ order (mm) and origin/direction in SimpleITK's physical ``(x, y, z)`` LPS conven
 output written with the input's geometry lands on exactly the input's grid.
 
 Every write goes to a temporary file beside the destination and is renamed over it, so a
-crash or an error never leaves a half-written file under the final name.
+crash or an error never leaves a half-written file under the final name; :class:`OutputSet`
+does the same for several files that belong together (all of them are replaced, or none).
+New files get the mode any program would give them (``0666 & ~umask``), not ``mkstemp``'s
+``0600``, so colleagues sharing a workstation can read outputs, bundles and checkpoints.
+
+Reading refuses NaN and infinite voxels whatever the format. NIfTI needs care: ITK's bundled
+nifticlib (``nifti_read_buffer``) silently turns every non-finite float voxel into 0 while
+reading, and non-finite ``scl_slope``/``scl_inter`` into "no scaling", so the array SimpleITK
+returns looks clean; :func:`read_image` therefore checks a NIfTI file's stored values itself.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import os
-import tempfile
-from contextlib import contextmanager
+import secrets
+import shutil
+import struct
+import zlib
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
 
 import numpy as np
 import SimpleITK as sitk
@@ -29,8 +42,12 @@ __all__ = [
     "write_image",
     "image_from_array",
     "image_stem",
+    "check_output_folder",
+    "check_output_file",
+    "OutputSet",
     "atomic_output",
     "write_json_atomic",
+    "os_error_sentence",
 ]
 
 IMAGE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
@@ -39,6 +56,19 @@ WRITE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".mha")
 
 # SimpleITK has no bool or float16 pixel types; these are written as the nearest type it has.
 _WRITABLE_DTYPES = {np.dtype(bool): np.uint8, np.dtype(np.float16): np.float32}
+
+_CHUNK_BYTES = 1 << 24  # 16 MiB: stored NIfTI voxels are checked in pieces of this size, never whole
+# NIfTI header fields read here: (byte offset, struct format) for NIfTI-1 (348-byte header) and
+# NIfTI-2 (540 bytes), from nifti1.h / nifti2.h.
+_NIFTI_FIELDS: dict[int, dict[str, tuple[int, str]]] = {
+    348: {"dim": (40, "8h"), "datatype": (70, "h"), "vox_offset": (108, "f"), "scaling": (112, "2f"),
+          "magic": (344, "4s")},
+    540: {"magic": (4, "8s"), "datatype": (12, "h"), "dim": (16, "8q"), "vox_offset": (168, "q"),
+          "scaling": (176, "2d")},
+}
+_NIFTI_SINGLE_FILE_MAGIC = (b"n+1\0", b"n+2\0")
+_NIFTI_PAIR_MAGIC = (b"ni1\0", b"ni2\0")  # .hdr + .img; without any magic the header is plain Analyze 7.5
+_NIFTI_FLOAT_TYPES = {16: "f4", 64: "f8"}  # DT_FLOAT32, DT_FLOAT64: the codes whose voxels can be NaN or inf
 
 
 @dataclass(frozen=True)
@@ -84,7 +114,8 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
         The ``(z, y, x)`` voxel array and its :class:`ImageGeometry`.
 
     Raises:
-        ValueError: the file is missing, unreadable, or not a single-component 3D image.
+        ValueError: the file is missing, unreadable, not a single-component 3D image, or stores
+            NaN/infinite voxels (also where the format's reader would have hidden them).
     """
     path = Path(path)
     if not path.is_file():
@@ -92,11 +123,9 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
     try:
         image = sitk.ReadImage(str(path))
     except RuntimeError as error:
-        # ITK's message ends with one line naming the cause, prefixed and quoting the full path.
-        reason = (str(error).strip().splitlines() or ["unknown format"])[-1]
-        reason = reason.replace("sitk::ERROR:", "").replace(f' for "{path}"', "").strip()
         raise ValueError(
-            f"Cannot read {path.name} as an image ({reason}); give a NIfTI, NRRD or MHA file."
+            f"Cannot read {path.name} as an image ({_itk_reason(error, path)}); "
+            "give a NIfTI, NRRD or MHA file."
         ) from None
     if image.GetDimension() != 3:
         raise ValueError(f"{path.name} is a {image.GetDimension()}D image; CalibSeg needs a 3D volume.")
@@ -105,7 +134,94 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
             f"{path.name} has {image.GetNumberOfComponentsPerPixel()} components per voxel; "
             "give a scalar volume."
         )
-    return sitk.GetArrayFromImage(image), ImageGeometry.from_sitk(image)
+    array = sitk.GetArrayFromImage(image)
+    # The array's own check catches NaN/inf in NRRD/MHA and NIfTI scaling that overflows float32;
+    # the NIfTI check catches what nifticlib changed before SimpleITK handed the voxels over.
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        problem = "holds NaN or infinite voxel values"
+    else:
+        problem = _nifti_problem(path)
+    if problem:
+        raise ValueError(f"{path.name} {problem}; fix the file (or mask those voxels) before segmenting.")
+    return array, ImageGeometry.from_sitk(image)
+
+
+def _itk_reason(error: RuntimeError, path: Path) -> str:
+    """The cause in an ITK error: its last line, without the ``sitk::ERROR:`` prefix and the quoted path."""
+    reason = (str(error).strip().splitlines() or ["unknown error"])[-1]
+    return reason.replace("sitk::ERROR:", "").replace(f' for "{path}"', "").strip()
+
+
+def _open_maybe_gzipped(path: Path) -> IO[bytes]:
+    """``path`` opened for binary reading, decompressed when it starts with the gzip signature."""
+    with open(path, "rb") as handle:
+        gzipped = handle.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def _nifti_header(path: Path) -> dict[str, Any] | None:
+    """The NIfTI-1/-2 header fields of :data:`_NIFTI_FIELDS` plus ``endian``, or None for other formats."""
+    try:
+        with _open_maybe_gzipped(path) as handle:
+            head = handle.read(540)
+    except (OSError, EOFError, zlib.error):
+        return None
+    if len(head) < 4:
+        return None
+    for endian in "<>":
+        size = struct.unpack(f"{endian}i", head[:4])[0]
+        if size in _NIFTI_FIELDS and len(head) >= size:
+            header: dict[str, Any] = {"endian": endian}
+            for name, (offset, form) in _NIFTI_FIELDS[size].items():
+                values = struct.unpack_from(endian + form, head, offset)
+                header[name] = values if len(values) > 1 else values[0]
+            return header
+    return None
+
+
+def _nifti_data_file(path: Path, header: dict[str, Any]) -> Path | None:
+    """Where the voxels are: ``path`` itself for ``.nii(.gz)``, else the ``.img(.gz)`` beside the ``.hdr``."""
+    if header["magic"].startswith(_NIFTI_SINGLE_FILE_MAGIC):
+        return path
+    stem = path.name.removesuffix(".gz").removesuffix(".hdr")
+    return next((path.with_name(stem + suffix) for suffix in (".img", ".img.gz")
+                 if path.with_name(stem + suffix).is_file()), None)
+
+
+def _nifti_problem(path: Path) -> str | None:
+    """What nifticlib hid while reading a NIfTI file (a NaN/inf voxel or scaling), or None.
+
+    Streams the stored voxels in :data:`_CHUNK_BYTES` pieces (float types only: integers cannot
+    hold NaN), so no second copy of the volume is made. None for files that are not NIfTI.
+    """
+    header = _nifti_header(path)
+    if header is None:
+        return None
+    is_nifti = header["magic"].startswith(_NIFTI_SINGLE_FILE_MAGIC + _NIFTI_PAIR_MAGIC)
+    if is_nifti and not all(math.isfinite(value) for value in header["scaling"]):
+        return "has a NaN or infinite intensity scaling (scl_slope/scl_inter) in its NIfTI header"
+    code = _NIFTI_FLOAT_TYPES.get(header["datatype"])
+    data_file = _nifti_data_file(path, header)
+    rank = header["dim"][0]
+    if code is None or data_file is None or not 1 <= rank <= 7:
+        return None
+    dtype = np.dtype(header["endian"] + code)
+    remaining = math.prod(max(int(size), 0) for size in header["dim"][1 : rank + 1]) * dtype.itemsize
+    try:
+        with _open_maybe_gzipped(data_file) as handle:
+            handle.seek(max(int(header["vox_offset"]), 0))
+            while remaining > 0:
+                wanted = min(remaining, _CHUNK_BYTES)
+                chunk = handle.read(wanted)
+                usable = len(chunk) - len(chunk) % dtype.itemsize
+                if not np.isfinite(np.frombuffer(chunk[:usable], dtype=dtype)).all():
+                    return "stores NaN or infinite voxel values (the NIfTI reader would silently make them 0)"
+                if len(chunk) < wanted:
+                    return None  # shorter than the header says: SimpleITK has already read what there is
+                remaining -= len(chunk)
+    except (OSError, EOFError, zlib.error) as error:
+        return f"cannot be read back to check its voxel values ({error})"
+    return None
 
 
 def image_from_array(array: np.ndarray, geometry: ImageGeometry) -> sitk.Image:
@@ -126,32 +242,185 @@ def image_stem(path: str | Path) -> str:
     return Path(name).stem
 
 
+def check_output_folder(folder: str | Path) -> Path:
+    """Raise ``ValueError`` (one sentence) unless files can be written into ``folder``; create nothing.
+
+    ``folder`` may not exist yet: then its nearest existing ancestor must be a writable folder
+    (it will be created there). Call this before long work whose results go into ``folder``.
+    """
+    folder = Path(folder)
+    existing = folder
+    while not os.path.lexists(existing) and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(
+            f"Cannot write into {folder}: {existing} is a file, not a folder; choose another output folder."
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"Cannot write into {folder}: {existing} is not writable; choose another output folder "
+            "or change its permissions."
+        )
+    return folder
+
+
+def check_output_file(path: str | Path) -> Path:
+    """Raise ``ValueError`` (one sentence) unless a file can be written at ``path``; create nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(
+            f"Cannot write {path}: a folder of that name is in the way; "
+            "move it or choose another output folder."
+        )
+    check_output_folder(path.parent)
+    return path
+
+
+def _hidden_name(path: Path) -> Path:
+    """A random hidden name beside ``path`` keeping its extensions (``.case.nii.gz.1a2b3c4d5e6f.nii.gz``)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(6)}{''.join(path.suffixes)}")
+
+
+def _new_temporary(path: Path) -> Path:
+    """Create an empty hidden file beside ``path`` (see :func:`_hidden_name`), mode ``0666 & ~umask``.
+
+    ``tempfile.mkstemp`` always creates 0600; ``os.open`` with 0666 lets the kernel apply the
+    umask (no umask read-and-restore, which would race with other threads).
+    """
+    while True:
+        candidate = _hidden_name(path)
+        try:
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return candidate
+        except FileExistsError:
+            continue
+
+
+class OutputSet:
+    """Files written as one set: when the block ends without error all replace their destinations,
+    after any error (Ctrl-C included) none does and the previous files stay as they were.
+
+    Usage::
+
+        with OutputSet() as outputs:
+            write_image(outputs.stage(out_dir / "case_labels.nii.gz"), labels, geometry)
+            write_json_atomic(outputs.stage(out_dir / "case_metrics.json"), row)
+
+    :meth:`stage` returns a hidden temporary beside the destination, keeping its extension (so
+    writers that pick the format by extension write the right one). On commit, every existing
+    destination is first hard-linked (or copied) to a backup, then each temporary is renamed over
+    its destination; if a rename fails, the destinations already replaced get their backups back.
+    Folders created for the set are removed again after a failure.
+    """
+
+    def __init__(self) -> None:
+        self._staged: dict[Path, Path] = {}  # destination -> temporary
+        self._created_folders: list[Path] = []
+
+    def stage(self, path: str | Path) -> Path:
+        """Reserve ``path`` in the set; returns the temporary file to write instead (it exists, empty).
+
+        Raises:
+            ValueError: ``path`` is staged twice, is an existing folder, or its folder cannot be written.
+        """
+        path = Path(path)
+        if path in self._staged:
+            raise ValueError(f"{path} is staged twice in one output set; give each output its own name.")
+        check_output_file(path)
+        missing = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
+        for folder in reversed(missing):
+            with suppress(FileExistsError):  # made meanwhile by someone else: theirs, not removed later
+                folder.mkdir()
+                self._created_folders.append(folder)
+        self._staged[path] = _new_temporary(path)
+        return self._staged[path]
+
+    def __enter__(self) -> "OutputSet":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is None:
+            self.commit()
+        else:
+            self.discard()
+        return False
+
+    def discard(self) -> None:
+        """Remove every staged temporary and the folders created for the set; destinations are untouched."""
+        for temporary in self._staged.values():
+            temporary.unlink(missing_ok=True)
+        self._staged.clear()
+        for folder in reversed(self._created_folders):
+            with suppress(OSError):  # not empty: someone else wrote there meanwhile, so it stays
+                folder.rmdir()
+        self._created_folders.clear()
+
+    def commit(self) -> None:
+        """Rename every staged file onto its destination, all or none (see the class docstring)."""
+        backups: dict[Path, Path] = {}
+        replaced: list[Path] = []
+        try:
+            for destination in self._staged:
+                if os.path.lexists(destination):
+                    backups[destination] = _backup(destination)
+            for destination, temporary in self._staged.items():
+                os.replace(temporary, destination)
+                replaced.append(destination)
+        except BaseException:
+            for destination in replaced:
+                with suppress(OSError):  # best effort: one failed restore must not stop the others
+                    if destination in backups:
+                        os.replace(backups.pop(destination), destination)
+                    else:
+                        destination.unlink()
+            for backup in backups.values():
+                backup.unlink(missing_ok=True)
+            self.discard()
+            raise
+        for backup in backups.values():
+            backup.unlink(missing_ok=True)
+        self._staged.clear()
+        self._created_folders.clear()
+
+
+def _backup(path: Path) -> Path:
+    """A second, hidden name for ``path``'s current content: a hard link, or a copy where the file
+    system has none; ``path`` itself stays in place, so readers never find it missing."""
+    while True:
+        backup = _hidden_name(path)
+        try:
+            os.link(path, backup, follow_symlinks=False)
+            return backup
+        except FileExistsError:
+            continue
+        except OSError:
+            shutil.copy2(path, backup, follow_symlinks=False)
+            return backup
+
+
 @contextmanager
 def atomic_output(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed over ``path``, on error removed.
 
-    The temporary name keeps ``path``'s full extension (``.nii.gz``) so writers that choose a
-    format by extension (SimpleITK) write the same format.
+    An :class:`OutputSet` of one file: the temporary keeps ``path``'s full extension
+    (``.nii.gz``) and gets the umask's usual mode; missing folders are created (and removed
+    again on error).
+
+    Raises:
+        ValueError: ``path`` is a folder or its folder cannot be written (before anything is created).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(
-        prefix=f".{path.name}.", suffix="".join(path.suffixes), dir=path.parent
-    )
-    os.close(descriptor)
-    try:
-        yield Path(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with OutputSet() as outputs:
+        yield outputs.stage(path)
 
 
 def write_image(path: str | Path, array: np.ndarray, geometry: ImageGeometry) -> Path:
     """Write a ``(z, y, x)`` array on ``geometry`` to ``path`` (format from the extension), atomically.
 
     Raises:
-        ValueError: the extension is not one of :data:`WRITE_SUFFIXES` or the array is not 3D.
+        ValueError: the extension is not one of :data:`WRITE_SUFFIXES`, the array is not 3D, or
+            the folder cannot be written.
+        OSError: writing failed (e.g. the disk is full), with ITK's reason in one sentence; the
+            previous file at ``path`` is kept.
     """
     path = Path(path)
     if not path.name.lower().endswith(WRITE_SUFFIXES):
@@ -160,7 +429,13 @@ def write_image(path: str | Path, array: np.ndarray, geometry: ImageGeometry) ->
         )
     image = image_from_array(array, geometry)
     with atomic_output(path) as temporary:
-        sitk.WriteImage(image, str(temporary), useCompression=True)
+        try:
+            sitk.WriteImage(image, str(temporary), useCompression=True)
+        except RuntimeError as error:
+            raise OSError(
+                f"Cannot write {path.name} ({_itk_reason(error, temporary)}); check the free space and "
+                f"permissions of {path.parent}."
+            ) from None
     return path
 
 
@@ -171,3 +446,10 @@ def write_json_atomic(path: str | Path, payload: dict[str, Any]) -> Path:
     with atomic_output(path) as temporary:
         temporary.write_text(text)
     return path
+
+
+def os_error_sentence(error: OSError) -> str:
+    """One sentence for an OS error: its reason and file (``"[Errno 28] ...: 'path'"`` is none)."""
+    reason = error.strerror or str(error) or type(error).__name__
+    text = f"{reason} ({error.filename})" if error.filename else reason
+    return text if text.endswith(".") else f"{text}."

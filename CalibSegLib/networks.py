@@ -14,7 +14,15 @@ import torch
 from monai.networks import nets
 from torch import nn
 
-__all__ = ["NETWORKS", "build_network"]
+__all__ = ["NETWORKS", "NetworkOptionsError", "build_network", "build_network_on_meta"]
+
+
+class NetworkOptionsError(ValueError):
+    """The options given cannot build the network; ``reason`` is the library's own explanation (one line)."""
+
+    def __init__(self, name: str, options: dict[str, Any], reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"Network {name!r} cannot be built with the options {options} ({reason}).")
 
 
 class _FinalOutput(nn.Module):
@@ -115,3 +123,28 @@ def build_network(
             f"in_channels must be >= 1 and num_classes >= 2, got {in_channels} and {num_classes}."
         )
     return _BUILDERS[name](spatial_dims, in_channels, num_classes, **kw)
+
+
+def build_network_on_meta(
+    name: str, in_channels: int, num_classes: int, spatial_dims: int = 2, **kw: Any
+) -> nn.Module:
+    """:func:`build_network` on torch's meta device: parameters have shapes and dtypes but no memory.
+
+    Options from an untrusted bundle or a command line are checked this way, and the network's
+    size is known (``sum(t.numel() for t in model.state_dict().values())``), before anything
+    is allocated; a negative or astronomically large channel count costs nothing here.
+
+    Raises:
+        KeyError: ``name`` is not one of :data:`NETWORKS`.
+        NetworkOptionsError: the options cannot build the network (MONAI's or torch's reason,
+            first line only: their messages can span many).
+    """
+    if name not in _BUILDERS:
+        raise KeyError(f"Unknown network {name!r}; choose one of {', '.join(NETWORKS)}.")
+    try:
+        with torch.device("meta"):
+            return build_network(name, in_channels, num_classes, spatial_dims, **kw)
+    except Exception as error:  # noqa: BLE001 — arbitrary options can fail in any way inside MONAI
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        reason = lines[0] if len(lines[0]) <= 200 else lines[0][:197] + "..."
+        raise NetworkOptionsError(name, kw, reason) from None

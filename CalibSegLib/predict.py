@@ -11,7 +11,11 @@ Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 (normalised entropy in [0, 1], float32); with ``--reference`` also ``<stem>_metrics.json``
 (Dice/HD95/ASD per class in mm, calibration metrics streamed batch by batch, error
 detection). The work is done by :func:`predict_files` on the same library path the Slicer
-module runs; errors print one line and exit with status 2.
+module runs; errors print one line and exit with status 2 (Ctrl-C: 130).
+
+The outputs are one set (:class:`CalibSegLib.io.OutputSet`): the output folder is checked
+before inference, every file is written under a temporary name and all are renamed at the
+end, so an error or Ctrl-C leaves the previous outputs (or none) exactly as they were.
 """
 
 from __future__ import annotations
@@ -27,7 +31,16 @@ import numpy as np
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
 from CalibSegLib.inference import Predictor
-from CalibSegLib.io import image_stem, read_image, write_image, write_json_atomic
+from CalibSegLib.io import (
+    OutputSet,
+    check_output_file,
+    check_output_folder,
+    image_stem,
+    os_error_sentence,
+    read_image,
+    write_image,
+    write_json_atomic,
+)
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 
 __all__ = ["predict_files", "main"]
@@ -46,16 +59,24 @@ def predict_files(
     """Predict the image at ``image_path`` and write its maps (and metrics) into ``out_dir``.
 
     Returns:
-        ``{"labels", "confidence", "entropy"[, "metrics"]}`` → written paths.
+        ``{["metrics", ]"labels", "confidence", "entropy"}`` → written paths.
 
     Raises:
-        ValueError: unreadable image/reference, a reference not on the image's grid or with
-            labels the model does not have, or an image the predictor refuses.
+        ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
+            unreadable image/reference, a reference not on the image's grid or with labels the
+            model does not have, an image the predictor refuses, or non-finite probabilities.
+            Nothing is written then, and earlier outputs of the same case stay as they were.
     """
     image_path, out_dir = Path(image_path), Path(out_dir)
-    image, geometry = read_image(image_path)
     stem = image_stem(image_path)
-    outputs: dict[str, Path] = {}
+    names = (("metrics",) if reference_path is not None else ()) + OUTPUT_MAPS
+    # Checked before the image is even read: a bad --out-dir must not cost an inference.
+    outputs = {
+        name: check_output_file(out_dir / f"{stem}_{name}{'.json' if name == 'metrics' else '.nii.gz'}")
+        for name in names
+    }
+    image, geometry = read_image(image_path)
+    row = None
     if reference_path is None:
         prediction = predictor.predict(image, geometry.spacing, progress=progress, cancel=cancel)
     else:
@@ -73,9 +94,11 @@ def predict_files(
         )
         prediction = evaluation.prediction
         row = case_metrics_row(evaluation, predictor.metadata.class_names)
-        outputs["metrics"] = write_json_atomic(out_dir / f"{stem}_metrics.json", row)
-    for name in OUTPUT_MAPS:
-        outputs[name] = write_image(out_dir / f"{stem}_{name}.nii.gz", getattr(prediction, name), geometry)
+    with OutputSet() as output_set:
+        if row is not None:
+            write_json_atomic(output_set.stage(outputs["metrics"]), row)
+        for name in OUTPUT_MAPS:
+            write_image(output_set.stage(outputs[name]), getattr(prediction, name), geometry)
     return outputs
 
 
@@ -105,14 +128,22 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 done, 2 bad input)."""
+    """Run the command line; returns the exit status (0 done, 2 bad input, 130 interrupted)."""
     arguments = _parser().parse_args(argv)
     try:
-        predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device, batch_size=arguments.batch_size)
+        check_output_folder(arguments.out_dir)  # a bad --out-dir is reported before the bundle loads
+        predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
+                              batch_size=arguments.batch_size)
         outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference)
-    except (BundleError, ValueError, OSError) as error:
+    except (BundleError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except OSError as error:  # writing failed: the output set has put the previous files back
+        print(f"error: {os_error_sentence(error)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: nothing was written to {arguments.out_dir}.", file=sys.stderr)
+        return 130
     for name, path in outputs.items():
         print(f"{name}: {path}")
     return 0

@@ -146,7 +146,11 @@ def intensity_range(
     """The ``(low, high)`` intensities a whole volume is scaled by, or None for ``"none"``.
 
     ``percentile``: ``low`` = volume minimum, ``high`` = its ``upper_percentile`` percentile
-    (the maximum when the percentile equals the minimum, as in mostly-empty volumes).
+    (the maximum when the percentile equals the minimum, as in mostly-empty volumes). Both are
+    float64, so float32 intensities up to ±3.4e38 give a finite range.
+
+    Raises:
+        ValueError: unknown normalisation, a constant volume, or a range too wide for float64.
     """
     if normalization not in NORMALIZATIONS:
         raise ValueError(
@@ -155,27 +159,49 @@ def intensity_range(
     if normalization == "none":
         return None
     low = float(volume.min())
-    high = float(np.percentile(volume, upper_percentile))
+    high = _percentile(volume, upper_percentile)
     if high <= low:
         high = float(volume.max())
     if high <= low:
         raise ValueError("The image is constant; there is nothing to normalise or segment.")
+    if not math.isfinite(high - low):
+        raise ValueError(
+            f"The image's intensities span [{low:.3g}, {high:.3g}], too wide to normalise; rescale the image."
+        )
     return low, high
+
+
+def _percentile(volume: np.ndarray, q: float) -> float:
+    """NumPy's default (linear) ``q``-th percentile, interpolated in float64.
+
+    ``np.percentile`` interpolates in the volume's dtype, which overflows float32 between
+    neighbours such as -3e38 and 3e38; the two order statistics are found the same way
+    (a partition, one copy of the volume) and only the interpolation changes.
+    """
+    flat = np.ravel(volume)
+    position = q / 100.0 * (flat.size - 1)
+    below = math.floor(position)
+    above = min(below + 1, flat.size - 1)
+    ordered = np.partition(flat, (below, above))
+    low, high = float(ordered[below]), float(ordered[above])
+    return low + (high - low) * (position - below)
 
 
 def scale_intensity(slices: np.ndarray, intensity: tuple[float, float] | None) -> np.ndarray:
     """Clip any chunk of a volume to ``intensity = (low, high)`` and scale it to [0, 1], as float32.
 
-    ``intensity=None`` (normalisation ``"none"``) only casts to float32.
+    The arithmetic is float64 (then rounded to float32): in float32, ``x - low`` and
+    ``high - low`` overflow for intensities near ±3e38. ``intensity=None`` (normalisation
+    ``"none"``) only casts to float32. The caller's array is never changed.
     """
-    scaled = np.array(slices, dtype=np.float32)  # always a copy: the caller's array is never changed
     if intensity is None:
-        return scaled
+        return np.array(slices, dtype=np.float32)
     low, high = intensity
+    scaled = np.array(slices, dtype=np.float64)  # always a copy
     np.clip(scaled, low, high, out=scaled)
     scaled -= low
     scaled /= high - low
-    return scaled
+    return scaled.astype(np.float32)
 
 
 def normalize_intensity(

@@ -68,7 +68,7 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, 
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(image_io.sitk, "WriteImage", crash_half_way)
-    with pytest.raises(RuntimeError, match="disk full"):
+    with pytest.raises(OSError, match="Cannot write out.nrrd \\(disk full\\)"):
         write_image(path, np.zeros((2, 8, 8), np.float32), OBLIQUE)
     assert path.read_bytes() == before
     assert [item.name for item in tmp_path.iterdir()] == ["out.nrrd"]

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from CalibSegLib.io import atomic_output
 
 __all__ = ["CheckpointError", "save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state"]
 
@@ -24,19 +25,16 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically to ``path`` (temporary file in the same folder, then rename)."""
+    """Write ``state`` atomically to ``path`` (temporary file in the same folder, synced, then renamed).
+
+    The file gets the umask's usual mode (``0666 & ~umask``), like every output
+    (:func:`CalibSegLib.io.atomic_output`).
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_output(path) as temporary, open(temporary, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
     return path
 
 

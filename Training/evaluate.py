@@ -43,8 +43,9 @@ from scipy.stats import spearmanr
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
-from CalibSegLib.inference import Predictor, resolve_device
-from CalibSegLib.io import atomic_output, write_json_atomic
+from CalibSegLib.device import resolve_device
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence, write_json_atomic
 from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics, Reliability
 from CalibSegLib.metrics.plots import reliability_figure
@@ -201,15 +202,18 @@ def main(argv: Sequence[str] | None = None) -> Path:
     """Command line entry point; returns the summary JSON path. Bad input exits with one sentence."""
     arguments = _parser().parse_args(argv)
     try:
+        # The output folder first: a bad --out must not cost the evaluation (seconds to minutes).
+        out = check_output_folder(arguments.out or arguments.bundle.parent / EVALUATION_DIR)
         bundle = load_bundle(arguments.bundle)
         data = arguments.data or _recorded(bundle, "folder", "--data")
         split_file = arguments.split_file or _recorded(bundle, "split_file", "--split-file")
         files = select_patients(find_cases(data, arguments.dataset), load_split(split_file)[arguments.split])
         cases = load_cases(files, bundle.metadata.num_classes)
-        out = arguments.out or arguments.bundle.parent / EVALUATION_DIR
         summary = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size)
     except (BundleError, DataError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
+    except OSError as error:
+        raise SystemExit(f"error: {os_error_sentence(error)}") from None
     print_summary(summary, out)
     return out / SUMMARY_NAME
 

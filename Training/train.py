@@ -33,8 +33,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from CalibSegLib.bundle import BundleError, load_bundle
-from CalibSegLib.losses import LOSSES
-from CalibSegLib.networks import NETWORKS
+from CalibSegLib.device import resolve_device
+from CalibSegLib.io import check_output_folder, os_error_sentence
+from CalibSegLib.losses import LOSSES, build_loss
+from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta
 from Training.checkpoint import CheckpointError
 from Training.data import DATASETS, Case, CaseFile, DataError, default_classes, find_cases, load_cases
 from Training.evaluate import evaluate_bundle, print_summary
@@ -226,10 +228,29 @@ def _load_split_cases(arguments: argparse.Namespace, num_classes: int
     return files, Path(split_file), split, cases
 
 
+def _check_model(config: TrainConfig) -> None:
+    """Build the configured network (on torch's meta device: no memory) and loss, and resolve the
+    device, so that a bad --network-arg, --loss-arg or --device stops the run before its folder exists."""
+    try:
+        build_network_on_meta(config.network, 1, config.num_classes, 2, **config.network_kwargs)
+    except NetworkOptionsError as error:
+        raise DataError(
+            f"--network {config.network} cannot be built with --network-arg {config.network_kwargs} "
+            f"({error.reason})."
+        ) from None
+    build_loss(config.method, config.num_classes, **config.loss_args)  # unknown hyper-parameter: KeyError
+    resolve_device(config.device)
+
+
 def run(arguments: argparse.Namespace) -> Path:
-    """Train (or resume), evaluate, and return the bundle path."""
+    """Train (or resume), evaluate, and return the bundle path.
+
+    Everything that can be wrong with the flags, the output folder and the data is checked
+    before the run folder is created, so a refused run leaves nothing behind.
+    """
     config = parse_config(arguments)
-    run_dir = _run_dir(arguments, config.method)
+    _check_model(config)
+    run_dir = check_output_folder(_run_dir(arguments, config.method))
     checkpoint = run_dir / CHECKPOINT_NAME
     if checkpoint.exists() and not arguments.resume:
         raise DataError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
@@ -268,6 +289,8 @@ def main(argv: Sequence[str] | None = None) -> Path:
         bundle_path = run(arguments)
     except (DataError, CheckpointError, BundleError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
+    except OSError as error:
+        raise SystemExit(f"error: {os_error_sentence(error)}") from None
     except KeyError as error:  # unknown loss hyper-parameter: the registry's sentence is its argument
         raise SystemExit(f"error: {error.args[0]}") from None
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ again if anything fails — so an error or a cancel leaves the scene as it was.
 
 from __future__ import annotations
 
+import numbers
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -69,6 +70,16 @@ class CalibSegOutputs:
     metrics: dict[str, float] = field(default_factory=dict)  # the table's rows: label -> value
 
 
+def _checked_threshold(threshold: float | None) -> float | None:
+    """``threshold`` as a float in [0, 1] (None stays None); ValueError with one sentence otherwise."""
+    if threshold is None:
+        return None
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
+        # ``not 0 <= nan <= 1`` is True, so NaN is refused here too.
+        raise ValueError(f"The low-confidence threshold must be a number in [0, 1], got {threshold!r}.")
+    return float(threshold)
+
+
 class CalibSegLogic:
     """Qt-free logic of the CalibSeg module."""
 
@@ -76,11 +87,13 @@ class CalibSegLogic:
                 lowConfidenceThreshold: float | None = None) -> CalibSegRequest:
         """Read and check everything the run needs from the scene; raises ValueError with one sentence.
 
-        ``bundlePath`` is a ``.calibseg`` file or a shipped model's name (e.g. ``"acdc_crac"``).
+        ``bundlePath`` is a ``.calibseg`` file or a shipped model's name (e.g. ``"acdc_crac"``);
+        ``lowConfidenceThreshold`` None or a confidence in [0, 1].
         """
         from CalibSegLib.bundle import load_bundle
         from CalibSegLib.pretrained import resolve_bundle_path
 
+        lowConfidenceThreshold = _checked_threshold(lowConfidenceThreshold)
         if not bundlePath:
             raise ValueError("Choose a model bundle (.calibseg file).")
         bundle = load_bundle(resolve_bundle_path(bundlePath))
@@ -137,8 +150,13 @@ class CalibSegLogic:
 
     @staticmethod
     def updateLowConfidence(outputs: CalibSegOutputs, inputVolumeNode, threshold: float) -> None:
-        """Recompute the 'low confidence' segment for a new threshold (the widget's slider)."""
+        """Recompute the 'low confidence' segment for a new threshold in [0, 1] (the widget's slider).
+
+        Raises:
+            ValueError: ``threshold`` is not a number in [0, 1] (NaN included); nothing changes then.
+        """
         import slicer.util
 
+        threshold = _checked_threshold(threshold)
         confidence = np.array(slicer.util.arrayFromVolume(outputs.confidence))
         set_low_confidence_segment(outputs.segmentation, inputVolumeNode, confidence, threshold)

@@ -66,7 +66,8 @@ def masked_probabilities(probs, target, mask=None) -> tuple[np.ndarray, np.ndarr
 
     Raises:
         ValueError: shapes disagree, NaN/inf or negative probabilities, probabilities not
-            summing to 1 over classes (tolerance 1e-3), labels outside ``[0, C)``.
+            summing to 1 over classes (tolerance 1e-3), masked labels outside ``[0, C)`` — with
+            the default mask, negative labels anywhere (``target > 0`` would skip them silently).
     """
     probs = _to_numpy(probs)
     target = _to_numpy(target)
@@ -78,6 +79,12 @@ def masked_probabilities(probs, target, mask=None) -> tuple[np.ndarray, np.ndarr
     if not np.issubdtype(target.dtype, np.integer):
         raise ValueError(f"target must hold integer class labels, got dtype {target.dtype}.")
     if mask is None:
+        # Negative labels are an error, not "background": the default mask would quietly drop them.
+        if target.size and target.min() < 0:
+            raise ValueError(
+                f"target labels must lie in [0, {num_classes - 1}], found {target.min()}; pass an explicit "
+                "mask to leave voxels out instead of negative labels."
+            )
         mask = target > 0
     else:
         mask = _to_numpy(mask)

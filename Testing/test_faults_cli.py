@@ -1,0 +1,249 @@
+"""Fault catalogue, command lines: ``python -m CalibSegLib.predict`` and ``Training/evaluate.py`` run in
+process through ``main(argv)``; each fault is one line on stderr, exit status 2 (130 for Ctrl-C),
+no traceback, the output folder checked before any inference, and the outputs written as one set:
+earlier files byte-identical, no temporaries, no new folders."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from CalibSegLib import io as image_io
+from CalibSegLib import predict
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import ImageGeometry, write_image
+from CalibSegLib.testing import make_test_bundle
+from fault_checks import BROKEN_BUNDLES, assert_one_sentence, normal_file_mode, tree_snapshot
+from Training import evaluate
+
+GRID = ImageGeometry(spacing=(5.0, 1.2, 0.9), origin=(-20.0, 4.0, 9.5))
+MAPS = ("labels", "confidence", "entropy")
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory) -> Path:
+    """Inputs in one folder: a small NIfTI image, a reference, a NaN image and a bundle."""
+    folder = tmp_path_factory.mktemp("inputs")
+    image = np.random.default_rng(3).normal(300, 60, size=(3, 24, 20)).astype(np.float32)
+    reference = np.zeros(image.shape, np.uint8)
+    reference[:, 6:16, 5:14] = 1
+    write_image(folder / "case.nii.gz", image, GRID)
+    write_image(folder / "case_ref.nii.gz", reference, GRID)
+    image[1, 2, 3] = np.nan
+    write_image(folder / "nan.nii.gz", image, GRID)
+    make_test_bundle(folder / "model.calibseg")
+    return folder
+
+
+def predict_cli(case: Path, out_dir: Path, *extra: str, bundle: Path | None = None,
+                image: str = "case.nii.gz") -> int:
+    return predict.main(["--bundle", str(bundle or case / "model.calibseg"), "--image", str(case / image),
+                         "--out-dir", str(out_dir), "--device", "cpu", "--batch-size", "2", *extra])
+
+
+@pytest.fixture()
+def previous(case, tmp_path) -> Path:
+    """An output folder holding the outputs of an earlier run (with metrics), to be kept intact."""
+    out = tmp_path / "out"
+    assert predict_cli(case, out, "--reference", str(case / "case_ref.nii.gz")) == 0
+    return out
+
+
+def no_inference(monkeypatch) -> None:
+    """Make any inference fail the test: the fault must be found before it."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("inference ran although the fault was detectable before it")
+
+    monkeypatch.setattr(Predictor, "predict", refuse)
+
+
+def fail_on_second_write(monkeypatch, error: BaseException) -> None:
+    """The second image written raises ``error`` after writing part of its file."""
+    real, calls = image_io.sitk.WriteImage, []
+
+    def write(image, name, useCompression=False):
+        calls.append(name)
+        if len(calls) == 2:
+            Path(name).write_bytes(b"partial")
+            raise error
+        real(image, name, useCompression=useCompression)
+
+    monkeypatch.setattr(image_io.sitk, "WriteImage", write)
+
+
+def _out_is_file(case, tmp_path, monkeypatch) -> Path:
+    no_inference(monkeypatch)
+    (tmp_path / "out").write_text("a file")
+    return tmp_path / "out"
+
+
+def _out_below_file(case, tmp_path, monkeypatch) -> Path:
+    no_inference(monkeypatch)
+    (tmp_path / "file").write_text("a file")
+    return tmp_path / "file" / "sub"
+
+
+def _out_unwritable(case, tmp_path, monkeypatch) -> Path:
+    # Tests may run as root, for whom chmod does not take away write access: ask os.access instead.
+    no_inference(monkeypatch)
+    (tmp_path / "locked").mkdir()
+    monkeypatch.setattr(image_io.os, "access", lambda path, mode: Path(path) != tmp_path / "locked")
+    return tmp_path / "locked" / "out"
+
+
+def _map_name_taken_by_folder(case, tmp_path, monkeypatch) -> Path:
+    no_inference(monkeypatch)
+    (tmp_path / "out" / "case_entropy.nii.gz").mkdir(parents=True)
+    return tmp_path / "out"
+
+
+# case → (prepare(case, tmp_path, monkeypatch) -> out dir, regexes of the sentence)
+BAD_OUT_DIRS: dict[str, tuple[Callable, tuple[str, ...]]] = {
+    "--out-dir is a file": (_out_is_file, ("Cannot write into", "is a file, not a folder")),
+    "--out-dir below a file": (_out_below_file, ("is a file, not a folder",)),
+    "--out-dir not writable": (_out_unwritable, ("is not writable",)),
+    "an output name is a folder": (
+        _map_name_taken_by_folder, ("case_entropy.nii.gz: a folder of that name",)),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_OUT_DIRS))
+def test_bad_out_dir_is_one_sentence_before_inference(name, case, tmp_path, monkeypatch, capsys):
+    prepare, patterns = BAD_OUT_DIRS[name]
+    out = prepare(case, tmp_path, monkeypatch)
+    before = tree_snapshot(tmp_path)
+    assert predict_cli(case, out) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ")
+    assert_one_sentence(error, *patterns)
+    assert tree_snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", list(BROKEN_BUNDLES))
+def test_broken_bundle_is_one_sentence_and_writes_nothing(name, case, previous, tmp_path, capsys):
+    make, pattern = BROKEN_BUNDLES[name]
+    bundle = make(case / "model.calibseg", tmp_path / "broken.calibseg")
+    before = tree_snapshot(tmp_path)
+    assert predict_cli(case, previous, bundle=bundle) == 2
+    error = capsys.readouterr().err
+    assert_one_sentence(error, "^error: ", pattern)
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_nan_nifti_image_is_one_sentence_and_writes_nothing(case, previous, tmp_path, capsys):
+    before = tree_snapshot(tmp_path)
+    assert predict_cli(case, previous, image="nan.nii.gz") == 2
+    assert_one_sentence(capsys.readouterr().err, "nan.nii.gz stores NaN or infinite voxel values")
+    assert tree_snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), RuntimeError("ITK: disk full")],
+                         ids=["OSError", "ITK RuntimeError"])
+def test_failed_write_keeps_every_previous_output(failure, case, previous, tmp_path, monkeypatch, capsys):
+    fail_on_second_write(monkeypatch, failure)
+    before = tree_snapshot(tmp_path)
+    assert predict_cli(case, previous, "--reference", str(case / "case_ref.nii.gz")) == 2
+    assert_one_sentence(capsys.readouterr().err, "^error: ", "No space left on device|disk full")
+    assert tree_snapshot(tmp_path) == before  # old labels, confidence, entropy and metrics; no temporaries
+
+
+def test_failed_write_into_a_new_folder_leaves_no_folder(case, tmp_path, monkeypatch, capsys):
+    fail_on_second_write(monkeypatch, OSError(28, "No space left on device"))
+    assert predict_cli(case, tmp_path / "new" / "deeper") == 2
+    assert_one_sentence(capsys.readouterr().err, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_during_inference_exits_130_with_nothing_written(case, tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Predictor, "predict", interrupted)
+    assert predict_cli(case, tmp_path / "out") == 130
+    assert_one_sentence(capsys.readouterr().err, "^interrupted: nothing was written")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_writing_keeps_the_previous_outputs(case, previous, tmp_path, monkeypatch, capsys):
+    fail_on_second_write(monkeypatch, KeyboardInterrupt())
+    before = tree_snapshot(tmp_path)
+    assert predict_cli(case, previous) == 130
+    assert_one_sentence(capsys.readouterr().err, "interrupted")
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_rename_failure_midway_restores_the_replaced_outputs(case, previous, tmp_path, monkeypatch, capsys):
+    """All temporaries are written; the second rename fails: the first output gets its old content back."""
+    real, calls = os.replace, []
+
+    def replace(source, destination):
+        if not Path(source).name.startswith(".."):  # the set's renames, not write_image's own (".." names)
+            calls.append(destination)
+            if len(calls) == 2:
+                raise OSError(5, "Input/output error")
+        real(source, destination)
+
+    monkeypatch.setattr(image_io.os, "replace", replace)
+    before = tree_snapshot(tmp_path)
+    assert predict_cli(case, previous) == 2
+    assert_one_sentence(capsys.readouterr().err, "Input/output error")
+    assert tree_snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o002])
+def test_outputs_get_the_umask_mode_not_0600(umask, case, tmp_path):
+    old = os.umask(umask)
+    try:
+        assert predict_cli(case, tmp_path / "out", "--reference", str(case / "case_ref.nii.gz")) == 0
+        expected = normal_file_mode()
+    finally:
+        os.umask(old)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "out").iterdir()}
+    assert modes == {f"case_{name}": expected for name in ("metrics.json", *(f"{m}.nii.gz" for m in MAPS))}
+
+
+@pytest.fixture()
+def bundle_beside_data(tmp_path) -> Path:
+    return make_test_bundle(tmp_path / "run" / "model.calibseg")
+
+
+def _evaluate_out_is_file(tmp_path, monkeypatch) -> list[str]:
+    (tmp_path / "taken").write_text("a file")
+    return ["--out", str(tmp_path / "taken")]
+
+
+def _evaluate_out_unwritable(tmp_path, monkeypatch) -> list[str]:
+    monkeypatch.setattr(image_io.os, "access", lambda path, mode: False)
+    return ["--out", str(tmp_path / "evaluation")]
+
+
+@pytest.mark.parametrize("prepare,pattern", [(_evaluate_out_is_file, "is a file, not a folder"),
+                                             (_evaluate_out_unwritable, "is not writable")],
+                         ids=["--out is a file", "--out not writable"])
+def test_evaluate_checks_its_out_folder_before_any_work(prepare, pattern, bundle_beside_data, tmp_path,
+                                                        monkeypatch):
+    extra = prepare(tmp_path, monkeypatch)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("evaluate loaded the bundle before checking --out")
+
+    monkeypatch.setattr(evaluate, "load_bundle", no_work)
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        evaluate.main(["--bundle", str(bundle_beside_data), *extra])
+    assert_one_sentence(str(caught.value.code), "^error: ", pattern)
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_evaluate_refuses_a_nan_bundle_with_one_sentence(case, tmp_path):
+    make, pattern = BROKEN_BUNDLES["NaN weights"]
+    bundle = make(case / "model.calibseg", tmp_path / "nan.calibseg")
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        evaluate.main(["--bundle", str(bundle), "--data", str(tmp_path)])
+    assert_one_sentence(str(caught.value.code), "^error: ", pattern)
+    assert tree_snapshot(tmp_path) == before
