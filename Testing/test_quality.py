@@ -328,3 +328,53 @@ def test_save_refuses_a_malformed_quality_model(tmp_path):
     with pytest.raises(BundleError, match="quality model is malformed"):
         make_test_bundle(tmp_path / "x.calibseg", quality_model=metadata.quality_model)
     assert not (tmp_path / "x.calibseg").exists()
+
+
+# --------------------------------------------------------------------------- fitting a bundle
+
+
+def _shipped_copy(tmp_path, sample_acdc_dir, **data):
+    """The shipped CE+Dice bundle with other recorded data (same weights bytes, so the same checksum)."""
+    from CalibSegLib.pretrained import resolve_bundle_path
+
+    with zipfile.ZipFile(resolve_bundle_path("acdc_ce_dice")) as archive:
+        stored = json.loads(archive.read("bundle.json"))
+        weights = archive.read("weights.safetensors")
+    stored["data"] = {**stored["data"], "folder": str(sample_acdc_dir), **data}
+    stored["quality_model"] = None
+    path = tmp_path / "shipped.calibseg"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("bundle.json", json.dumps(stored))
+        archive.writestr("weights.safetensors", weights)
+    return path, weights
+
+
+def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_path, sample_acdc_dir, capsys):
+    from CalibSegLib.inference import Predictor
+    from CalibSegLib.quality import fit_quality_model
+    from Training import fit_quality
+    from Training.data import find_cases, load_cases
+
+    path, weights = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient016"])
+    assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == path
+    with zipfile.ZipFile(path) as archive:
+        assert archive.read("weights.safetensors") == weights  # float16 bytes untouched
+    bundle = load_bundle(path)
+    assert bundle.metadata.weights_dtype == "float16"
+    stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
+    assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
+    cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
+    assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
+    printed = capsys.readouterr().out
+    assert "leave-one-patient-out on 4 validation volumes of 2 patients" in printed and f"bundle: {path}" in printed
+
+
+def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, sample_acdc_dir):
+    from Training import fit_quality
+
+    path, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=[])
+    with pytest.raises(SystemExit, match="error: shipped.calibseg records no validation patients"):
+        fit_quality.main(["--bundle", str(path), "--device", "cpu"])
+    with pytest.raises(SystemExit, match="error: Data folder .* does not exist"):
+        fit_quality.main(["--bundle", "acdc_crac", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "x.calibseg")])
+    assert not (tmp_path / "x.calibseg").exists()
