@@ -8,10 +8,13 @@
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
-(normalised entropy in [0, 1], float32); with ``--reference`` also ``<stem>_metrics.json``
-(Dice/HD95/ASD per class in mm, calibration metrics streamed batch by batch, error
-detection). The work is done by :func:`predict_files` on the same library path the Slicer
-module runs; errors print one line and exit with status 2.
+(normalised entropy in [0, 1], float32); always ``<stem>_summary.json``, the quality summary
+without a reference (:func:`CalibSegLib.quality.quality_summary`: per structure volume in mL,
+mean confidence and entropy, low-confidence fraction, predicted Dice with its interval and a
+review flag; the most uncertain slices); with ``--reference`` also ``<stem>_metrics.json``
+(Dice/HD95/ASD per class in mm, each measured Dice followed by the predicted one, calibration
+metrics streamed batch by batch, error detection). The work is done by :func:`predict_files`
+on the same library path the Slicer module runs; errors print one line and exit with status 2.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import image_stem, read_image, write_image, write_json_atomic
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
+from CalibSegLib.quality import quality_summary, with_predicted_dice
 
 __all__ = ["predict_files", "main"]
 
@@ -46,7 +50,7 @@ def predict_files(
     """Predict the image at ``image_path`` and write its maps (and metrics) into ``out_dir``.
 
     Returns:
-        ``{"labels", "confidence", "entropy"[, "metrics"]}`` → written paths.
+        ``{["metrics",] "summary", "labels", "confidence", "entropy"}`` → written paths.
 
     Raises:
         ValueError: unreadable image/reference, a reference not on the image's grid or with
@@ -55,6 +59,7 @@ def predict_files(
     image_path, out_dir = Path(image_path), Path(out_dir)
     image, geometry = read_image(image_path)
     stem = image_stem(image_path)
+    metadata = predictor.bundle.metadata
     outputs: dict[str, Path] = {}
     if reference_path is None:
         prediction = predictor.predict(image, geometry.spacing, progress=progress, cancel=cancel)
@@ -72,8 +77,11 @@ def predict_files(
             predictor, image, reference.astype(np.int64), geometry.spacing, progress=progress, cancel=cancel
         )
         prediction = evaluation.prediction
-        row = case_metrics_row(evaluation, predictor.bundle.metadata.class_names)
+    summary = quality_summary(prediction, geometry.spacing, metadata)
+    if reference_path is not None:
+        row = with_predicted_dice(case_metrics_row(evaluation, metadata.class_names), summary)
         outputs["metrics"] = write_json_atomic(out_dir / f"{stem}_metrics.json", row)
+    outputs["summary"] = write_json_atomic(out_dir / f"{stem}_summary.json", summary)
     for name in OUTPUT_MAPS:
         outputs[name] = write_image(out_dir / f"{stem}_{name}.nii.gz", getattr(prediction, name), geometry)
     return outputs

@@ -75,6 +75,7 @@ __all__ = [
     "quality_model_of",
     "quality_summary",
     "summary_columns",
+    "with_predicted_dice",
     "observe_case",
     "fit_from_observations",
     "fit_quality_model",
@@ -455,21 +456,37 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
     }
 
 
+def _structure_columns(name: str, entry: dict[str, Any]) -> dict[str, float]:
+    key = structure_key(name)
+    low, high = entry["predicted_dice_interval"] or (None, None)
+    return {column: math.nan if value is None else float(value)
+            for column, value in ((f"predicted_dice_{key}", entry["predicted_dice"]),
+                                  (f"predicted_dice_low_{key}", low), (f"predicted_dice_high_{key}", high),
+                                  (f"review_{key}", entry["review"]))}
+
+
 def summary_columns(summary: dict[str, Any]) -> dict[str, float]:
     """Flat per-structure columns of a summary for metric rows and CSV files.
 
     ``predicted_dice_<structure>``, ``predicted_dice_low_<structure>``,
     ``predicted_dice_high_<structure>`` and ``review_<structure>`` (1.0 / 0.0); NaN where null.
     """
-    columns: dict[str, float] = {}
-    for name, entry in summary["structures"].items():
-        key = structure_key(name)
-        low, high = entry["predicted_dice_interval"] or (None, None)
-        for column, value in ((f"predicted_dice_{key}", entry["predicted_dice"]),
-                              (f"predicted_dice_low_{key}", low), (f"predicted_dice_high_{key}", high),
-                              (f"review_{key}", entry["review"])):
-            columns[column] = math.nan if value is None else float(value)
-    return columns
+    return {column: value for name, entry in summary["structures"].items()
+            for column, value in _structure_columns(name, entry).items()}
+
+
+def with_predicted_dice(row: dict[str, float], summary: dict[str, Any]) -> dict[str, float]:
+    """A flat metrics ``row`` with each structure's :func:`summary_columns` right after its measured
+    ``dice_<structure>`` (appended at the end for a structure the row has no Dice of)."""
+    groups = {f"dice_{structure_key(name)}": _structure_columns(name, entry)
+              for name, entry in summary["structures"].items()}
+    merged: dict[str, float] = {}
+    for key, value in row.items():
+        merged[key] = value
+        merged.update(groups.pop(key, {}))
+    for columns in groups.values():
+        merged.update(columns)
+    return merged
 
 
 # --------------------------------------------------------------------------- fitting
