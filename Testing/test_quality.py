@@ -378,3 +378,66 @@ def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, s
     with pytest.raises(SystemExit, match="error: Data folder .* does not exist"):
         fit_quality.main(["--bundle", "acdc_crac", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "x.calibseg")])
     assert not (tmp_path / "x.calibseg").exists()
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _rows(predicted, measured, review):
+    return [{"case": f"c{index}", "dice_class_1": m, "predicted_dice_class_1": p, "predicted_dice_low_class_1": p - 0.1,
+             "predicted_dice_high_class_1": p + 0.1, "review_class_1": r}
+            for index, (p, m, r) in enumerate(zip(predicted, measured, review))]
+
+
+def test_quality_statistics_against_hand_counts():
+    from Training.quality_report import ALL_STRUCTURES, quality_statistics
+
+    predicted = [0.9, 0.85, 0.7, 0.75, 0.6, float("nan")]
+    measured = [0.95, 0.7, 0.72, 0.9, 0.5, 0.0]
+    review = [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]  # the last one was predicted nowhere: flagged, no prediction
+    report = quality_statistics(_rows(predicted, measured, review), ["background", "class 1"])
+    entry = report["class 1"]
+    assert entry["cases"] == 5 and entry["mae"] == pytest.approx(np.mean([0.05, 0.15, 0.02, 0.15, 0.1]))
+    assert entry["spearman"] == pytest.approx(0.7)  # ranks (5, 4, 2, 3, 1) vs (5, 2, 3, 4, 1): 1 − 6·6/120
+    assert entry["interval_coverage"] == pytest.approx(3 / 5)  # 0.7 and 0.9 fall outside ±0.1
+    assert (entry["poor"], entry["flagged"], entry["flagged_poor"]) == (4, 4, 3)
+    # flag: sensitivity 3/4, specificity 1/2 → AUROC (3/4 + 1/2) / 2
+    assert entry["review_auroc"] == pytest.approx(0.625)
+    # predicted Dice of the good (0.9, 0.75) above that of the poor (0.85, 0.7, 0.6) in 5 of 6 pairs
+    assert entry["predicted_dice_auroc"] == pytest.approx(5 / 6)
+    assert report[ALL_STRUCTURES] == entry  # one structure: pooled is the same
+
+
+def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_inputs(tmp_path, sample_acdc_dir):
+    import csv
+
+    from CalibSegLib.pretrained import resolve_bundle_path
+    from Training.data import find_cases, load_cases
+    from Training.evaluate import evaluate_bundle
+    from Training.quality_report import quality_statistics
+
+    cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id == "patient041"], 4)
+    bundle = load_bundle(resolve_bundle_path("acdc_ce_dice"))
+    summary = evaluate_bundle(bundle, cases, tmp_path, device="cpu", degradations=("contrast inversion", "noise 10 %"))
+    with (tmp_path / "per_case.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    header = list(rows[0])
+    assert header[header.index("dice_myocardium") + 1] == "predicted_dice_myocardium"
+    scaled = [{key: float(value) for key, value in row.items() if key not in ("case", "variant")}
+              for row in rows if row["variant"] == "scaled"]
+    assert all(0 < row["predicted_dice_myocardium"] <= 1 for row in scaled)
+    assert all(row["predicted_dice_myocardium"] == "nan" for row in rows if row["variant"] == "uncalibrated")
+    quality = summary["quality"]
+    expected = quality_statistics(scaled, bundle.metadata.class_names)
+    assert quality["clean"]["left ventricle"]["mae"] == pytest.approx(expected["left ventricle"]["mae"])
+    assert quality["clean"]["left ventricle"]["cases"] == 2
+    assert list(quality["degraded"]) == ["contrast inversion", "noise 10 %", "degraded (all)"]
+    inverted = quality["degraded"]["contrast inversion"]["all structures"]
+    assert inverted["poor"] == 6 and inverted["mean_measured"] < 0.2  # the model fails on inverted contrast
+    assert json.loads((tmp_path / "summary.json").read_text())["quality"]["review_below"] == 0.8
+    # the Markdown tables of the results page, from the written summary
+    from Training.quality_report import main as tables_cli
+
+    lines = tables_cli([str(tmp_path / "summary.json")])
+    assert sum(line.startswith("| acdc_ce_dice | ") for line in lines) == 4 + 3  # 3 structures + all; 3 inputs
+    assert any(line.startswith("| acdc_ce_dice | contrast inversion | ") and " 6 / 6 " in line for line in lines)
