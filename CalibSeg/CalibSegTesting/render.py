@@ -1,9 +1,10 @@
 """Offscreen picture of what the module shows in a slice view, made with Slicer's own slice pipeline.
 
 ``vtkMRMLSliceLogic`` reslices and blends the layers exactly as a Slicer slice view does:
-input as background, the confidence map as foreground (CalibSeg's viridis table, 50 %
-opacity) and the predicted segmentation as a label layer drawn as outlines. Matplotlib adds
-the colour legend (confidence scale and class colours) around that image.
+input as background, the uncertainty hot spots as foreground (normalised entropy with CalibSeg's
+inferno table, transparent below the hot-spot level through the display node's threshold) and
+the predicted segmentation as a label layer drawn as outlines. Matplotlib adds the colour legend
+(the hot-spot part of the uncertainty scale and the class colours) around that image.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def _label_color_table(scene, class_names, class_colors):
 
 
 def _blended_slice(scene, background, foreground, labelmap, size: int, slice_index: int) -> np.ndarray:
+    """The ``(size, size, 3)`` RGB pixels of an axial slice view through k-slice ``slice_index``."""
     import slicer
     from vtk.util.numpy_support import vtk_to_numpy
 
@@ -58,12 +60,19 @@ def _blended_slice(scene, background, foreground, labelmap, size: int, slice_ind
     image = producer.GetOutputDataObject(0)
     width, height, _ = image.GetDimensions()
     rgba = vtk_to_numpy(image.GetPointData().GetScalars()).reshape(height, width, -1)
-    return rgba[::-1, :, :3]  # VTK's first row is the bottom one
+    pixels = np.array(rgba[::-1, :, :3])  # VTK's first row is the bottom one
+    # The view's nodes go again, so the next picture starts from a fresh view of the requested size.
+    scene.RemoveNode(composite)
+    scene.RemoveNode(slice_node)
+    return pixels
 
 
 def render_slice_view(scene, input_node, outputs, class_names, class_colors, path: Path, size: int = 480,
                       slice_index: int | None = None, title: str = "") -> tuple[Path, np.ndarray]:
-    """Write a PNG of one axial slice: input, confidence colour map, segmentation outlines and legends.
+    """Write a PNG of one axial slice: input, uncertainty hot spots, segmentation outlines and legends.
+
+    ``slice_index`` defaults to the run's most uncertain slice (``outputs.summary``), or the slice
+    with the most predicted foreground when no slice has a hot spot.
 
     Returns the PNG's path and the slice view's own ``(size, size, 3)`` uint8 pixels (before the legend).
     """
@@ -84,18 +93,24 @@ def render_slice_view(scene, input_node, outputs, class_names, class_colors, pat
         labels[mask > 0] = order
     labelmap = add_volume_like(scene, input_node, labels, "CalibSeg snapshot labels", "vtkMRMLLabelMapVolumeNode")
     labelmap.GetDisplayNode().SetAndObserveColorNodeID(_label_color_table(scene, class_names, class_colors).GetID())
-    if slice_index is None:  # the slice with the most foreground shows the most
-        slice_index = int(np.argmax((labels > 0).sum(axis=(1, 2))))
-    picture = _blended_slice(scene, input_node, outputs.confidence, labelmap, size, slice_index)
+    if slice_index is None:
+        uncertain = outputs.summary["uncertain_slices"]
+        slice_index = uncertain[0] if uncertain else int(np.argmax((labels > 0).sum(axis=(1, 2))))
+    picture = _blended_slice(scene, input_node, outputs.uncertainty, labelmap, size, slice_index)
+    level = outputs.uncertainty.GetDisplayNode().GetLowerThreshold()
 
     figure, axes = plt.subplots(figsize=(6.4, 5.2), dpi=100)
     axes.imshow(picture)
     axes.set_axis_off()
     if title:
         axes.set_title(title, fontsize=10)
-    scale = figure.colorbar(plt.cm.ScalarMappable(cmap=ListedColormap(colormap_table("viridis")),
-                                                  norm=plt.Normalize(0, 1)), ax=axes, fraction=0.046, pad=0.02)
-    scale.set_label("confidence (max. class probability)")
+    # Only the part of the 0–1 scale the view can show: below the level the overlay is transparent.
+    table = colormap_table("inferno")
+    start = min(max(level, 0.0), 0.99)  # a level at or above 1 shows nothing; keep a sliver of scale to draw
+    shown = ListedColormap(table[int(round(start * (len(table) - 1))):])
+    scale = figure.colorbar(plt.cm.ScalarMappable(cmap=shown, norm=plt.Normalize(start, 1)), ax=axes,
+                            fraction=0.046, pad=0.02)
+    scale.set_label(f"uncertainty (entropy / log C), hot spots ≥ {level:.2f}")
     axes.legend(handles=[Patch(facecolor="none", edgecolor=color, linewidth=2, label=name)
                          for name, color in zip(class_names[1:], class_colors[1:])],
                 loc="lower left", fontsize=8, framealpha=0.8, title="segmentation", title_fontsize=8)
