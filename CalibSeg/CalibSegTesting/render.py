@@ -15,6 +15,7 @@ import numpy as np
 
 from CalibSegLogic.colors import colormap_table
 from CalibSegLogic.display import FOREGROUND_OPACITY
+from CalibSegLogic.volumes import ijk_to_ras
 
 __all__ = ["render_slice_view"]
 
@@ -31,8 +32,10 @@ def _label_color_table(scene, class_names, class_colors):
     return table
 
 
-def _blended_slice(scene, background, foreground, labelmap, size: int, slice_index: int) -> np.ndarray:
-    """The ``(size, size, 3)`` RGB pixels of an axial slice view through k-slice ``slice_index``."""
+def _blended_slice(scene, background, foreground, labelmap, size: int, slice_index: int,
+                   focus: tuple[np.ndarray, float] | None = None) -> np.ndarray:
+    """The ``(size, size, 3)`` RGB pixels of an axial slice view through k-slice ``slice_index``;
+    with ``focus`` (a RAS point on that slice and a field of view in mm) centred there, else the whole volume."""
     import slicer
     from vtk.util.numpy_support import vtk_to_numpy
 
@@ -55,6 +58,10 @@ def _blended_slice(scene, background, foreground, labelmap, size: int, slice_ind
     slice_logic.GetVolumeSliceBounds(background, bounds)
     spacing = slice_logic.GetLowestVolumeSliceSpacing()[2]
     slice_logic.SetSliceOffset(bounds[4] + (slice_index + 0.5) * spacing)
+    if focus is not None:
+        centre, field_of_view = focus
+        slice_node.SetFieldOfView(field_of_view, field_of_view, slice_node.GetFieldOfView()[2])
+        slice_node.JumpSliceByCentering(*centre)
     producer = slice_logic.GetImageDataConnection().GetProducer()
     producer.Update()
     image = producer.GetOutputDataObject(0)
@@ -67,12 +74,25 @@ def _blended_slice(scene, background, foreground, labelmap, size: int, slice_ind
     return pixels
 
 
+def _focus(input_node, mask: np.ndarray, slice_index: int, zoom: float) -> tuple[np.ndarray, float] | None:
+    """Centre (RAS) and field of view (mm) showing ``mask``'s ``(j, i)`` box on a k-slice, ``zoom`` times its size."""
+    if not mask.any():
+        return None
+    rows, columns = np.nonzero(mask)
+    spacing = input_node.GetSpacing()  # (i, j, k)
+    extent = max((np.ptp(columns) + 1) * spacing[0], (np.ptp(rows) + 1) * spacing[1])
+    ijk = ((columns.min() + columns.max()) / 2.0, (rows.min() + rows.max()) / 2.0, float(slice_index))
+    return ijk_to_ras(input_node, ijk), zoom * extent
+
+
 def render_slice_view(scene, input_node, outputs, class_names, class_colors, path: Path, size: int = 480,
-                      slice_index: int | None = None, title: str = "") -> tuple[Path, np.ndarray]:
+                      slice_index: int | None = None, title: str = "", zoom: float | None = None,
+                      ) -> tuple[Path, np.ndarray]:
     """Write a PNG of one axial slice: input, uncertainty hot spots, segmentation outlines and legends.
 
     ``slice_index`` defaults to the run's most uncertain slice (``outputs.summary``), or the slice
-    with the most predicted foreground when no slice has a hot spot.
+    with the most predicted foreground when no slice has a hot spot. ``zoom``: show the predicted
+    structures of that slice, the field of view ``zoom`` times their extent, instead of the whole slice.
 
     Returns the PNG's path and the slice view's own ``(size, size, 3)`` uint8 pixels (before the legend).
     """
@@ -96,7 +116,8 @@ def render_slice_view(scene, input_node, outputs, class_names, class_colors, pat
     if slice_index is None:
         uncertain = outputs.summary["uncertain_slices"]
         slice_index = uncertain[0] if uncertain else int(np.argmax((labels > 0).sum(axis=(1, 2))))
-    picture = _blended_slice(scene, input_node, outputs.uncertainty, labelmap, size, slice_index)
+    focus = None if zoom is None else _focus(input_node, labels[slice_index] > 0, slice_index, zoom)
+    picture = _blended_slice(scene, input_node, outputs.uncertainty, labelmap, size, slice_index, focus)
     level = outputs.uncertainty.GetDisplayNode().GetLowerThreshold()
 
     figure, axes = plt.subplots(figsize=(6.4, 5.2), dpi=100)
