@@ -98,7 +98,7 @@ FEATURES: dict[str, int] = {
     "boundary_entropy_ratio": -1,
 }
 FORMS: tuple[str, ...] = ("linear", "isotonic")
-_SUMMARY_FIELDS = ("volume_ml", "mean_confidence", "mean_entropy", "low_confidence_fraction")
+_SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")  # in the summary as they are
 _CHUNK_SLICES = 32  # slabs of the first axis per bincount, so no float64 copy of a whole volume is made
 
 
@@ -393,7 +393,7 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
         return {"volume_ml": 0.0, "mean_confidence": None, "mean_entropy": None, "low_confidence_fraction": None,
                 "predicted_dice": None, "predicted_dice_interval": None, "review": True}
     summary: dict[str, Any] = {"volume_ml": features["voxels"] * voxel_mm3 / 1000.0,
-                               **{key: features[key] for key in _SUMMARY_FIELDS[1:]}}
+                               **{key: features[key] for key in _SHOWN_FEATURES}}
     if model is None:
         return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
     dice = model.predict(features[model.feature])
@@ -443,8 +443,8 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
         described = {"review_below": model.review_below, "interval_coverage": model.interval_coverage,
                      "validation": model.validation}
         note = (f"review: predicted Dice below {model.review_below:.2f} or the structure predicted nowhere; "
-                f"predicted Dice from uncertainty, fitted on validation cases, with a "
-                f"{model.interval_coverage:.0%} interval")
+                f"predicted Dice from uncertainty, fitted on validation cases; intervals of nominal "
+                f"{model.interval_coverage:.0%} coverage")
     return {
         "structures": structures,
         "review": _case_review([entry["review"] for entry in structures.values()]),
