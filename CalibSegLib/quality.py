@@ -408,13 +408,15 @@ def _case_review(flags: Sequence[bool | None]) -> bool | None:
     return None if any(flag is None for flag in flags) else False
 
 
-def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata: "BundleMetadata") -> dict[str, Any]:
+def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata: "BundleMetadata",
+                    hot_spot_level: float = HOT_SPOT_LEVEL) -> dict[str, Any]:
     """The per-structure quality summary of one predicted volume, without a reference.
 
     Args:
         prediction: the bundle's prediction, all arrays ``(z, y, x)``.
         spacing: the volume's voxel size ``(z, y, x)`` in mm (volumes are in mL from it).
         metadata: the bundle's metadata: class names, slice axis and its quality model (if any).
+        hot_spot_level: normalised entropy from which a voxel counts for ``uncertain_slices``.
 
     Returns:
         ``{"structures": {name: {"volume_ml", "mean_confidence", "mean_entropy",
@@ -448,9 +450,9 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
     return {
         "structures": structures,
         "review": _case_review([entry["review"] for entry in structures.values()]),
-        "uncertain_slices": uncertain_slices(prediction.entropy, axis),
+        "uncertain_slices": uncertain_slices(prediction.entropy, axis, hot_spot_level),
         "slice_axis": axis,
-        "hot_spot_level": HOT_SPOT_LEVEL,
+        "hot_spot_level": hot_spot_level,
         "quality_model": described,
         "note": note,
     }

@@ -109,6 +109,7 @@ class CalibSegLogic:
         """
         from CalibSegLib.bundle import load_bundle
         from CalibSegLib.pretrained import resolve_bundle_path
+        from CalibSegLib.quality import HOT_SPOT_LEVEL
 
         if not bundlePath:
             raise ValueError("Choose a model bundle (.calibseg file).")
@@ -117,8 +118,6 @@ class CalibSegLogic:
         reference = None
         if referenceNode is not None:
             reference = reference_label_array(referenceNode, inputVolumeNode, bundle.metadata.class_names)
-        from CalibSegLib.quality import HOT_SPOT_LEVEL
-
         return CalibSegRequest(inputVolumeNode, bundle, image, volume_spacing(inputVolumeNode), referenceNode,
                                reference, device, lowConfidenceThreshold,
                                HOT_SPOT_LEVEL if hotSpotLevel is None else float(hotSpotLevel))
@@ -138,7 +137,8 @@ class CalibSegLogic:
             evaluation = predict_and_evaluate(predictor, request.image, request.reference, request.spacing,
                                               progress=progress, cancel=cancel)
             prediction = evaluation.prediction
-        summary = quality_summary(prediction, request.spacing, request.bundle.metadata)
+        # Slices are ranked at the run's hot-spot level, so the list points where the overlay shows.
+        summary = quality_summary(prediction, request.spacing, request.bundle.metadata, request.hot_spot_level)
         return CalibSegComputation(prediction, summary, evaluation)
 
     def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:

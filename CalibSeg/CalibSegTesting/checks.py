@@ -431,6 +431,14 @@ def check_uncertainty_is_shown_only_at_its_hot_spots(scene, work_dir: Path) -> N
     assert display.GetUpperThreshold() == 1.0
     outputs = logic.run(volume, _bundle(work_dir), hotSpotLevel=0.7)
     assert outputs.uncertainty.GetDisplayNode().GetLowerThreshold() == 0.7
+    import slicer
+
+    from CalibSegLib.quality import uncertain_slices
+
+    # the slice list is ranked at the run's level, where the overlay shows
+    entropy = slicer.util.arrayFromVolume(outputs.uncertainty)
+    assert outputs.summary["hot_spot_level"] == 0.7
+    assert outputs.summary["uncertain_slices"] == uncertain_slices(entropy, 0, 0.7)
     logic.setHotSpotLevel(outputs, 0.25)
     assert outputs.uncertainty.GetDisplayNode().GetLowerThreshold() == 0.25
     # the colour scale stays the fixed 0–1 one: a hot spot's colour means the same value on every case
