@@ -244,7 +244,7 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if self._outputs is None or row < 0:
             return
         slices = self._outputs.summary["uncertain_slices"]
-        # The uncertainty volume lies on the input's exact grid, and stays the run's even if the input selector moved.
+        # The uncertainty volume lies on the input's exact grid and stays the run's if the input selector moves.
         self.logic.jumpToSlice(self._outputs.uncertainty, slices[row], self._outputs.summary["slice_axis"])
 
     def onHotSpotLevelChanged(self, level: float) -> None:

@@ -88,19 +88,22 @@ def review_text(summary: dict) -> str:
     """One sentence for the reader on a quality summary: which structures to review and why."""
     flagged = [(name, entry) for name, entry in summary["structures"].items() if entry["review"]]
     if flagged:
-        reasons = [f"{name} (predicted Dice {entry['predicted_dice']:.2f})" if entry["predicted_dice"] is not None
-                   else f"{name} (predicted nowhere)" for name, entry in flagged]
+        reasons = [f"{name} (predicted nowhere)" if entry["predicted_dice"] is None
+                   else f"{name} (predicted Dice {entry['predicted_dice']:.2f})" for name, entry in flagged]
         return f"Review: {', '.join(reasons)}."
     if summary["review"] is None:
-        return "This bundle has no quality model, so no predicted Dice; check the hot spots and uncertain slices."
-    return f"No structure flagged: every predicted Dice is {summary['quality_model']['review_below']:.2f} or more."
+        return ("This bundle has no quality model, so no predicted Dice; "
+                "check the hot spots and uncertain slices.")
+    review_below = summary["quality_model"]["review_below"]
+    return f"No structure flagged: every predicted Dice is {review_below:.2f} or more."
 
 
 class CalibSegLogic:
     """Qt-free logic of the CalibSeg module."""
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
-                lowConfidenceThreshold: float | None = None, hotSpotLevel: float | None = None) -> CalibSegRequest:
+                lowConfidenceThreshold: float | None = None,
+                hotSpotLevel: float | None = None) -> CalibSegRequest:
         """Read and check everything the run needs from the scene; raises ValueError with one sentence.
 
         ``bundlePath`` is a ``.calibseg`` file or a shipped model's name (e.g. ``"acdc_crac"``);
@@ -124,7 +127,7 @@ class CalibSegLogic:
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
                 cancel: threading.Event | None = None) -> CalibSegComputation:
-        """Run the network, the quality summary (and the metrics when there is a reference); touches no MRML node."""
+        """Run the network, the quality summary and, with a reference, the metrics; touches no MRML node."""
         from CalibSegLib.evaluation import predict_and_evaluate
         from CalibSegLib.inference import Predictor
         from CalibSegLib.quality import quality_summary
@@ -138,7 +141,8 @@ class CalibSegLogic:
                                               progress=progress, cancel=cancel)
             prediction = evaluation.prediction
         # Slices are ranked at the run's hot-spot level, so the list points where the overlay shows.
-        summary = quality_summary(prediction, request.spacing, request.bundle.metadata, request.hot_spot_level)
+        summary = quality_summary(prediction, request.spacing, request.bundle.metadata,
+                                  request.hot_spot_level)
         return CalibSegComputation(prediction, summary, evaluation)
 
     def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:

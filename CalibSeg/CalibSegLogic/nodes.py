@@ -149,7 +149,8 @@ def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None)
     entries = list(summary["structures"].values())
 
     def number(entry: dict, key) -> float:
-        value = entry[key] if isinstance(key, str) else (entry["predicted_dice_interval"] or [None, None])[key]
+        interval = entry["predicted_dice_interval"] or [None, None]
+        value = entry[key] if isinstance(key, str) else interval[key]
         return math.nan if value is None else float(value)
 
     columns: dict[str, list] = {"Structure": list(summary["structures"]),

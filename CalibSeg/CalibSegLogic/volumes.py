@@ -58,7 +58,8 @@ def slice_center_ras(volume_node, index: int, axis: int = 0) -> np.ndarray:
     dimensions = volume_node.GetImageData().GetDimensions()  # (i, j, k)
     ijk_axis = 2 - axis
     if not 0 <= index < dimensions[ijk_axis]:
-        raise ValueError(f"Slice {index} is outside the volume, which has {dimensions[ijk_axis]} slices along that axis.")
+        raise ValueError(f"Slice {index} is outside the volume, which has {dimensions[ijk_axis]} slices "
+                         "along that axis.")
     ijk = [(size - 1) / 2.0 for size in dimensions]
     ijk[ijk_axis] = float(index)
     return ijk_to_ras(volume_node, ijk)

@@ -86,8 +86,8 @@ def _quality_model() -> dict:
     from CalibSegLib.quality import QualityModel, StructureQuality
 
     def line(intercept: float, slope: float) -> StructureQuality:
-        return StructureQuality("mean_entropy", "linear", {"intercept": intercept, "slope": slope}, (-0.1, 0.1),
-                                0.05, 0.1, 20)
+        return StructureQuality("mean_entropy", "linear", {"intercept": intercept, "slope": slope},
+                                (-0.1, 0.1), 0.05, 0.1, 20)
 
     return QualityModel({"class 1": line(0.5, 0.0), "class 2": line(0.95, 0.0), "class 3": line(1.2, -1.0)}).to_dict()
 
