@@ -30,7 +30,7 @@ from slicer.ScriptedLoadableModule import (
 from slicer.util import VTKObservationMixin
 
 from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models
-from CalibSegLogic import CalibSegLogic, InferenceJob, install_missing, missing_packages
+from CalibSegLogic import CalibSegLogic, InferenceJob, install_missing, missing_packages, review_text
 from CalibSegLogic.display import show_outputs
 
 MODULE_DIR = Path(__file__).resolve().parent
@@ -50,7 +50,11 @@ class CalibSeg(ScriptedLoadableModule):
         self.parent.helpText = """
 Segments a volume with a CalibSeg model bundle (<code>.calibseg</code>) and shows, voxel by voxel,
 how sure the model is: <b>confidence</b> (largest class probability, viridis) and <b>uncertainty</b>
-(normalised entropy, inferno), both on a fixed 0–1 scale. The <i>low-confidence</i> segment marks
+(normalised entropy, inferno), both on a fixed 0–1 scale; the uncertainty is drawn only at its
+<b>hot spots</b> (entropy above the chosen level), so the anatomy stays visible. Without any reference
+the <b>quality table</b> lists per structure its volume, mean confidence and entropy, a <b>predicted
+Dice</b> with an interval and a <b>REVIEW</b> marker (predicted Dice below 0.80), and the <b>most
+uncertain slices</b> are listed: select one to jump there. The <i>low-confidence</i> segment marks
 voxels below the chosen threshold. With a reference segmentation the module reports Dice, HD95 and
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
 a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
@@ -91,10 +95,12 @@ class CalibSegParameterNode:
     device: Annotated[str, Choice(["auto", "cpu", "cuda"])] = "auto"
     showLowConfidence: bool = False
     lowConfidenceThreshold: Annotated[float, WithinRange(0.0, 1.0)] = 0.6
+    hotSpotLevel: Annotated[float, WithinRange(0.0, 1.0)] = 0.4  # CalibSegLib.quality.HOT_SPOT_LEVEL
 
 
 class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
-    """GUI: inputs, Run/Cancel with progress, and the low-confidence threshold."""
+    """GUI: inputs, Run/Cancel with progress, the low-confidence threshold, the hot-spot level and the
+    most uncertain slices."""
 
     def __init__(self, parent=None) -> None:
         ScriptedLoadableModuleWidget.__init__(self, parent)
@@ -122,6 +128,8 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.cancelButton.connect("clicked(bool)", self.onCancel)
         self.ui.lowConfidenceSlider.connect("valueChanged(double)", self.onThresholdChanged)
         self.ui.lowConfidenceCheckBox.connect("toggled(bool)", self.onThresholdChanged)
+        self.ui.hotSpotSlider.connect("valueChanged(double)", self.onHotSpotLevelChanged)
+        self.ui.uncertainSlicesList.connect("currentRowChanged(int)", self.onUncertainSliceSelected)
         self.initializeParameterNode()
 
     def cleanup(self) -> None:
@@ -139,6 +147,8 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def onSceneStartClose(self, caller, event) -> None:
         self.onCancel()
+        self._outputs = None  # its nodes go with the scene
+        self._showQuality(None)
         self.setParameterNode(None)
 
     def onSceneEndClose(self, caller, event) -> None:
@@ -181,11 +191,13 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         try:
             request = self.logic.prepare(
                 parameters.inputVolume, str(parameters.bundlePath), parameters.referenceNode, parameters.device,
-                parameters.lowConfidenceThreshold if parameters.showLowConfidence else None)
+                parameters.lowConfidenceThreshold if parameters.showLowConfidence else None,
+                parameters.hotSpotLevel)
         except Exception as error:  # every expected failure is one sentence; the scene is untouched
             slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
             return
         self._job = InferenceJob(self.logic, request).start()
+        self._showQuality(None)
         self.ui.statusLabel.text = "Running…"
         self.ui.progressBar.value = 0
         self._updateButtons()
@@ -219,6 +231,25 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.statusLabel.text = "Done." + (
             f" Dice {self._outputs.metrics['Dice mean']:.3f}, ECE {self._outputs.metrics['ECE']:.3f}"
             if self._outputs.metrics else "")
+        self._showQuality(self._outputs.summary)
+
+    def _showQuality(self, summary) -> None:
+        """The review sentence and the most uncertain slices of the last run."""
+        self.ui.reviewLabel.text = review_text(summary) if summary else ""
+        self.ui.uncertainSlicesList.clear()
+        for index in (summary or {}).get("uncertain_slices", []):
+            self.ui.uncertainSlicesList.addItem(f"slice {index}")
+
+    def onUncertainSliceSelected(self, row: int) -> None:
+        if self._outputs is None or row < 0:
+            return
+        slices = self._outputs.summary["uncertain_slices"]
+        # The uncertainty volume lies on the input's exact grid and stays the run's if the input selector moves.
+        self.logic.jumpToSlice(self._outputs.uncertainty, slices[row], self._outputs.summary["slice_axis"])
+
+    def onHotSpotLevelChanged(self, level: float) -> None:
+        if self._outputs is not None and self._job is None:
+            self.logic.setHotSpotLevel(self._outputs, level)
 
     def onThresholdChanged(self, *unused) -> None:
         if self._outputs is None or self._job is not None:

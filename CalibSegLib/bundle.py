@@ -5,7 +5,8 @@ Members (nothing else is allowed):
 - ``bundle.json`` — :class:`BundleMetadata`: schema version, network name and kwargs, input
   channels, classes with names and colours, preprocessing, training method and
   hyper-parameters (incl. CRaC multipliers), temperature, data and split, validation and
-  test metrics, library version, weights dtype and SHA-256 checksum.
+  test metrics, the optional quality model (:mod:`CalibSegLib.quality`), library version,
+  weights dtype and SHA-256 checksum.
 - ``weights.safetensors`` — the state dict as plain tensors. Bundles never contain pickles,
   so loading one can never run code.
 
@@ -40,6 +41,7 @@ from CalibSegLib.io import atomic_output
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.sliding_window import SlidingWindow
+from CalibSegLib.quality import QualityModel, QualityModelError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -120,7 +122,9 @@ class BundleMetadata:
 
     ``class_colors`` are RGB in [0, 1]; ``temperature`` is one positive number or one per
     class; ``training`` holds method, loss hyper-parameters, epochs, lr, batch size, seed and
-    (for CRaC) the multipliers; ``data`` the dataset, split file and case ids. The library
+    (for CRaC) the multipliers; ``data`` the dataset, split file and case ids;
+    ``quality_model`` the predicted-Dice model fitted on the validation cases
+    (:meth:`CalibSegLib.quality.QualityModel.to_dict`), None in bundles without one. The library
     version, weights dtype and checksum are filled in by :func:`save_bundle`.
     """
 
@@ -139,6 +143,7 @@ class BundleMetadata:
     data: dict[str, Any] = field(default_factory=dict)
     validation_metrics: dict[str, Any] = field(default_factory=dict)
     test_metrics: dict[str, Any] = field(default_factory=dict)
+    quality_model: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
     library_version: str = __version__
     weights_dtype: str = "float32"
@@ -229,6 +234,13 @@ class BundleMetadata:
                 f"The bundle's temperature must be one positive number or one per class, "
                 f"got {self.temperature!r}."
             )
+        if self.quality_model is not None:
+            try:
+                QualityModel.from_dict(self.quality_model, self.class_names)
+            except QualityModelError as error:
+                raise BundleError(
+                    f"The bundle's quality model is malformed ({error}); refit it with Training/fit_quality.py."
+                ) from None
 
 
 @dataclass

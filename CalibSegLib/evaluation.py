@@ -15,6 +15,7 @@ import numpy as np
 from CalibSegLib.inference import Prediction, Predictor
 from CalibSegLib.metrics import aurc, error_detection_auroc, segmentation_metrics
 from CalibSegLib.metrics.calibration import CalibrationStatistics, masked_probabilities
+from CalibSegLib.quality import structure_key
 
 __all__ = ["CaseEvaluation", "predict_and_evaluate", "case_metrics_row"]
 
@@ -89,7 +90,7 @@ def case_metrics_row(evaluation: CaseEvaluation, class_names: Sequence[str]) -> 
     row: dict[str, float] = {}
     for metric, values in evaluation.segmentation.items():
         for name, value in zip(class_names[1:], values):
-            row[f"{metric}_{name.replace(' ', '_')}"] = float(value)
+            row[f"{metric}_{structure_key(name)}"] = float(value)
         defined = values[~np.isnan(values)]
         row[f"{metric}_mean"] = float(defined.mean()) if defined.size else float("nan")
     row.update({key: float(value) for key, value in evaluation.calibration.items()})

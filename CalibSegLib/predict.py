@@ -8,10 +8,14 @@
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
-(normalised entropy in [0, 1], float32); with ``--reference`` also ``<stem>_metrics.json``
-(Dice/HD95/ASD per class in mm, calibration metrics streamed batch by batch, error
-detection). The work is done by :func:`predict_files` on the same library path the Slicer
-module runs; errors print one line and exit with status 2 (Ctrl-C: 130).
+(normalised entropy in [0, 1], float32); always ``<stem>_summary.json``, the quality summary
+without a reference (:func:`CalibSegLib.quality.quality_summary`: per structure volume in mL,
+mean confidence and entropy, low-confidence fraction, predicted Dice with its interval and a
+review flag; the most uncertain slices); with ``--reference`` also ``<stem>_metrics.json``
+(Dice/HD95/ASD per class in mm, each measured Dice followed by the predicted one, calibration
+metrics streamed batch by batch, error detection). The work is done by :func:`predict_files`
+on the same library path the Slicer module runs; errors print one line and exit with status 2
+(Ctrl-C: 130).
 
 The outputs are one set (:class:`CalibSegLib.io.OutputSet`): the output folder is checked
 before inference, every file is written under a temporary name and all are renamed at the
@@ -42,10 +46,12 @@ from CalibSegLib.io import (
     write_json_atomic,
 )
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
+from CalibSegLib.quality import quality_summary, with_predicted_dice
 
 __all__ = ["predict_files", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
+JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
 
 
 def predict_files(
@@ -59,7 +65,7 @@ def predict_files(
     """Predict the image at ``image_path`` and write its maps (and metrics) into ``out_dir``.
 
     Returns:
-        ``{["metrics", ]"labels", "confidence", "entropy"}`` → written paths.
+        ``{["metrics",] "summary", "labels", "confidence", "entropy"}`` → written paths.
 
     Raises:
         ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
@@ -69,10 +75,11 @@ def predict_files(
     """
     image_path, out_dir = Path(image_path), Path(out_dir)
     stem = image_stem(image_path)
-    names = (("metrics",) if reference_path is not None else ()) + OUTPUT_MAPS
+    metadata = predictor.metadata
+    names = (("metrics",) if reference_path is not None else ()) + ("summary",) + OUTPUT_MAPS
     # Checked before the image is even read: a bad --out-dir must not cost an inference.
     outputs = {
-        name: check_output_file(out_dir / f"{stem}_{name}{'.json' if name == 'metrics' else '.nii.gz'}")
+        name: check_output_file(out_dir / f"{stem}_{name}{'.json' if name in JSON_OUTPUTS else '.nii.gz'}")
         for name in names
     }
     image, geometry = read_image(image_path)
@@ -93,10 +100,13 @@ def predict_files(
             predictor, image, reference.astype(np.int64), geometry.spacing, progress=progress, cancel=cancel
         )
         prediction = evaluation.prediction
-        row = case_metrics_row(evaluation, predictor.metadata.class_names)
+    summary = quality_summary(prediction, geometry.spacing, metadata)
+    if reference_path is not None:
+        row = with_predicted_dice(case_metrics_row(evaluation, metadata.class_names), summary)
     with OutputSet() as output_set:
         if row is not None:
             write_json_atomic(output_set.stage(outputs["metrics"]), row)
+        write_json_atomic(output_set.stage(outputs["summary"]), summary)
         for name in OUTPUT_MAPS:
             write_image(output_set.stage(outputs[name]), getattr(prediction, name), geometry)
     return outputs

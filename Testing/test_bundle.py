@@ -96,6 +96,7 @@ def test_bundle_json_records_every_section(good):
         "data",
         "validation_metrics",
         "test_metrics",
+        "quality_model",
         "library_version",
         "weights_dtype",
         "weights_sha256",

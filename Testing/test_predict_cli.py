@@ -1,5 +1,5 @@
-"""``python -m CalibSegLib.predict``: outputs on the input's exact grid, metrics with a reference,
-one-line errors with exit status 2."""
+"""``python -m CalibSegLib.predict``: outputs on the input's exact grid, the quality summary always,
+metrics with a reference (measured Dice beside the predicted one), one-line errors with exit status 2."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.predict import main
 from CalibSegLib.testing import make_test_bundle
+from conftest import REPO_ROOT
 
 # Anisotropic voxels on an oblique grid (axes swapped and flipped), away from the origin.
 GRID = ImageGeometry(
@@ -68,7 +69,10 @@ def test_outputs_have_the_input_shape_and_exact_geometry(case, tmp_path, capsys)
         np.testing.assert_array_equal(array, getattr(expected, name))
     assert not (tmp_path / "case_metrics.json").exists()
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in printed] == ["labels", "confidence", "entropy"]
+    assert [line.split(":")[0] for line in printed] == ["summary", "labels", "confidence", "entropy"]
+    summary = json.loads((tmp_path / "case_summary.json").read_text())
+    assert summary["quality_model"] is None and summary["note"].startswith("no quality model")
+    assert list(summary["structures"]) == ["class 1", "class 2", "class 3"]
 
 
 def test_reference_adds_segmentation_and_calibration_metrics(case, tmp_path):
@@ -153,3 +157,41 @@ def test_module_entry_point_exits_2_without_traceback(case, tmp_path):
     )
     assert completed.returncode == 2
     assert completed.stderr.startswith("error: No model bundle") and "Traceback" not in completed.stderr
+
+
+SHIPPED_IMAGE = REPO_ROOT / "CalibSeg" / "Resources" / "SampleData" / "acdc_patient_image.nii.gz"
+SHIPPED_CASE = "patient069_frame01"  # the volume behind SHIPPED_IMAGE (scripts/make_slicer_sample_data.py)
+
+
+@pytest.mark.parametrize("with_reference", [False, True], ids=["no reference", "reference"])
+def test_shipped_model_writes_the_quality_summary(tmp_path, sample_acdc_dir, with_reference):
+    import h5py
+
+    extra = []
+    if with_reference:
+        with h5py.File(sample_acdc_dir / f"{SHIPPED_CASE}.h5", "r") as handle:
+            labels = handle["label"][...].astype(np.uint8)
+        write_image(tmp_path / "reference.nii.gz", labels, read_image(SHIPPED_IMAGE)[1])
+        extra = ["--reference", str(tmp_path / "reference.nii.gz")]
+    out = tmp_path / "out"
+    assert main(["--bundle", "acdc_ce_dice", "--image", str(SHIPPED_IMAGE), "--out-dir", str(out), "--device", "cpu",
+                 *extra]) == 0
+    summary = json.loads((out / "acdc_patient_image_summary.json").read_text())
+    predicted, geometry = read_image(out / "acdc_patient_image_labels.nii.gz")
+    voxel_mm3 = float(np.prod(geometry.spacing))
+    assert set(summary) >= {"structures", "review", "uncertain_slices", "quality_model", "note"}
+    for label, (name, entry) in enumerate(summary["structures"].items(), start=1):
+        assert entry["volume_ml"] == int((predicted == label).sum()) * voxel_mm3 / 1000.0  # exactly
+        low, high = entry["predicted_dice_interval"]
+        assert 0.0 <= low <= entry["predicted_dice"] <= high <= 1.0
+        assert entry["review"] is (entry["predicted_dice"] < summary["quality_model"]["review_below"])
+    assert summary["uncertain_slices"] and all(0 <= index < predicted.shape[0] for index in summary["uncertain_slices"])
+    if with_reference:
+        metrics = json.loads((out / "acdc_patient_image_metrics.json").read_text())
+        keys = list(metrics)
+        for name, entry in summary["structures"].items():
+            key = name.replace(" ", "_")
+            assert keys[keys.index(f"dice_{key}") + 1] == f"predicted_dice_{key}"  # side by side
+            assert metrics[f"predicted_dice_{key}"] == entry["predicted_dice"]
+    else:
+        assert not (out / "acdc_patient_image_metrics.json").exists()

@@ -52,8 +52,9 @@ def _without_orientation(add_volume_like):
     return broken
 
 
-def test_offscreen_slice_view_shows_confidence_outlines_and_legend(mrml_scene, tmp_path):  # noqa: F811
+def test_offscreen_slice_view_shows_hot_spots_outlines_and_legend(mrml_scene, tmp_path):  # noqa: F811
     import matplotlib.image
+    import slicer
 
     from CalibSegLib.testing import make_test_bundle
     from CalibSegLogic import CalibSegLogic
@@ -67,29 +68,43 @@ def test_offscreen_slice_view_shows_confidence_outlines_and_legend(mrml_scene, t
     outputs = CalibSegLogic().run(volume, bundle)
     names = ["background", "class 1", "class 2", "class 3"]
     colors = [(0, 0, 0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
-    path, blended = render_slice_view(mrml_scene, volume, outputs, names, colors, tmp_path / "view.png", size=300,
-                                      slice_index=3)
-    picture = matplotlib.image.imread(path)
-    assert picture.shape[0] >= 400 and picture.shape[1] >= 500 and picture[..., :3].std() > 0.05
 
-    import slicer
+    def render(level: float, name: str) -> np.ndarray:
+        CalibSegLogic.setHotSpotLevel(outputs, level)
+        path, blended = render_slice_view(mrml_scene, volume, outputs, names, colors, tmp_path / name, size=300,
+                                          slice_index=3)
+        picture = matplotlib.image.imread(path)
+        assert picture.shape[0] >= 400 and picture.shape[1] >= 500 and picture[..., :3].std() > 0.05
+        assert blended.shape == (300, 300, 3)
+        return blended.astype(int)
 
-    assert blended.shape == (300, 300, 3)
-    blended = blended.astype(int)
+    # The untrained network is unsure everywhere: at the slice's quartiles of entropy, 3/4, 1/2 and 1/4 of it
+    # are hot spots.
+    low, median, high = np.quantile(slicer.util.arrayFromVolume(outputs.uncertainty)[3], [0.25, 0.5, 0.75])
+    blended, everything, nothing = render(median, "view.png"), render(0.0, "all.png"), render(1.01, "none.png")
+    more, fewer = render(low, "more.png"), render(high, "fewer.png")
     predicted = slicer.util.arrayFromVolume(mrml_scene.GetFirstNodeByName("CalibSeg snapshot labels"))[3]
+    outline = np.zeros(blended.shape[:2], bool)
     for label, color in enumerate(colors[1:], start=1):
-        outline_pixels = np.all(np.abs(blended - np.array(color) * 255) <= 3, axis=-1).sum()
-        assert (outline_pixels > 0) == bool((predicted == label).any()), label
-    # Confidence is blended in: without it the image would be grey (equal channels) off the outlines.
-    assert np.abs(blended[..., 1] - blended[..., 0]).mean() > 5
-    # The input is drawn under it: a darker window/level darkens the view (a scene whose colour logic
-    # has gone draws the background black, and then the window would change nothing).
+        pixels = np.all(np.abs(blended - np.array(color) * 255) <= 3, axis=-1)
+        assert pixels.any() == bool((predicted == label).any()), label
+        outline |= pixels
+
+    def coloured(view: np.ndarray) -> np.ndarray:  # off the outlines, not grey
+        return ~outline & (np.ptp(view, axis=-1) > 5)
+
+    assert not coloured(nothing).any()  # above every value the overlay is transparent: only grey anatomy
+    # Off the outlines fewer hot pixels remain than voxels (entropy peaks where the labels change, under
+    # the outlines), but the share follows the level.
+    shares = [coloured(view).sum() / coloured(everything).sum() for view in (more, blended, fewer)]
+    assert 1.0 > shares[0] > shares[1] > shares[2] > 0.0 and 0.15 < shares[1] < 0.85, shares
+    # The input is drawn under the hot spots' gaps: a darker window/level darkens the view (a scene whose
+    # colour logic has gone draws the background black, and then the window would change nothing).
     display = volume.GetDisplayNode()
     display.AutoWindowLevelOff()
     display.SetWindowLevel(display.GetWindow(), display.GetLevel() + display.GetWindow())
-    _, darker = render_slice_view(mrml_scene, volume, outputs, names, colors, tmp_path / "darker.png", size=300,
-                                  slice_index=3)
-    assert blended.mean() - darker.astype(int).mean() > 10
+    darker = render(median, "darker.png")
+    assert blended.mean() - darker.mean() > 10
 
 
 def _ui_widgets() -> dict[str, str]:

@@ -1,6 +1,7 @@
 """3D evaluation of a model bundle on the test patients of a split.
 
     python Training/evaluate.py --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
+    python Training/evaluate.py --bundle acdc_ce_dice --data ../shared/data/acdc   # a shipped model
 
 Every volume goes through :class:`CalibSegLib.inference.Predictor` whole, as a user's would;
 calibration is streamed batch by batch from its ``probability_sink`` (the probability volume
@@ -9,11 +10,15 @@ is never kept), on the reference foreground as in the papers. Writes into ``--ou
 
 - ``per_case.csv``: one row per case and temperature variant: Dice/HD95/ASD per class (mm),
   ECE, MCE, CECE, TACE, Brier, NLL, error-detection AUROC and AURC of the per-voxel
-  confidence, mean normalised entropy in the predicted foreground;
+  confidence, mean normalised entropy in the predicted foreground; after each class's measured
+  Dice its predicted Dice, interval and review flag (:mod:`CalibSegLib.quality`; NaN for the
+  ``uncalibrated`` variant, which the quality model was not fitted for);
 - ``summary.json``: per variant, mean/std/count/undefined count of every column, pooled
   calibration and its reliability bins over all cases, and the Spearman correlation between
   per-case mean foreground entropy and Dice (does uncertainty flag bad cases?); the machine
-  (CPU/GPU, torch version) and the evaluation's wall time;
+  (CPU/GPU, torch version) and the evaluation's wall time; ``quality``: how well the bundle's
+  quality model predicts Dice and flags poor structures, on the test volumes and on
+  deliberately degraded copies of them (:mod:`Training.quality_report`; null without a model);
 - ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1).
 
 Variants: ``scaled`` uses the bundle's fitted temperature, ``uncalibrated`` T = 1 (after and
@@ -49,7 +54,10 @@ from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence
 from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics, Reliability
 from CalibSegLib.metrics.plots import reliability_figure
+from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
+from CalibSegLib.quality import quality_summary, with_predicted_dice
 from Training.data import DATASETS, Case, DataError, find_cases, load_cases
+from Training.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
 from Training.splits import load_split, select_patients
 
 __all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "variant_bundles", "environment", "reliability_to_dict",
@@ -63,8 +71,12 @@ RELIABILITY_NAMES = {"scaled": "reliability.png", "uncalibrated": "reliability_u
 
 
 def variant_bundles(bundle: Bundle) -> dict[str, Bundle]:
-    """The bundle as trained (its fitted temperature) and the same weights at T = 1."""
-    uncalibrated = dataclasses.replace(bundle, metadata=dataclasses.replace(bundle.metadata, temperature=1.0))
+    """The bundle as trained (its fitted temperature) and the same weights at T = 1.
+
+    The T = 1 variant carries no quality model: that was fitted on the bundle's own temperature.
+    """
+    uncalibrated = dataclasses.replace(
+        bundle, metadata=dataclasses.replace(bundle.metadata, temperature=1.0, quality_model=None))
     return {"scaled": bundle, "uncalibrated": uncalibrated}
 
 
@@ -116,14 +128,21 @@ def _evaluate_variant(bundle: Bundle, cases: Sequence[Case], device: str, batch_
     for case in cases:
         evaluation = predict_and_evaluate(predictor, case.image, case.label.astype(np.int64), case.spacing)
         pooled.merge(evaluation.statistics)
-        rows.append({"case": case.case_id, **case_metrics_row(evaluation, bundle.metadata.class_names)})
+        row = with_predicted_dice(case_metrics_row(evaluation, bundle.metadata.class_names),
+                                  quality_summary(evaluation.prediction, case.spacing, bundle.metadata))
+        rows.append({"case": case.case_id, **row})
     return rows, pooled
 
 
 def evaluate_bundle(
     bundle: Bundle, cases: Sequence[Case], out_dir: str | Path, device: str = "auto", batch_size: int = 16,
+    degradations: Sequence[str] = tuple(DEGRADATIONS),
 ) -> dict:
     """Evaluate ``bundle`` on ``cases`` (3D) and write CSV, JSON and PNGs into ``out_dir``; returns the summary.
+
+    ``degradations`` (names of :data:`Training.quality_report.DEGRADATIONS`) are the degraded
+    copies of ``cases`` the quality report is also measured on; each costs one more prediction
+    per case.
 
     Raises:
         DataError: no cases were given.
@@ -138,6 +157,8 @@ def evaluate_bundle(
     for variant, variant_bundle in variant_bundles(bundle).items():
         variant_rows, pooled = _evaluate_variant(variant_bundle, cases, device, batch_size)
         rows += [{"variant": variant, **row} for row in variant_rows]
+        if variant == "scaled":
+            summary["quality"] = quality_report(bundle, variant_rows, cases, degradations, device, batch_size)
         columns = [key for key in variant_rows[0] if key != "case"]
         summary[variant] = {
             "per_metric": {column: summarize([row[column] for row in variant_rows]) for column in columns},
@@ -171,6 +192,13 @@ def print_summary(summary: dict, out_dir: Path) -> None:
     for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text}", scaled)):
         print(f"  {label}  ECE {metrics['ece']['mean']:.3f}  CECE {metrics['cece']['mean']:.3f}  "
               f"TACE {metrics['tace']['mean']:.3f}  Brier {metrics['brier']['mean']:.3f}  NLL {metrics['nll']['mean']:.3f}")
+    quality = summary.get("quality")
+    if quality:
+        for label, report in (("test", quality["clean"]), *quality["degraded"].items()):
+            pooled = report[ALL_STRUCTURES]
+            print(f"  predicted Dice, {label}: ρ {pooled['spearman']:.2f}  MAE {pooled['mae']:.3f}  review flag "
+                  f"AUROC {pooled['review_auroc']:.2f} ({pooled['flagged_poor']} of {pooled['poor']} poor flagged, "
+                  f"{pooled['flagged']} flagged in all)")
     undefined = scaled["hd95_mean"]["undefined"]
     if undefined:
         print(f"  HD95 undefined in {undefined} volume(s) (a class in only one of prediction and reference)")
@@ -180,12 +208,13 @@ def print_summary(summary: dict, out_dir: Path) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python Training/evaluate.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", required=True, type=Path)
+    parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
     parser.add_argument("--data", type=Path, default=None, help="data folder (default: the one recorded in the bundle)")
     parser.add_argument("--dataset", default="auto", choices=DATASETS, help="data layout (default: detected)")
     parser.add_argument("--split-file", type=Path, default=None, help="split JSON (default: the bundle's)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
-    parser.add_argument("--out", type=Path, default=None, help=f"default: {EVALUATION_DIR}/ beside the bundle")
+    parser.add_argument("--out", type=Path, default=None, help=f"default: {EVALUATION_DIR}/ beside the bundle "
+                        f"(runs/<name>/{EVALUATION_DIR} for a shipped model)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     return parser
@@ -202,9 +231,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
     """Command line entry point; returns the summary JSON path. Bad input exits with one sentence."""
     arguments = _parser().parse_args(argv)
     try:
+        bundle_path = resolve_bundle_path(arguments.bundle)
+        # A shipped model's folder is the installed library: its evaluation goes under runs/ instead.
+        shipped = str(arguments.bundle) in pretrained_models()
+        default_out = (Path("runs") / str(arguments.bundle) if shipped else bundle_path.parent) / EVALUATION_DIR
         # The output folder first: a bad --out must not cost the evaluation (seconds to minutes).
-        out = check_output_folder(arguments.out or arguments.bundle.parent / EVALUATION_DIR)
-        bundle = load_bundle(arguments.bundle)
+        out = check_output_folder(arguments.out or default_out)
+        bundle = load_bundle(bundle_path)
         data = arguments.data or _recorded(bundle, "folder", "--data")
         split_file = arguments.split_file or _recorded(bundle, "split_file", "--split-file")
         files = select_patients(find_cases(data, arguments.dataset), load_split(split_file)[arguments.split])

@@ -6,7 +6,8 @@ Reads finished run folders (bundle, ``history.jsonl``, ``evaluation/summary.json
 each file atomically:
 
 - ``docs/results.md``: the part between ``<!-- results:begin -->`` and ``<!-- results:end -->``
-  is regenerated (tables, figures, setup, wall times); the hand-written text around it is kept;
+  is regenerated (tables, figures, setup, wall times, and predicted-vs-measured Dice for runs
+  whose bundle has a quality model); the hand-written text around it is kept;
 - ``docs/results/results.csv``: every run's test means, standard deviations and ranks
   (:func:`Training.benchmark.benchmark_csv`);
 - ``docs/results/reliability_<variant>.png``: pooled reliability diagrams of CE+Dice, NACL and
@@ -38,6 +39,7 @@ from CalibSegLib.metrics.plots import compare_reliability_figure
 from Training.benchmark import (VARIANT_TITLES, RunResult, benchmark_csv, collect_run, format_value, markdown_table,
                                 ranked_table, table_caption)
 from Training.evaluate import reliability_from_dict
+from Training.quality_report import quality_tables
 from Training.trainer import HISTORY_NAME
 
 __all__ = ["PAPER_ACDC_UNET", "BEGIN_MARKER", "END_MARKER", "training_wall_seconds", "paper_comparison",
@@ -229,6 +231,14 @@ def _generated_block(runs: Sequence[RunResult], ranked: Sequence[RunResult], fig
               "area under the risk–coverage curve over the same voxels, and Spearman ρ between a case's mean normalised entropy inside "
               "the predicted foreground and its Dice (negative = uncertainty flags the bad cases).", "",
               *_selective_table(ranked), ""]
+    quality = {run.method: run.summary["quality"] for run in ranked if run.summary.get("quality")}
+    if quality:
+        lines += ["### Predicted Dice and the review flag", "",
+                  "Each bundle's quality model (fitted on its validation patients) predicts every structure's Dice "
+                  "from uncertainty alone; here against the measured Dice on the test volumes, then on deliberately "
+                  "degraded copies of them. Poor: measured Dice below 0.80; flagged: predicted Dice below 0.80 or "
+                  "the structure predicted nowhere (see `Training/quality_report.py`).", "",
+                  *quality_tables(quality), ""]
     spread = _seed_spread(runs)
     if spread:
         lines += ["### Spread over seeds", "", *spread, ""]

@@ -79,6 +79,7 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
             "summary": {variant: {key: statistics["mean"] for key, statistics in summary[variant]["per_metric"].items()}
                         for variant in VARIANTS},
             "spearman_entropy_vs_dice": {variant: summary[variant]["spearman_entropy_vs_dice"] for variant in VARIANTS},
+            "quality": summary["quality"],
             "per_case": _per_case(Path(staging) / "evaluation" / CASES_NAME),
         }
         os.replace(staged, bundle_path)

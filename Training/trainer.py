@@ -28,6 +28,7 @@ from CalibSegLib.metrics.calibration import masked_probabilities
 from CalibSegLib.networks import build_network
 from CalibSegLib.postprocessing import Postprocessing, choose_postprocessing
 from CalibSegLib.preprocessing import Preprocessing
+from CalibSegLib.quality import QualityModelError, fit_quality_model
 from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.temperature import apply_temperature, fit_temperature
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
@@ -473,6 +474,19 @@ class Trainer:
         return candidates[chosen]["temperature"], {"fitted_on": chosen, "candidates": candidates,
                                                    "foreground_ece_t1": _foreground_ece(validation, 1.0)}
 
+    def fit_quality(self, metadata: BundleMetadata, choices: dict[str, Any]) -> dict[str, Any] | None:
+        """The quality model (predicted Dice from uncertainty) fitted on the validation volumes as the shipped
+        bundle segments them, or None (with the reason in ``choices``) when they are too few to fit one."""
+        predictor = Predictor.from_network(self.model, metadata, device=self.device, batch_size=self.config.batch_size)
+        try:
+            quality = fit_quality_model(predictor, self.val_cases, metadata.class_names)
+        except QualityModelError as error:
+            choices["quality_model"] = f"none: {error}"
+            print(f"no quality model: {error}", flush=True)
+            return None
+        choices["quality_model"] = "fitted on the validation volumes"
+        return quality.to_dict()
+
     def finish(self) -> TrainResult:
         """Choose mirroring, temperature and post-processing on validation for the best weights; write the bundle."""
         started = time.perf_counter()
@@ -509,6 +523,7 @@ class Trainer:
                               "foreground_ece": _foreground_ece(validation, temperature), "choices": choices}
         metadata = self._metadata(sliding_window=window, postprocessing=postprocessing, temperature=temperature,
                                   validation_metrics=validation_metrics)
+        metadata = replace(metadata, quality_model=self.fit_quality(metadata, choices))
         path = save_bundle(self.run_dir / BUNDLE_NAME, self.model.state_dict(), metadata)
         if self.writer is not None:
             self.writer.close()

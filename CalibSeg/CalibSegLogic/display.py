@@ -4,16 +4,16 @@ from __future__ import annotations
 
 __all__ = ["show_outputs", "FOREGROUND_OPACITY"]
 
-# Enough colour to read the confidence map, enough grey to still see the anatomy under it.
-FOREGROUND_OPACITY = 0.5
+# The hot-spot overlay is transparent below its level; where it shows, a little anatomy still shows through.
+FOREGROUND_OPACITY = 0.8
 
 
 def show_outputs(outputs, input_node) -> None:
-    """Input as background, confidence as colour-mapped foreground with its colour legend,
-    segments as outlines, and the metrics table and reliability plot in the layout."""
+    """Input as background, the uncertainty hot spots as foreground with their colour legend,
+    segments as outlines, the quality table (and with a reference the reliability plot) in the layout."""
     import slicer
 
-    slicer.util.setSliceViewerLayers(background=input_node, foreground=outputs.confidence,
+    slicer.util.setSliceViewerLayers(background=input_node, foreground=outputs.uncertainty,
                                      foregroundOpacity=FOREGROUND_OPACITY, fit=True)
     display = outputs.segmentation.GetDisplayNode()
     if display is not None:
@@ -23,12 +23,11 @@ def show_outputs(outputs, input_node) -> None:
     for overlay in (outputs.confidence, outputs.uncertainty):
         legend = colors_logic.AddDefaultColorLegendDisplayNode(overlay)
         legend.SetTitleText(overlay.GetName())
-        legend.SetVisibility(overlay is outputs.confidence)
-    if outputs.metrics_table is None:
-        return
+        legend.SetVisibility(overlay is outputs.uncertainty)
     layout_manager = slicer.app.layoutManager()
     layout_manager.setLayout(slicer.vtkMRMLLayoutNode.SlicerLayoutFourUpPlotTableView)
     selection = slicer.app.applicationLogic().GetSelectionNode()
-    selection.SetActiveTableID(outputs.metrics_table.GetID())
+    selection.SetActiveTableID(outputs.quality_table.GetID())
     slicer.app.applicationLogic().PropagateTableSelection()
-    slicer.modules.plots.logic().ShowChartInLayout(outputs.reliability_chart)
+    if outputs.reliability_chart is not None:
+        slicer.modules.plots.logic().ShowChartInLayout(outputs.reliability_chart)

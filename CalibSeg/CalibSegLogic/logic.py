@@ -7,10 +7,16 @@ Callable from Slicer's Python console with explicit arguments::
                                   referenceNode=slicer.util.getNode("patient016_frame01 reference"))
 
 Work is split so the GUI never freezes: :meth:`CalibSegLogic.prepare` reads the scene (main
-thread), :meth:`CalibSegLogic.compute` runs the network and the metrics on arrays only (any
-thread, see :class:`~CalibSegLogic.job.InferenceJob`), and
+thread), :meth:`CalibSegLogic.compute` runs the network, the quality summary and the metrics on
+arrays only (any thread, see :class:`~CalibSegLogic.job.InferenceJob`), and
 :meth:`CalibSegLogic.publish` adds all output nodes at once (main thread), removing them
 again if anything fails — so an error or a cancel leaves the scene as it was.
+
+Without a reference the outputs already say what to check: the quality table (per structure:
+review marker, predicted Dice and interval, volume, mean confidence and entropy), the
+uncertainty volume shown only at its hot spots, and the most uncertain slices
+(``outputs.summary["uncertain_slices"]``), which :meth:`CalibSegLogic.jumpToSlice` brings into
+the slice views.
 """
 
 from __future__ import annotations
@@ -26,14 +32,16 @@ from .nodes import (
     NodeTransaction,
     add_metrics_table,
     add_overlay,
+    add_quality_table,
     add_reliability_plot,
     add_segmentation,
     metrics_rows,
     set_low_confidence_segment,
+    show_hot_spots,
 )
-from .volumes import reference_label_array, volume_array, volume_spacing
+from .volumes import reference_label_array, slice_center_ras, volume_array, volume_spacing
 
-__all__ = ["CalibSegRequest", "CalibSegComputation", "CalibSegOutputs", "CalibSegLogic"]
+__all__ = ["CalibSegRequest", "CalibSegComputation", "CalibSegOutputs", "CalibSegLogic", "review_text"]
 
 
 @dataclass
@@ -48,13 +56,18 @@ class CalibSegRequest:
     reference: np.ndarray | None = None
     device: str = "auto"
     low_confidence_threshold: float | None = None
+    hot_spot_level: float | None = None  # set by prepare(): CalibSegLib.quality.HOT_SPOT_LEVEL unless chosen
 
 
 @dataclass
 class CalibSegComputation:
-    """Arrays and metrics computed off the main thread (no MRML)."""
+    """Arrays and metrics computed off the main thread (no MRML).
+
+    ``summary``: :func:`CalibSegLib.quality.quality_summary` of the prediction (no reference needed).
+    """
 
     prediction: object
+    summary: dict
     evaluation: object | None = None
 
 
@@ -64,7 +77,9 @@ class CalibSegOutputs:
 
     segmentation: object
     confidence: object
-    uncertainty: object
+    uncertainty: object  # shown only at its hot spots (display threshold at the request's level)
+    quality_table: object
+    summary: dict  # the quality summary behind quality_table (uncertain_slices, slice_axis, review, ...)
     metrics_table: object | None = None
     reliability_chart: object | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # the table's rows: label -> value
@@ -80,18 +95,36 @@ def _checked_threshold(threshold: float | None) -> float | None:
     return float(threshold)
 
 
+def review_text(summary: dict) -> str:
+    """One sentence for the reader on a quality summary: which structures to review and why."""
+    flagged = [(name, entry) for name, entry in summary["structures"].items() if entry["review"]]
+    if flagged:
+        reasons = [f"{name} (predicted nowhere)" if entry["predicted_dice"] is None
+                   else f"{name} (predicted Dice {entry['predicted_dice']:.2f})" for name, entry in flagged]
+        return f"Review: {', '.join(reasons)}."
+    if summary["review"] is None:
+        return ("This bundle has no quality model, so no predicted Dice; "
+                "check the hot spots and uncertain slices.")
+    review_below = summary["quality_model"]["review_below"]
+    return f"No structure flagged: every predicted Dice is {review_below:.2f} or more."
+
+
 class CalibSegLogic:
     """Qt-free logic of the CalibSeg module."""
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
-                lowConfidenceThreshold: float | None = None) -> CalibSegRequest:
+                lowConfidenceThreshold: float | None = None,
+                hotSpotLevel: float | None = None) -> CalibSegRequest:
         """Read and check everything the run needs from the scene; raises ValueError with one sentence.
 
         ``bundlePath`` is a ``.calibseg`` file or a shipped model's name (e.g. ``"acdc_crac"``);
         ``lowConfidenceThreshold`` None or a confidence in [0, 1].
+        ``hotSpotLevel`` the normalised entropy from which the uncertainty overlay is shown
+        (default :data:`CalibSegLib.quality.HOT_SPOT_LEVEL`).
         """
         from CalibSegLib.bundle import load_bundle
         from CalibSegLib.pretrained import resolve_bundle_path
+        from CalibSegLib.quality import HOT_SPOT_LEVEL
 
         lowConfidenceThreshold = _checked_threshold(lowConfidenceThreshold)
         if not bundlePath:
@@ -102,21 +135,28 @@ class CalibSegLogic:
         if referenceNode is not None:
             reference = reference_label_array(referenceNode, inputVolumeNode, bundle.metadata.class_names)
         return CalibSegRequest(inputVolumeNode, bundle, image, volume_spacing(inputVolumeNode), referenceNode,
-                               reference, device, lowConfidenceThreshold)
+                               reference, device, lowConfidenceThreshold,
+                               HOT_SPOT_LEVEL if hotSpotLevel is None else float(hotSpotLevel))
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
                 cancel: threading.Event | None = None) -> CalibSegComputation:
-        """Run the network (and the metrics when there is a reference); touches no MRML node."""
+        """Run the network, the quality summary and, with a reference, the metrics; touches no MRML node."""
         from CalibSegLib.evaluation import predict_and_evaluate
         from CalibSegLib.inference import Predictor
+        from CalibSegLib.quality import quality_summary
 
         predictor = Predictor(request.bundle, device=request.device)
+        evaluation = None
         if request.reference is None:
             prediction = predictor.predict(request.image, request.spacing, progress=progress, cancel=cancel)
-            return CalibSegComputation(prediction)
-        evaluation = predict_and_evaluate(predictor, request.image, request.reference, request.spacing,
-                                          progress=progress, cancel=cancel)
-        return CalibSegComputation(evaluation.prediction, evaluation)
+        else:
+            evaluation = predict_and_evaluate(predictor, request.image, request.reference, request.spacing,
+                                              progress=progress, cancel=cancel)
+            prediction = evaluation.prediction
+        # Slices are ranked at the run's hot-spot level, so the list points where the overlay shows.
+        summary = quality_summary(prediction, request.spacing, request.bundle.metadata,
+                                  request.hot_spot_level)
+        return CalibSegComputation(prediction, summary, evaluation)
 
     def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:
         """Add the output nodes; on any error remove what was added and re-raise."""
@@ -129,10 +169,13 @@ class CalibSegLogic:
                                             metadata.class_colors, f"{base} CalibSeg segmentation")
             confidence = add_overlay(scene, request.input_node, prediction.confidence, f"{base} confidence", "viridis")
             uncertainty = add_overlay(scene, request.input_node, prediction.entropy, f"{base} uncertainty", "inferno")
+            show_hot_spots(uncertainty, request.hot_spot_level)
             if request.low_confidence_threshold is not None:
                 set_low_confidence_segment(segmentation, request.input_node, prediction.confidence,
                                            request.low_confidence_threshold)
-            outputs = CalibSegOutputs(segmentation, confidence, uncertainty)
+            measured = None if computation.evaluation is None else computation.evaluation.segmentation["dice"]
+            quality = add_quality_table(scene, f"{base} CalibSeg quality", computation.summary, measured)
+            outputs = CalibSegOutputs(segmentation, confidence, uncertainty, quality, computation.summary)
             if computation.evaluation is not None:
                 rows = metrics_rows(computation.evaluation, metadata.class_names)
                 outputs.metrics = {label: value for label, value, _ in rows}
@@ -143,9 +186,10 @@ class CalibSegLogic:
 
     def run(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
             lowConfidenceThreshold: float | None = None, progress: Callable[[float], None] | None = None,
-            cancel: threading.Event | None = None) -> CalibSegOutputs:
+            cancel: threading.Event | None = None, hotSpotLevel: float | None = None) -> CalibSegOutputs:
         """Prepare, compute and publish in the calling thread (Python console, tests)."""
-        request = self.prepare(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold)
+        request = self.prepare(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold,
+                               hotSpotLevel)
         return self.publish(request, self.compute(request, progress, cancel))
 
     @staticmethod
@@ -160,3 +204,19 @@ class CalibSegLogic:
         threshold = _checked_threshold(threshold)
         confidence = np.array(slicer.util.arrayFromVolume(outputs.confidence))
         set_low_confidence_segment(outputs.segmentation, inputVolumeNode, confidence, threshold)
+
+    @staticmethod
+    def setHotSpotLevel(outputs: CalibSegOutputs, level: float) -> None:
+        """Show the uncertainty overlay from another normalised-entropy level on (the widget's slider)."""
+        show_hot_spots(outputs.uncertainty, level)
+
+    @staticmethod
+    def jumpToSlice(inputVolumeNode, sliceIndex: int, sliceAxis: int = 0) -> np.ndarray:
+        """Centre every slice view of the scene on the middle of slice ``sliceIndex`` of the input
+        (along array axis ``sliceAxis``, as ``summary["uncertain_slices"]`` counts); returns that
+        point in RAS (mm)."""
+        ras = slice_center_ras(inputVolumeNode, int(sliceIndex), int(sliceAxis))
+        slice_nodes = inputVolumeNode.GetScene().GetNodesByClass("vtkMRMLSliceNode")
+        for index in range(slice_nodes.GetNumberOfItems()):
+            slice_nodes.GetItemAsObject(index).JumpSliceByCentering(*ras)
+        return ras

@@ -1,4 +1,5 @@
-"""Output MRML nodes: segmentation, confidence/uncertainty overlays, metrics table, reliability plot.
+"""Output MRML nodes: segmentation, confidence/uncertainty overlays with the hot-spot threshold,
+quality table, metrics table, reliability plot.
 
 Every function here adds nodes through a :class:`NodeTransaction`, so a failure part-way
 removes what was added and the scene is left as it was.
@@ -18,7 +19,10 @@ __all__ = [
     "NodeTransaction",
     "add_segmentation",
     "add_overlay",
+    "show_hot_spots",
     "set_low_confidence_segment",
+    "quality_columns",
+    "add_quality_table",
     "metrics_rows",
     "add_metrics_table",
     "add_reliability_plot",
@@ -94,6 +98,14 @@ def add_overlay(scene, reference_node, array: np.ndarray, name: str, colormap: s
     return node
 
 
+def show_hot_spots(overlay_node, level: float) -> None:
+    """Show ``overlay_node`` only where its value is at least ``level`` (Slicer's display threshold
+    makes the other voxels transparent, so the anatomy under them stays visible)."""
+    display = overlay_node.GetDisplayNode()
+    display.SetApplyThreshold(1)
+    display.SetThreshold(float(level), 1.0)  # normalised entropy never exceeds 1
+
+
 def set_low_confidence_segment(segmentation_node, reference_node, confidence: np.ndarray, threshold: float) -> str:
     """Replace the 'low confidence' segment with the voxels whose confidence is below ``threshold``."""
     segmentation = segmentation_node.GetSegmentation()
@@ -117,6 +129,42 @@ def _table(scene, name: str, columns: dict[str, list]):
         table.AddColumn(column)
     node.Modified()
     return node
+
+
+# Review column of the quality table: flagged, not flagged, or unknown (a bundle without a quality model).
+REVIEW_MARKERS = {True: "REVIEW", False: "ok", None: "no quality model"}
+# (column title, key of a summary's structure entry); interval ends are entries of "predicted_dice_interval".
+QUALITY_COLUMNS = (("Predicted Dice", "predicted_dice"), ("Interval low", 0), ("Interval high", 1),
+                   ("Volume (mL)", "volume_ml"), ("Mean confidence", "mean_confidence"),
+                   ("Mean entropy", "mean_entropy"), ("Low-confidence fraction", "low_confidence_fraction"))
+
+
+def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None) -> dict[str, list]:
+    """Columns of the quality table, one row per structure of a :func:`CalibSegLib.quality.quality_summary`.
+
+    Structure and Review (:data:`REVIEW_MARKERS`) as text, then the numbers (NaN where the summary
+    has null); with ``measured_dice`` (``(C-1,)``, from a reference) a Measured Dice column follows
+    the predicted one.
+    """
+    entries = list(summary["structures"].values())
+
+    def number(entry: dict, key) -> float:
+        interval = entry["predicted_dice_interval"] or [None, None]
+        value = entry[key] if isinstance(key, str) else interval[key]
+        return math.nan if value is None else float(value)
+
+    columns: dict[str, list] = {"Structure": list(summary["structures"]),
+                                "Review": [REVIEW_MARKERS[entry["review"]] for entry in entries]}
+    for title, key in QUALITY_COLUMNS:
+        columns[title] = [number(entry, key) for entry in entries]
+        if key == "predicted_dice" and measured_dice is not None:
+            columns["Measured Dice"] = [float(value) for value in measured_dice]
+    return columns
+
+
+def add_quality_table(scene, name: str, summary: dict, measured_dice: Sequence[float] | None = None):
+    """A table node with the :func:`quality_columns` of a summary."""
+    return _table(scene, name, quality_columns(summary, measured_dice))
 
 
 # (key in CaseEvaluation.segmentation, label, unit); one row per foreground class and the mean.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["volume_array", "volume_spacing", "same_grid", "add_volume_like", "reference_label_array"]
+__all__ = ["volume_array", "volume_spacing", "same_grid", "add_volume_like", "reference_label_array",
+           "ijk_to_ras", "slice_center_ras"]
 
 
 def _util():
@@ -37,6 +38,31 @@ def volume_array(volume_node) -> np.ndarray:
 def volume_spacing(volume_node) -> tuple[float, float, float]:
     """Voxel size (z, y, x) in mm."""
     return tuple(float(value) for value in reversed(volume_node.GetSpacing()))
+
+
+def ijk_to_ras(volume_node, ijk) -> np.ndarray:
+    """RAS position (mm) of the continuous voxel index ``(i, j, k)`` of a volume node."""
+    import vtk
+
+    matrix = vtk.vtkMatrix4x4()
+    volume_node.GetIJKToRASMatrix(matrix)
+    return np.array(matrix.MultiplyPoint([*(float(value) for value in ijk), 1.0])[:3])
+
+
+def slice_center_ras(volume_node, index: int, axis: int = 0) -> np.ndarray:
+    """RAS position (mm) of the centre of slice ``index`` along array axis ``axis`` (0 = k, 1 = j, 2 = i).
+
+    Raises:
+        ValueError: ``index`` is outside the volume along that axis.
+    """
+    dimensions = volume_node.GetImageData().GetDimensions()  # (i, j, k)
+    ijk_axis = 2 - axis
+    if not 0 <= index < dimensions[ijk_axis]:
+        raise ValueError(f"Slice {index} is outside the volume, which has {dimensions[ijk_axis]} slices "
+                         "along that axis.")
+    ijk = [(size - 1) / 2.0 for size in dimensions]
+    ijk[ijk_axis] = float(index)
+    return ijk_to_ras(volume_node, ijk)
 
 
 def same_grid(first, second, tolerance: float = 1e-4) -> bool:

@@ -9,6 +9,7 @@ when the module misbehaves. ``Testing/test_slicer_module.py`` runs every entry o
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import zipfile
@@ -17,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from CalibSegLogic import CalibSegLogic, InferenceJob
+from CalibSegLogic import CalibSegLogic, InferenceJob, review_text
 from CalibSegLogic.nodes import LOW_CONFIDENCE_SEGMENT
 
 __all__ = ["CHECKS", "make_volume_node", "scene_snapshot"]
@@ -72,10 +73,32 @@ def _phantom(shape=(6, 48, 40), seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return image, labels
 
 
-def _bundle(work_dir: Path) -> Path:
+def _bundle(work_dir: Path, **overrides) -> Path:
     from CalibSegLib.testing import make_test_bundle
 
-    return make_test_bundle(Path(work_dir) / "tiny.calibseg", num_classes=NUM_CLASSES, patch_size=(32, 32))
+    name = "tiny_quality.calibseg" if overrides else "tiny.calibseg"
+    return make_test_bundle(Path(work_dir) / name, num_classes=NUM_CLASSES, patch_size=(32, 32), **overrides)
+
+
+def _quality_model() -> dict:
+    """A hand-made quality model: class 1 always predicted Dice 0.5 (flagged), class 2 always 0.95,
+    class 3 falling with its mean entropy."""
+    from CalibSegLib.quality import QualityModel, StructureQuality
+
+    def line(intercept: float, slope: float) -> StructureQuality:
+        return StructureQuality("mean_entropy", "linear", {"intercept": intercept, "slope": slope},
+                                (-0.1, 0.1), 0.05, 0.1, 20)
+
+    return QualityModel({"class 1": line(0.5, 0.0), "class 2": line(0.95, 0.0), "class 3": line(1.2, -1.0)}).to_dict()
+
+
+def _table_columns(table_node) -> dict[str, list]:
+    table = table_node.GetTable()
+    columns = {}
+    for index in range(table.GetNumberOfColumns()):
+        column = table.GetColumn(index)
+        columns[column.GetName()] = [column.GetValue(row) for row in range(table.GetNumberOfRows())]
+    return columns
 
 
 def _scene_is_unchanged_after(scene, action: Callable[[], object], message: str) -> str:
@@ -234,8 +257,17 @@ def check_bad_bundles_leave_the_scene_unchanged(scene, work_dir: Path) -> None:
     no_metadata = work_dir / "empty.calibseg"
     with zipfile.ZipFile(no_metadata, "w") as archive:
         archive.writestr("weights.safetensors", b"")
+    malformed_quality = work_dir / "quality.calibseg"
+    with zipfile.ZipFile(_bundle(work_dir, quality_model=_quality_model())) as archive:
+        stored = json.loads(archive.read("bundle.json"))
+        weights = archive.read("weights.safetensors")
+    stored["quality_model"]["structures"]["class 3"]["slope"] = 2.0  # Dice rising with entropy
+    with zipfile.ZipFile(malformed_quality, "w") as archive:
+        archive.writestr("bundle.json", json.dumps(stored))
+        archive.writestr("weights.safetensors", weights)
     for path, expected in ((work_dir / "missing.calibseg", "No model bundle"), (not_a_zip, "zip"),
-                           (no_metadata, "bundle.json"), ("", "Choose a model bundle")):
+                           (no_metadata, "bundle.json"), ("", "Choose a model bundle"),
+                           (malformed_quality, "quality model is malformed")):
         error = _scene_is_unchanged_after(scene, lambda: CalibSegLogic().run(volume, path), f"bundle {path!s}")
         assert expected in error, error
 
@@ -319,6 +351,135 @@ def check_a_failure_while_publishing_removes_every_new_node(scene, work_dir: Pat
     computation = logic.compute(request)
     computation.prediction.entropy = None  # fails after the segmentation and confidence nodes were added
     _scene_is_unchanged_after(scene, lambda: logic.publish(request, computation), "failed publish")
+
+
+def check_quality_table_without_a_reference_shows_the_summary(scene, work_dir: Path) -> None:
+    from CalibSegLib.bundle import load_bundle
+    from CalibSegLib.inference import Predictor
+    from CalibSegLib.quality import quality_summary
+
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    spacing = tuple(reversed(SPACING_XYZ))
+    for bundle_path in (_bundle(work_dir, quality_model=_quality_model()), _bundle(work_dir)):
+        outputs = CalibSegLogic().run(volume, bundle_path)
+        assert outputs.metrics_table is None and outputs.quality_table.IsA("vtkMRMLTableNode")
+        metadata = load_bundle(bundle_path).metadata
+        expected = quality_summary(Predictor(bundle_path, device="cpu").predict(image, spacing), spacing, metadata)
+        assert outputs.summary == expected
+        columns = _table_columns(outputs.quality_table)
+        assert list(columns) == ["Structure", "Review", "Predicted Dice", "Interval low", "Interval high",
+                                 "Volume (mL)", "Mean confidence", "Mean entropy", "Low-confidence fraction"]
+        assert columns["Structure"] == list(metadata.class_names[1:])
+        for row, entry in enumerate(expected["structures"].values()):
+            marker = {True: "REVIEW", False: "ok", None: "no quality model"}[entry["review"]]
+            assert columns["Review"][row] == marker
+            np.testing.assert_allclose(columns["Volume (mL)"][row], entry["volume_ml"], rtol=1e-12)
+            predicted = math.nan if entry["predicted_dice"] is None else entry["predicted_dice"]
+            np.testing.assert_allclose(columns["Predicted Dice"][row], predicted, rtol=1e-12)
+        if metadata.quality_model is not None:
+            assert columns["Review"][0] == "REVIEW" and columns["Predicted Dice"][0] == 0.5
+            assert review_text(outputs.summary).startswith("Review: class 1 (predicted Dice 0.50)")
+        else:
+            assert all(marker in ("no quality model", "REVIEW") for marker in columns["Review"])
+
+
+def check_review_text_names_what_to_check(scene, work_dir: Path) -> None:
+    def summary(*entries, model=True):
+        structures = {f"class {index}": {"review": review, "predicted_dice": dice}
+                      for index, (review, dice) in enumerate(entries, start=1)}
+        flags = [review for review, _ in entries]
+        case = True if True in flags else (None if None in flags else False)
+        return {"structures": structures, "review": case, "quality_model": {"review_below": 0.8} if model else None}
+
+    assert review_text(summary((True, 0.612), (False, 0.9), (True, None))) == \
+        "Review: class 1 (predicted Dice 0.61), class 3 (predicted nowhere)."
+    assert review_text(summary((False, 0.85), (False, 0.9))) == \
+        "No structure flagged: every predicted Dice is 0.80 or more."
+    assert review_text(summary((None, None), (None, None), model=False)).startswith("This bundle has no quality model")
+
+
+def check_quality_table_with_a_reference_puts_measured_beside_predicted_dice(scene, work_dir: Path) -> None:
+    from CalibSegLib.metrics import dice
+
+    image, labels = _phantom()
+    volume = make_volume_node(scene, image)
+    reference = make_volume_node(scene, labels, "reference", "vtkMRMLLabelMapVolumeNode")
+    outputs = CalibSegLogic().run(volume, _bundle(work_dir, quality_model=_quality_model()), referenceNode=reference)
+    columns = _table_columns(outputs.quality_table)
+    titles = list(columns)
+    assert titles[titles.index("Predicted Dice") + 1] == "Measured Dice"
+    predicted_labels = np.zeros(image.shape, np.int64)
+    import slicer
+
+    for label in range(1, NUM_CLASSES):
+        mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, _segment_id(outputs.segmentation, label),
+                                                          volume)
+        predicted_labels[mask > 0] = label
+    np.testing.assert_allclose(columns["Measured Dice"], dice(predicted_labels, labels.astype(np.int64), NUM_CLASSES))
+    assert outputs.metrics_table is not None  # the calibration metrics stay in their own table
+
+
+def check_uncertainty_is_shown_only_at_its_hot_spots(scene, work_dir: Path) -> None:
+    from CalibSegLib.quality import HOT_SPOT_LEVEL
+
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    logic = CalibSegLogic()
+    display = logic.run(volume, _bundle(work_dir)).uncertainty.GetDisplayNode()
+    assert display.GetApplyThreshold() and display.GetLowerThreshold() == HOT_SPOT_LEVEL
+    assert display.GetUpperThreshold() == 1.0
+    outputs = logic.run(volume, _bundle(work_dir), hotSpotLevel=0.7)
+    assert outputs.uncertainty.GetDisplayNode().GetLowerThreshold() == 0.7
+    import slicer
+
+    from CalibSegLib.quality import uncertain_slices
+
+    # the slice list is ranked at the run's level, where the overlay shows
+    entropy = slicer.util.arrayFromVolume(outputs.uncertainty)
+    assert outputs.summary["hot_spot_level"] == 0.7
+    assert outputs.summary["uncertain_slices"] == uncertain_slices(entropy, 0, 0.7)
+    logic.setHotSpotLevel(outputs, 0.25)
+    assert outputs.uncertainty.GetDisplayNode().GetLowerThreshold() == 0.25
+    # the colour scale stays the fixed 0–1 one: a hot spot's colour means the same value on every case
+    assert (outputs.uncertainty.GetDisplayNode().GetWindow(), outputs.uncertainty.GetDisplayNode().GetLevel()) == (1.0, 0.5)
+
+
+def check_jump_to_slice_centres_every_slice_view(scene, work_dir: Path) -> None:
+    import slicer
+
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    outputs = CalibSegLogic().run(volume, _bundle(work_dir))
+    views = []
+    for name, normal, transverse in (("Red", (0, 0, 1), (1, 0, 0)), ("Green", (0, 1, 0), (1, 0, 0))):
+        node = slicer.vtkMRMLSliceNode()
+        node.SetLayoutName(name)
+        scene.AddNode(node)
+        node.SetSliceToRASByNTP(*normal, *transverse, 0, 0, 0, 0)
+        views.append(node)
+    slices = outputs.summary["uncertain_slices"]
+    index = slices[0] if slices else 2
+    ras = CalibSegLogic.jumpToSlice(volume, index, outputs.summary["slice_axis"])
+    k_size, j_size, i_size = image.shape
+    expected = _ijk_to_ras(volume) @ np.array([(i_size - 1) / 2, (j_size - 1) / 2, index, 1.0])
+    np.testing.assert_allclose(ras, expected[:3], atol=1e-9)
+    for node in views:
+        slice_to_ras = node.GetSliceToRAS()
+        np.testing.assert_allclose([slice_to_ras.GetElement(row, 3) for row in range(3)], ras, atol=1e-6)
+    error = _scene_is_unchanged_after(scene, lambda: CalibSegLogic.jumpToSlice(volume, image.shape[0], 0),
+                                      "a slice outside the volume")
+    assert "outside the volume" in error, error
+
+
+def check_a_failure_while_adding_the_quality_table_removes_every_new_node(scene, work_dir: Path) -> None:
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    logic = CalibSegLogic()
+    request = logic.prepare(volume, _bundle(work_dir))
+    computation = logic.compute(request)
+    computation.summary = {"structures": {"class 1": {}}}  # fails after the segmentation and overlays were added
+    _scene_is_unchanged_after(scene, lambda: logic.publish(request, computation), "failed quality table")
 
 
 CHECKS: dict[str, Callable[[object, Path], None]] = {

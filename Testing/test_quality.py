@@ -1,0 +1,449 @@
+"""Quality from uncertainty: features against loop references, the monotone fits, the choice rule,
+the summary with and without a quality model, and the model's life in a bundle."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import zipfile
+
+import numpy as np
+import pytest
+
+from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.inference import Prediction
+from CalibSegLib.quality import (
+    FEATURES,
+    HOT_SPOT_LEVEL,
+    QualityModel,
+    QualityModelError,
+    StructureQuality,
+    fit_from_observations,
+    isotonic_fit,
+    quality_summary,
+    structure_features,
+    summary_columns,
+    uncertain_slices,
+)
+from CalibSegLib.testing import make_test_bundle, make_test_metadata
+
+CLASS_NAMES = ["background", "class 1", "class 2", "class 3"]
+
+
+def _prediction(shape=(5, 12, 10), seed=0) -> Prediction:
+    """Random labels with class 3 absent, confidence in [1/4, 1], entropy in [0, 1]."""
+    rng = np.random.default_rng(seed)
+    labels = rng.choice([0, 1, 2], size=shape, p=[0.5, 0.3, 0.2]).astype(np.uint8)
+    return Prediction(labels, rng.uniform(0.25, 1.0, shape).astype(np.float32),
+                      rng.uniform(0.0, 1.0, shape).astype(np.float32))
+
+
+def _model(**structures) -> QualityModel:
+    """A linear model per class: Dice = intercept + slope × mean_entropy; unnamed classes get Dice 0.9."""
+    entries = {name: structures.get(name, StructureQuality("mean_entropy", "linear", {"intercept": 0.9, "slope": 0.0},
+                                                           (-0.1, 0.05), 0.05, 0.1, 20))
+               for name in CLASS_NAMES[1:]}
+    return QualityModel(entries, validation={"cases": 20, "patients": 10, "scheme": "leave-one-patient-out"})
+
+
+# --------------------------------------------------------------------------- features
+
+
+def test_volume_is_label_count_times_voxel_volume_exactly():
+    prediction = _prediction()
+    spacing = (2.0, 0.5, 1.25)  # 1.25 mm³: exact in binary, so the product is too
+    summary = quality_summary(prediction, spacing, make_test_metadata())
+    for label, name in enumerate(CLASS_NAMES[1:], start=1):
+        count = int((prediction.labels == label).sum())
+        assert summary["structures"][name]["volume_ml"] == count * 1.25 / 1000.0
+    assert summary["structures"]["class 3"]["volume_ml"] == 0.0
+
+
+def _ring_reference(mask: np.ndarray, steps: int) -> np.ndarray:
+    """Voxels within ``steps`` city-block steps of ``mask``, by brute force over all voxel pairs."""
+    inside = np.argwhere(mask)
+    grid = np.indices(mask.shape).reshape(3, -1).T
+    distance = np.abs(grid[:, None, :] - inside[None, :, :]).sum(axis=2).min(axis=1)
+    return (distance <= steps).reshape(mask.shape)
+
+
+def test_features_equal_loop_references():
+    prediction = _prediction()
+    features = structure_features(prediction, 4, low_confidence_threshold=0.6, boundary_ring=2)
+    assert features[2] is None  # class 3 is predicted nowhere
+    for label in (1, 2):
+        mask = prediction.labels == label
+        expected = {
+            "voxels": mask.sum(),
+            "mean_confidence": np.mean(prediction.confidence[mask], dtype=np.float64),
+            "mean_entropy": np.mean(prediction.entropy[mask], dtype=np.float64),
+            "low_confidence_fraction": np.mean(prediction.confidence[mask] < 0.6),
+            "boundary_entropy_ratio": prediction.entropy[_ring_reference(mask, 2)].sum(dtype=np.float64) / mask.sum(),
+        }
+        for key, value in expected.items():
+            assert features[label - 1][key] == pytest.approx(value, rel=1e-9), (label, key)
+
+
+def test_boundary_ring_reaches_exactly_its_steps_and_the_neighbouring_slices():
+    labels = np.zeros((5, 9, 9), np.uint8)
+    labels[2, 4, 4] = 1
+    entropy = np.zeros(labels.shape, np.float32)
+    entropy[0, 4, 4] = 1.0  # two slices away: inside a ring of 2, outside a ring of 1
+    entropy[2, 4, 7] = 1.0  # three voxels away in-plane: outside both
+    prediction = Prediction(labels, np.ones(labels.shape, np.float32), entropy)
+    ring_two = structure_features(prediction, 2, boundary_ring=2)[0]["boundary_entropy_ratio"]
+    ring_one = structure_features(prediction, 2, boundary_ring=1)[0]["boundary_entropy_ratio"]
+    assert (ring_two, ring_one) == (1.0, 0.0)
+
+
+def test_uncertain_slices_sum_hot_spots_along_the_slice_axis():
+    entropy = np.zeros((4, 6, 5), np.float32)
+    entropy[:, 1, :] = [[0.9] * 5, [0.39] * 5, [0.5] * 5, [0.0] * 5]  # per slice along axis 0
+    entropy[3, :, 0] = 0.45
+    # axis 0: slice 3 = 6 × 0.45 = 2.7, slice 2 = 2.5, slice 0 = 4.5; slice 1 is below the level
+    assert uncertain_slices(entropy, 0) == [0, 3, 2]
+    assert uncertain_slices(entropy, 0, limit=2) == [0, 3]
+    assert uncertain_slices(np.moveaxis(entropy, 0, 2), 2) == [0, 3, 2]
+    assert uncertain_slices(np.zeros((3, 8, 8), np.float32)) == []
+    assert HOT_SPOT_LEVEL == 0.4
+
+
+# --------------------------------------------------------------------------- monotone fits
+
+
+def _isotonic_reference(x, y):
+    """Min-max formula of isotonic regression on pooled ties: f_i = max_{j<=i} min_{k>=i} mean(y_j..y_k)."""
+    knots = np.unique(x)
+    means = np.array([np.mean(y[x == value]) for value in knots])
+    weights = np.array([np.sum(x == value) for value in knots])
+    n = len(knots)
+
+    def mean(j, k):
+        return np.sum(means[j:k + 1] * weights[j:k + 1]) / np.sum(weights[j:k + 1])
+
+    return knots, np.array([max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_isotonic_fit_equals_the_min_max_formula(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, 12, size=25).astype(float)  # with ties
+    y = 0.5 * x / 12 + rng.normal(0, 0.2, size=25)
+    knots, fitted = isotonic_fit(x, y)
+    expected_knots, expected = _isotonic_reference(x, y)
+    np.testing.assert_array_equal(knots, expected_knots)
+    np.testing.assert_allclose(fitted, expected, atol=1e-12)
+    down_knots, down = isotonic_fit(x, -y, increasing=False)
+    np.testing.assert_allclose(down, -expected, atol=1e-12)
+    assert np.all(np.diff(fitted) >= 0) and np.all(np.diff(down) <= 0)
+
+
+def _observations(dice_of, count=12, seed=0):
+    """Per-case features (class 1 only) and Dice = ``dice_of(mean_entropy)``; other features are noise."""
+    rng = np.random.default_rng(seed)
+    features, dice = [], []
+    for _ in range(count):
+        values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
+        values["voxels"] = 100.0
+        features.append([values])
+        dice.append([dice_of(values["mean_entropy"])])
+    return features, np.array(dice)
+
+
+def test_fit_chooses_the_informative_feature_and_scores_it_held_out():
+    features, dice = _observations(lambda entropy: 1.0 - 0.8 * entropy)
+    groups = [f"p{index // 2}" for index in range(len(features))]  # two cases per patient
+    model = fit_from_observations(features, dice, ["background", "class 1"], groups)
+    chosen = model.structures["class 1"]
+    assert (chosen.feature, chosen.form) == ("mean_entropy", "linear")
+    assert chosen.parameters["slope"] == pytest.approx(-0.8) and chosen.parameters["intercept"] == pytest.approx(1.0)
+    assert chosen.loo_mae < 1e-9 < chosen.constant_loo_mae
+    # the constant baseline, held out by patient, computed by hand
+    y = dice[:, 0]
+    baseline = np.mean([abs(y[i] - np.mean([y[j] for j in range(len(y)) if groups[j] != groups[i]]))
+                        for i in range(len(y))])
+    assert chosen.constant_loo_mae == pytest.approx(baseline)
+    assert model.validation == {"cases": 12, "patients": 6, "scheme": "leave-one-patient-out"}
+
+
+def test_fit_prefers_isotonic_for_a_step_and_stays_monotone():
+    features, dice = _observations(lambda entropy: 0.9 if entropy < 0.25 else 0.5, count=20, seed=3)
+    chosen = fit_from_observations(features, dice, ["background", "class 1"]).structures["class 1"]
+    assert (chosen.feature, chosen.form) == ("mean_entropy", "isotonic")
+    grid = np.linspace(0.0, 0.6, 50)
+    predicted = [chosen.predict(value) for value in grid]
+    assert np.all(np.diff(predicted) <= 0) and predicted[0] == pytest.approx(0.9) and predicted[-1] == pytest.approx(0.5)
+
+
+def test_interval_is_the_conformal_order_statistics_of_held_out_residuals():
+    rng = np.random.default_rng(4)
+    features, dice = _observations(lambda entropy: 1.0 - entropy, count=19)
+    dice = np.clip(dice + rng.normal(0, 0.05, dice.shape), 0, 1)
+    model = fit_from_observations(features, dice, ["background", "class 1"])
+    chosen = model.structures["class 1"]
+    x = np.array([case[0][chosen.feature] for case in features])
+    residuals = []
+    for held in range(len(x)):  # leave-one-case-out with the chosen form, refitted by hand
+        keep = np.arange(len(x)) != held
+        if chosen.form == "linear":
+            slope, intercept = np.polyfit(x[keep], dice[keep, 0], 1)
+            slope = slope if slope * FEATURES[chosen.feature] > 0 else 0.0
+            intercept = dice[keep, 0].mean() - slope * x[keep].mean()
+            predicted = float(np.clip(intercept + slope * x[held], 0, 1))
+        else:
+            knots, fitted = isotonic_fit(x[keep], dice[keep, 0], FEATURES[chosen.feature] > 0)
+            predicted = float(np.interp(x[held], knots, fitted))
+        residuals.append(dice[held, 0] - predicted)
+    ordered = np.sort(residuals)  # n = 19, 80 %: the 2nd smallest and the 18th
+    assert chosen.interval == pytest.approx((ordered[1], ordered[17]))
+    assert chosen.loo_mae == pytest.approx(np.mean(np.abs(residuals)))
+    assert chosen.predict_interval(0.99)[1] == 1.0  # clipped to [0, 1]
+
+
+def test_fit_needs_three_cases_of_two_patients_per_structure():
+    features, dice = _observations(lambda entropy: 1.0 - entropy, count=4)
+    with pytest.raises(QualityModelError, match="Only 4 validation case\\(s\\) of 1 patient\\(s\\) predict 'class 1'"):
+        fit_from_observations(features, dice, ["background", "class 1"], ["p0"] * 4)
+    features[0][0] = features[1][0] = None  # predicted nowhere: left out of that structure's fit
+    with pytest.raises(QualityModelError, match="Only 2 validation"):
+        fit_from_observations(features, dice, ["background", "class 1"])
+
+
+# --------------------------------------------------------------------------- the summary
+
+
+def test_summary_without_a_quality_model_says_so_and_guesses_nothing():
+    summary = quality_summary(_prediction(), (1.0, 1.0, 1.0), make_test_metadata())
+    assert summary["quality_model"] is None and summary["note"].startswith("no quality model")
+    present = summary["structures"]["class 1"]
+    assert present["predicted_dice"] is None and present["predicted_dice_interval"] is None
+    assert present["review"] is None
+    assert summary["structures"]["class 3"]["review"] is True  # predicted nowhere: always flagged
+    assert summary["review"] is True
+    json.dumps(summary, allow_nan=False)  # plain JSON: null, never NaN
+
+
+def test_summary_with_a_quality_model_predicts_dice_interval_and_review():
+    prediction = _prediction(seed=2)
+    prediction.labels[prediction.labels == 0] = 3  # every class present
+    falling = StructureQuality("mean_entropy", "linear", {"intercept": 1.2, "slope": -1.0}, (-0.2, 0.3), 0.05, 0.1, 20)
+    metadata = make_test_metadata(quality_model=_model(**{"class 2": falling}).to_dict())
+    summary = quality_summary(prediction, (1.0, 1.0, 1.0), metadata)
+    entropy = float(np.mean(prediction.entropy[prediction.labels == 2], dtype=np.float64))
+    entry = summary["structures"]["class 2"]
+    assert entry["predicted_dice"] == pytest.approx(1.2 - entropy)
+    assert entry["predicted_dice_interval"] == pytest.approx([1.0 - entropy, min(1.5 - entropy, 1.0)])
+    assert entry["review"] is (1.2 - entropy < 0.8)
+    assert summary["structures"]["class 1"]["predicted_dice"] == 0.9 and summary["structures"]["class 1"]["review"] is False
+    assert summary["review"] is entry["review"]
+    assert summary["quality_model"]["review_below"] == 0.8 and "0.80" in summary["note"]
+    columns = summary_columns(summary)
+    assert columns["predicted_dice_class_2"] == entry["predicted_dice"]
+    assert columns["review_class_1"] == 0.0 and columns["predicted_dice_high_class_1"] == pytest.approx(0.95)
+
+
+def test_summary_columns_are_nan_where_the_summary_is_null():
+    columns = summary_columns(quality_summary(_prediction(), (1.0, 1.0, 1.0), make_test_metadata()))
+    assert math.isnan(columns["predicted_dice_class_1"]) and math.isnan(columns["review_class_1"])
+    assert columns["review_class_3"] == 1.0
+
+
+# --------------------------------------------------------------------------- in a bundle
+
+
+def test_quality_model_round_trips_through_a_saved_bundle(tmp_path):
+    features, dice = _observations(lambda entropy: 1.0 - entropy, count=10)
+    stored = fit_from_observations([case * 3 for case in features], np.repeat(dice, 3, axis=1), CLASS_NAMES)
+    path = make_test_bundle(tmp_path / "q.calibseg", half=True, quality_model=stored.to_dict())
+    bundle = load_bundle(path)
+    assert QualityModel.from_dict(bundle.metadata.quality_model, CLASS_NAMES) == stored
+    resaved = save_bundle(tmp_path / "again.calibseg", bundle.state_dict, bundle.metadata, half=True)
+    assert load_bundle(resaved).metadata == bundle.metadata  # same weights bytes, same model
+
+
+def test_bundle_written_before_quality_models_loads_and_says_no_quality_model(tmp_path):
+    path = make_test_bundle(tmp_path / "old.calibseg")
+    with zipfile.ZipFile(path) as archive:
+        stored = json.loads(archive.read("bundle.json"))
+        weights = archive.read("weights.safetensors")
+    del stored["quality_model"]
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("bundle.json", json.dumps(stored))
+        archive.writestr("weights.safetensors", weights)
+    metadata = load_bundle(path).metadata
+    assert metadata.quality_model is None
+    assert quality_summary(_prediction(), (1, 1, 1), metadata)["note"].startswith("no quality model")
+
+
+def _good_model() -> dict:
+    isotonic = StructureQuality("boundary_entropy_ratio", "isotonic", {"x": [0.1, 0.2, 0.4], "y": [0.95, 0.9, 0.6]},
+                                (-0.1, 0.1), 0.04, 0.09, 20)
+    return _model(**{"class 1": isotonic}).to_dict()
+
+
+MALFORMED = {
+    "not an object": (lambda model: [1, 2], "it must be an object"),
+    "unknown version": (lambda model: {**model, "version": 99}, "version is 99"),
+    "review threshold": (lambda model: {**model, "review_below": "high"}, "review_below must be a number"),
+    "missing structure": (lambda model: {**model, "structures": {"class 1": model["structures"]["class 1"]}},
+                          "not the foreground classes"),
+    "unknown feature": (lambda model: _edit(model, "class 2", feature="volume"), "feature 'volume'"),
+    "slope against direction": (lambda model: _edit(model, "class 2", slope=0.5), "runs against mean_entropy"),
+    "knots not increasing": (lambda model: _edit(model, "class 1", x=[0.1, 0.4, 0.2]), "x increasing"),
+    "knots not monotone": (lambda model: _edit(model, "class 1", y=[0.6, 0.9, 0.95]), "y monotone"),
+    "dice above one": (lambda model: _edit(model, "class 1", y=[1.5, 0.9, 0.6]), "y must be a non-empty list"),
+    "NaN intercept": (lambda model: _edit(model, "class 3", intercept=float("nan")), "intercept must be a number"),
+    "interval reversed": (lambda model: _edit(model, "class 3", interval=[0.1, -0.1]), "low <= high"),
+    "no case count": (lambda model: _edit(model, "class 3", cases=0), "cases must be a positive integer"),
+}
+
+
+def _edit(model: dict, name: str, **changes) -> dict:
+    edited = json.loads(json.dumps(model))
+    edited["structures"][name].update(changes)
+    return edited
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_quality_model_is_refused_with_one_sentence(tmp_path, case):
+    good = make_test_bundle(tmp_path / "good.calibseg", quality_model=_good_model())
+    assert load_bundle(good).metadata.quality_model is not None
+    change, message = MALFORMED[case]
+    with zipfile.ZipFile(good) as archive:
+        stored = json.loads(archive.read("bundle.json"))
+        weights = archive.read("weights.safetensors")
+    stored["quality_model"] = change(stored["quality_model"])
+    bad = tmp_path / "bad.calibseg"
+    with zipfile.ZipFile(bad, "w") as archive:
+        archive.writestr("bundle.json", json.dumps(stored))
+        archive.writestr("weights.safetensors", weights)
+    with pytest.raises(BundleError, match=f"quality model is malformed \\(.*{message}") as caught:
+        load_bundle(bad)
+    text = str(caught.value)
+    assert "\n" not in text and text.endswith(".") and text.count(". ") == 0
+
+
+def test_save_refuses_a_malformed_quality_model(tmp_path):
+    metadata = make_test_metadata(quality_model=_edit(_good_model(), "class 2", slope=1.0))
+    with pytest.raises(BundleError, match="quality model is malformed"):
+        make_test_bundle(tmp_path / "x.calibseg", quality_model=metadata.quality_model)
+    assert not (tmp_path / "x.calibseg").exists()
+
+
+# --------------------------------------------------------------------------- fitting a bundle
+
+
+def _shipped_copy(tmp_path, sample_acdc_dir, **data):
+    """The shipped CE+Dice bundle with other recorded data (same weights bytes, so the same checksum)."""
+    from CalibSegLib.pretrained import resolve_bundle_path
+
+    with zipfile.ZipFile(resolve_bundle_path("acdc_ce_dice")) as archive:
+        stored = json.loads(archive.read("bundle.json"))
+        weights = archive.read("weights.safetensors")
+    stored["data"] = {**stored["data"], "folder": str(sample_acdc_dir), **data}
+    stored["quality_model"] = None
+    path = tmp_path / "shipped.calibseg"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("bundle.json", json.dumps(stored))
+        archive.writestr("weights.safetensors", weights)
+    return path, weights
+
+
+def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_path, sample_acdc_dir, capsys):
+    from CalibSegLib.inference import Predictor
+    from CalibSegLib.quality import fit_quality_model
+    from Training import fit_quality
+    from Training.data import find_cases, load_cases
+
+    path, weights = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient016"])
+    assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == path
+    with zipfile.ZipFile(path) as archive:
+        assert archive.read("weights.safetensors") == weights  # float16 bytes untouched
+    bundle = load_bundle(path)
+    assert bundle.metadata.weights_dtype == "float16"
+    stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
+    assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
+    cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
+    assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
+    printed = capsys.readouterr().out
+    assert "leave-one-patient-out on 4 validation volumes of 2 patients" in printed and f"bundle: {path}" in printed
+
+
+def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, sample_acdc_dir):
+    from Training import fit_quality
+
+    path, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=[])
+    with pytest.raises(SystemExit, match="error: shipped.calibseg records no validation patients"):
+        fit_quality.main(["--bundle", str(path), "--device", "cpu"])
+    with pytest.raises(SystemExit, match="error: Data folder .* does not exist"):
+        fit_quality.main(["--bundle", "acdc_crac", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "x.calibseg")])
+    assert not (tmp_path / "x.calibseg").exists()
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _rows(predicted, measured, review):
+    return [{"case": f"c{index}", "dice_class_1": m, "predicted_dice_class_1": p, "predicted_dice_low_class_1": p - 0.1,
+             "predicted_dice_high_class_1": p + 0.1, "review_class_1": r}
+            for index, (p, m, r) in enumerate(zip(predicted, measured, review))]
+
+
+def test_quality_statistics_against_hand_counts():
+    from Training.quality_report import ALL_STRUCTURES, quality_statistics
+
+    predicted = [0.9, 0.85, 0.7, 0.75, 0.6, float("nan")]
+    measured = [0.95, 0.7, 0.72, 0.9, 0.5, 0.0]
+    review = [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]  # the last one was predicted nowhere: flagged, no prediction
+    report = quality_statistics(_rows(predicted, measured, review), ["background", "class 1"])
+    entry = report["class 1"]
+    assert entry["cases"] == 5 and entry["mae"] == pytest.approx(np.mean([0.05, 0.15, 0.02, 0.15, 0.1]))
+    assert entry["spearman"] == pytest.approx(0.7)  # ranks (5, 4, 2, 3, 1) vs (5, 2, 3, 4, 1): 1 − 6·6/120
+    assert entry["interval_coverage"] == pytest.approx(3 / 5)  # 0.7 and 0.9 fall outside ±0.1
+    assert (entry["poor"], entry["flagged"], entry["flagged_poor"]) == (4, 4, 3)
+    # flag: sensitivity 3/4, specificity 1/2 → AUROC (3/4 + 1/2) / 2
+    assert entry["review_auroc"] == pytest.approx(0.625)
+    # predicted Dice of the good (0.9, 0.75) above that of the poor (0.85, 0.7, 0.6) in 5 of 6 pairs
+    assert entry["predicted_dice_auroc"] == pytest.approx(5 / 6)
+    assert report[ALL_STRUCTURES] == entry  # one structure: pooled is the same
+
+
+def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_inputs(tmp_path, sample_acdc_dir):
+    import csv
+
+    from CalibSegLib.pretrained import resolve_bundle_path
+    from Training.data import find_cases, load_cases
+    from Training.evaluate import evaluate_bundle
+    from Training.quality_report import quality_statistics
+
+    cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id == "patient041"], 4)
+    shipped = load_bundle(resolve_bundle_path("acdc_ce_dice"))
+    # A quality model of our own, so the test does not depend on which one the shipped model carries.
+    falling = StructureQuality("mean_entropy", "linear", {"intercept": 1.0, "slope": -1.5}, (-0.1, 0.1), 0.05, 0.1, 20)
+    names = shipped.metadata.class_names
+    model = QualityModel({name: falling for name in names[1:]}).to_dict()
+    bundle = dataclasses.replace(shipped, metadata=dataclasses.replace(shipped.metadata, quality_model=model))
+    summary = evaluate_bundle(bundle, cases, tmp_path, device="cpu", degradations=("contrast inversion", "noise 10 %"))
+    with (tmp_path / "per_case.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    header = list(rows[0])
+    assert header[header.index("dice_myocardium") + 1] == "predicted_dice_myocardium"
+    scaled = [{key: float(value) for key, value in row.items() if key not in ("case", "variant")}
+              for row in rows if row["variant"] == "scaled"]
+    assert all(0 < row["predicted_dice_myocardium"] <= 1 for row in scaled)
+    assert all(row["predicted_dice_myocardium"] == "nan" for row in rows if row["variant"] == "uncalibrated")
+    quality = summary["quality"]
+    expected = quality_statistics(scaled, bundle.metadata.class_names)
+    assert quality["clean"]["left ventricle"]["mae"] == pytest.approx(expected["left ventricle"]["mae"])
+    assert quality["clean"]["left ventricle"]["cases"] == 2
+    assert list(quality["degraded"]) == ["contrast inversion", "noise 10 %", "degraded (all)"]
+    inverted = quality["degraded"]["contrast inversion"]["all structures"]
+    assert inverted["poor"] == 6 and inverted["mean_measured"] < 0.2  # the model fails on inverted contrast
+    assert json.loads((tmp_path / "summary.json").read_text())["quality"]["review_below"] == 0.8
+    # the Markdown tables of the results page, from the written summary
+    from Training.quality_report import main as tables_cli
+
+    lines = tables_cli([str(tmp_path / "summary.json")])
+    assert sum(line.startswith("| acdc_ce_dice | ") for line in lines) == 4 + 3  # 3 structures + all; 3 inputs
+    assert any(line.startswith("| acdc_ce_dice | contrast inversion | ") and " 6 / 6 " in line for line in lines)

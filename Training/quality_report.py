@@ -1,0 +1,223 @@
+"""How well a bundle's quality model works on test cases: predicted against measured Dice, and the
+review flag as a detector of poor structures — on the clean volumes and on deliberately degraded ones.
+
+:func:`Training.evaluate.evaluate_bundle` puts :func:`quality_report` into ``summary.json``
+(``"quality"``), so every evaluation has it; for a shipped model::
+
+    python Training/evaluate.py --bundle acdc_ce_dice --data ../shared/data/acdc   # → runs/acdc_ce_dice/evaluation/
+    python Training/quality_report.py runs/acdc_*/evaluation/summary.json         # the tables, as Markdown
+
+:func:`quality_tables` makes those tables; the results page (``Training/results.py``) uses it
+for every run whose bundle has a quality model.
+
+Per structure and pooled over structures (``"all structures"``), over the cases where both
+numbers exist: Spearman ρ and mean absolute error between predicted and measured Dice, their
+means, the share of measured Dice inside the predicted interval, and — a structure is *poor*
+when its measured Dice is below the model's ``review_below`` (0.80) — the counts of poor
+structures, of flagged ones and of flagged poor ones, the AUROC of the review flag (binary,
+so (sensitivity + specificity) / 2) and the AUROC of the predicted Dice as a continuous score
+for poor structures (NaN when all or none are poor).
+
+The degraded inputs (:data:`DEGRADATIONS`) are the test volumes changed on purpose, to see
+whether the flag catches a model failing on data unlike its training data; each is reported
+on its own and all of them pooled (``"degraded (all)"``), never mixed with the clean cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from CalibSegLib.bundle import Bundle
+from CalibSegLib.inference import Predictor
+from CalibSegLib.metrics import dice, error_detection_auroc
+from CalibSegLib.quality import REVIEW_BELOW, quality_model_of, quality_summary, structure_key, summary_columns
+from Training.data import Case
+
+__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "quality_statistics", "degraded_rows", "quality_report", "quality_tables",
+           "main"]
+
+ALL_STRUCTURES = "all structures"
+NOISE_SEED = 2024
+
+
+def _unit_range(image: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """``image`` scaled to [0, 1] between its minimum and 99th percentile (clipped), and those two."""
+    low, high = float(image.min()), float(np.percentile(image, 99))
+    return np.clip((image - low) / max(high - low, 1e-12), 0.0, 1.0), low, high
+
+
+def _invert(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return image.max() + image.min() - image
+
+
+def _gamma(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    unit, low, high = _unit_range(image)
+    return low + unit ** 3.0 * (high - low)
+
+
+def _noise(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    _, low, high = _unit_range(image)
+    return image + rng.normal(0.0, 0.1 * (high - low), image.shape)
+
+
+# name -> f(image (z, y, x) float, rng) -> degraded image; the noise is drawn from a fixed seed.
+DEGRADATIONS: dict[str, Callable[[np.ndarray, np.random.Generator], np.ndarray]] = {
+    "contrast inversion": _invert,            # max + min − image: bright blood pool becomes dark
+    "gamma 3": _gamma,                        # [min, p99] → [0, 1], cubed, back: mid-greys much darker
+    "noise 10 %": _noise,                     # Gaussian, σ = 10 % of the [min, p99] range
+}
+
+
+def _auroc(score: np.ndarray, good: np.ndarray) -> float:
+    """AUROC of ``score`` ranking good structures above poor ones (NaN unless both occur)."""
+    return error_detection_auroc(score, good) if 0 < good.sum() < good.size else float("nan")
+
+
+def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measured: np.ndarray,
+                review: np.ndarray, review_below: float) -> dict[str, float | int]:
+    known = ~np.isnan(predicted) & ~np.isnan(measured)
+    flagged = ~np.isnan(review) & ~np.isnan(measured)
+    good = measured[flagged] >= review_below
+    varied = known.sum() >= 3 and np.ptp(predicted[known]) > 0 and np.ptp(measured[known]) > 0
+    return {
+        "cases": int(known.sum()),
+        "spearman": float(spearmanr(predicted[known], measured[known]).statistic) if varied else float("nan"),
+        "mae": float(np.abs(predicted[known] - measured[known]).mean()) if known.any() else float("nan"),
+        "mean_predicted": float(predicted[known].mean()) if known.any() else float("nan"),
+        "mean_measured": float(measured[known].mean()) if known.any() else float("nan"),
+        "interval_coverage": float(((measured[known] >= low[known]) & (measured[known] <= high[known])).mean())
+        if known.any() else float("nan"),
+        "poor": int((~good).sum()),
+        "flagged": int(review[flagged].sum()),
+        "flagged_poor": int(review[flagged][~good].sum()),
+        "review_auroc": _auroc(1.0 - review[flagged], good),
+        "predicted_dice_auroc": _auroc(predicted[known], measured[known] >= review_below),
+    }
+
+
+def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[str],
+                       review_below: float = REVIEW_BELOW) -> dict[str, dict[str, float | int]]:
+    """Predicted-vs-measured statistics per structure and pooled (see the module docstring).
+
+    Args:
+        rows: one flat row per case with ``dice_<structure>`` and the columns of
+            :func:`CalibSegLib.quality.summary_columns` (NaN where undefined).
+        class_names: C names, background first.
+        review_below: measured Dice under which a structure counts as poor.
+    """
+    prefixes = ("predicted_dice_", "predicted_dice_low_", "predicted_dice_high_", "dice_", "review_")
+    arrays = {name: [np.array([row[f"{prefix}{structure_key(name)}"] for row in rows], dtype=np.float64)
+                     for prefix in prefixes] for name in class_names[1:]}
+    report = {name: _statistics(*values, review_below) for name, values in arrays.items()}
+    pooled = [np.concatenate([values[index] for values in arrays.values()]) for index in range(len(prefixes))]
+    report[ALL_STRUCTURES] = _statistics(*pooled, review_below)
+    return report
+
+
+def degraded_rows(predictor: Predictor, cases: Sequence[Case], degradation: str) -> list[dict[str, float]]:
+    """Measured Dice and :func:`~CalibSegLib.quality.summary_columns` of every case after ``degradation``."""
+    metadata = predictor.metadata
+    rng = np.random.default_rng(NOISE_SEED)
+    rows = []
+    for case in cases:
+        image = DEGRADATIONS[degradation](case.image.astype(np.float32), rng)
+        prediction = predictor.predict(image, case.spacing)
+        measured = dice(prediction.labels, case.label.astype(np.int64), metadata.num_classes)
+        rows.append({"case": case.case_id,
+                     **{f"dice_{structure_key(name)}": float(value) for name, value in zip(metadata.class_names[1:], measured)},
+                     **summary_columns(quality_summary(prediction, case.spacing, metadata))})
+    return rows
+
+
+def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases: Sequence[Case],
+                   degradations: Sequence[str] = tuple(DEGRADATIONS), device: str = "auto",
+                   batch_size: int = 16) -> dict | None:
+    """The quality section of an evaluation summary; None for a bundle without a quality model.
+
+    Args:
+        bundle: the evaluated bundle (its own temperature and quality model).
+        clean_rows: its per-case rows on ``cases`` (measured and predicted Dice columns).
+        cases: the test cases, predicted again under each of ``degradations``.
+
+    Returns:
+        ``{"review_below", "clean": statistics, "degraded": {name: statistics, "degraded (all)": ...}}``
+        with statistics as :func:`quality_statistics` returns them.
+    """
+    model = quality_model_of(bundle.metadata)
+    if model is None:
+        return None
+    names = bundle.metadata.class_names
+    report: dict = {"review_below": model.review_below,
+                    "clean": quality_statistics(clean_rows, names, model.review_below), "degraded": {}}
+    predictor = Predictor(bundle, device=device, batch_size=batch_size) if degradations else None
+    pooled: list[dict[str, float]] = []
+    for degradation in degradations:
+        rows = degraded_rows(predictor, cases, degradation)
+        pooled += rows
+        report["degraded"][degradation] = quality_statistics(rows, names, model.review_below)
+    if len(degradations) > 1:
+        report["degraded"]["degraded (all)"] = quality_statistics(pooled, names, model.review_below)
+    return report
+
+
+def _cell(value: float, digits: int = 2, signed: bool = False) -> str:
+    if value != value:  # NaN
+        return "n/a"
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def quality_tables(reports: dict[str, dict]) -> list[str]:
+    """Markdown lines: per model and structure on the test volumes, then per model and degraded input
+    pooled over structures. ``reports`` maps a model's label to its :func:`quality_report`."""
+    from Training.benchmark import markdown_table  # here, not at the top: benchmark imports evaluate, which imports us
+
+    def cells(statistics: dict) -> list[str]:
+        return [_cell(statistics["spearman"], signed=True), _cell(statistics["mae"], 3),
+                f"{_cell(statistics['mean_predicted'], 3)} / {_cell(statistics['mean_measured'], 3)}",
+                f"{statistics['flagged_poor']} / {statistics['poor']}", str(statistics["flagged"] - statistics["flagged_poor"]),
+                _cell(statistics["review_auroc"]), _cell(statistics["predicted_dice_auroc"])]
+
+    common = ["ρ predicted–measured", "MAE", "mean predicted / measured", "poor flagged / poor", "good flagged",
+              "flag AUROC", "predicted-Dice AUROC"]
+    clean = [[label, structure, str(statistics["cases"]), *cells(statistics), _cell(statistics["interval_coverage"])]
+             for label, report in reports.items() for structure, statistics in report["clean"].items()]
+    degraded = [[label, name, str(report["degraded"][name][ALL_STRUCTURES]["cases"]),
+                 *cells(report["degraded"][name][ALL_STRUCTURES])]
+                for label, report in reports.items() for name in report["degraded"]]
+    lines = markdown_table(["Model", "Structure", "n predicted", *common, "interval coverage"], clean)
+    if degraded:
+        lines += ["", *markdown_table(["Model", "Degraded input (all structures)", "n predicted", *common], degraded)]
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> list[str]:
+    """Print the quality tables of evaluation summaries (``summary.json`` files written by Training/evaluate.py)."""
+    parser = argparse.ArgumentParser(prog="python Training/quality_report.py", description=main.__doc__)
+    parser.add_argument("summaries", nargs="+", type=Path, metavar="SUMMARY_JSON")
+    arguments = parser.parse_args(argv)
+    reports = {}
+    for path in arguments.summaries:
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise SystemExit(f"error: cannot read {path} ({error}).") from None
+        if not summary.get("quality"):
+            raise SystemExit(f"error: {path} has no quality report; its bundle has no quality model.")
+        reports[Path(summary.get("bundle") or path.parent.parent.name).stem] = summary["quality"]
+    lines = quality_tables(reports)
+    print("\n".join(lines))
+    return lines
+
+
+if __name__ == "__main__":
+    main()
