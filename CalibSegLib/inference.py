@@ -146,16 +146,19 @@ class Predictor:
         finally:
             self.model.train(was_training)
 
-    def slice_probabilities(self, slices: np.ndarray, spacing: Sequence[float]) -> torch.Tensor:
-        """Normalised ``(n, y, x)`` slices with in-plane ``spacing (y, x)`` mm → ``(n, C, y, x)`` float32
-        probabilities on the same grid, on ``device``."""
-        metadata = self.metadata
+    def slice_logits(self, slices: np.ndarray, spacing: Sequence[float]) -> torch.Tensor:
+        """Normalised ``(n, y, x)`` slices with in-plane ``spacing (y, x)`` mm → ``(n, C, y', x')`` float32 logits
+        (before temperature) on the model's grid, on ``device``."""
         batch = torch.from_numpy(np.ascontiguousarray(slices, dtype=np.float32)).unsqueeze(1)
-        grid = network_grid_shape(slices.shape[1:], spacing, metadata.preprocessing.target_spacing)
-        logits = self.network_logits(resample_slices(batch, grid))
-        probabilities = torch.softmax(apply_temperature(logits, metadata.temperature), dim=1)
-        # Probabilities (not logits) go back to the input grid: bilinear weights keep them summing to 1.
-        return resample_slices(probabilities, slices.shape[1:])
+        grid = network_grid_shape(slices.shape[1:], spacing, self.metadata.preprocessing.target_spacing)
+        return self.network_logits(resample_slices(batch, grid))
+
+    @staticmethod
+    def input_grid_probabilities(logits: torch.Tensor, temperature: float | Sequence[float],
+                                 shape: Sequence[int]) -> torch.Tensor:
+        """``(n, C, y', x')`` model-grid logits → ``(n, C, *shape)`` probabilities at ``temperature`` on the
+        input's in-plane grid. Probabilities (not logits) are resampled: bilinear weights keep them summing to 1."""
+        return resample_slices(torch.softmax(apply_temperature(logits, temperature), dim=1), shape)
 
     def predict(
         self,
@@ -185,6 +188,22 @@ class Predictor:
                 in-plane spacing is missing, zero or implausible for the model.
             InferenceCancelled: ``cancel`` was set.
         """
+        return self.predict_variants(image, spacing, [self.metadata.temperature], progress, cancel,
+                                     keep_probabilities, [probability_sink])[0]
+
+    def predict_variants(
+        self,
+        image: np.ndarray,
+        spacing: Sequence[float],
+        temperatures: Sequence[float | Sequence[float]],
+        progress: Callable[[float], None] | None = None,
+        cancel: threading.Event | None = None,
+        keep_probabilities: bool = False,
+        probability_sinks: Sequence[ProbabilitySink | None] | None = None,
+    ) -> list[Prediction]:
+        """:meth:`predict` at several ``temperatures`` from one pass of the network (e.g. the bundle's fitted
+        temperature and T = 1 for an evaluation): one :class:`Prediction` per temperature, and
+        ``probability_sinks[i]`` (or None) receives variant i's probabilities."""
         preprocessing = self.metadata.preprocessing
         axis = preprocessing.slice_axis
         check_volume(image, spacing, slice_axis=axis)
@@ -192,41 +211,48 @@ class Predictor:
         in_plane_shape = tuple(size for index, size in enumerate(image.shape) if index != axis)
         # Fails here, before any work, when the spacing is implausible for the model.
         network_grid_shape(in_plane_shape, plane_spacing, preprocessing.target_spacing)
+        sinks = list(probability_sinks or [None] * len(temperatures))
+        if len(sinks) != len(temperatures):
+            raise ValueError(f"Got {len(sinks)} probability sinks for {len(temperatures)} temperatures.")
         intensity = intensity_range(image, preprocessing.normalization, preprocessing.upper_percentile)
-        prediction = Prediction(
-            labels=np.empty(image.shape, np.uint8),
-            confidence=np.empty(image.shape, np.float32),
-            entropy=np.empty(image.shape, np.float32),
-            probabilities=np.empty((self.num_classes, *image.shape), np.float32)
-            if keep_probabilities
-            else None,
-        )
+        predictions = [
+            Prediction(
+                labels=np.empty(image.shape, np.uint8),
+                confidence=np.empty(image.shape, np.float32),
+                entropy=np.empty(image.shape, np.float32),
+                probabilities=np.empty((self.num_classes, *image.shape), np.float32) if keep_probabilities else None,
+            )
+            for _ in temperatures
+        ]
         # Slice-first views: writing into them fills the outputs in the input's own layout.
         source = np.moveaxis(image, axis, 0)
-        targets = [
-            np.moveaxis(array, axis, 0)
-            for array in (prediction.labels, prediction.confidence, prediction.entropy)
-        ]
-        kept = (
-            None if prediction.probabilities is None else np.moveaxis(prediction.probabilities, axis + 1, 1)
-        )
         count = source.shape[0]
         for start in range(0, count, self.batch_size):
             if cancel is not None and cancel.is_set():
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
-            probabilities = self.slice_probabilities(scale_intensity(source[batch], intensity), plane_spacing)
-            for target, values in zip(targets, confidence_maps(probabilities), strict=True):
-                target[batch] = values.cpu().numpy()
-            if kept is not None or probability_sink is not None:
-                class_first = probabilities.transpose(0, 1).cpu().numpy()
-                if kept is not None:
-                    kept[:, batch] = class_first
-                if probability_sink is not None:
-                    probability_sink(batch, class_first)
+            logits = self.slice_logits(scale_intensity(source[batch], intensity), plane_spacing)
+            for prediction, temperature, sink in zip(predictions, temperatures, sinks):
+                probabilities = self.input_grid_probabilities(logits, temperature, in_plane_shape)
+                _write_batch(prediction, axis, batch, probabilities, sink)
             if progress is not None and batch.stop < count:
                 progress(batch.stop / count)
-        self.metadata.postprocessing.apply(prediction.labels)
+        for prediction in predictions:
+            self.metadata.postprocessing.apply(prediction.labels)
         if progress is not None:
             progress(1.0)
-        return prediction
+        return predictions
+
+
+def _write_batch(prediction: Prediction, axis: int, batch: slice, probabilities: torch.Tensor,
+                 sink: ProbabilitySink | None) -> None:
+    """Write one batch's ``(n, C, *in-plane)`` probabilities into ``prediction``'s maps (and the sink)."""
+    maps = (prediction.labels, prediction.confidence, prediction.entropy)
+    for target, values in zip(maps, confidence_maps(probabilities), strict=True):
+        np.moveaxis(target, axis, 0)[batch] = values.cpu().numpy()
+    if prediction.probabilities is not None or sink is not None:
+        class_first = probabilities.transpose(0, 1).cpu().numpy()
+        if prediction.probabilities is not None:
+            np.moveaxis(prediction.probabilities, axis + 1, 1)[:, batch] = class_first
+        if sink is not None:
+            sink(batch, class_first)

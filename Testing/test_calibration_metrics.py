@@ -204,3 +204,45 @@ def test_bad_input_raises_value_error(mutate, message):
     probs, target, mask = mutate(probs, target, np.ones(target.shape, bool))
     with pytest.raises(ValueError, match=message):
         ece(probs, target, mask)
+
+
+def loop_authors_tace(probs, target, mask, n_bins=15, threshold=1e-3):
+    """The CRaC authors' ThreshClasswiseECELoss written out: per class, p_k > 1e-3 in equal-width bins,
+    weighted by the share of those voxels; an empty class adds 0; mean over every class."""
+    items = voxels(probs, target, mask)
+    per_class = []
+    for k in range(probs.shape[0]):
+        kept = [(p[k], float(y == k)) for p, y in items if p[k] > threshold]
+        total = 0.0
+        for b in range(n_bins):
+            in_bin = [(q, f) for q, f in kept if b / n_bins < q <= (b + 1) / n_bins]
+            if in_bin:
+                total += len(in_bin) / len(kept) * abs(sum(f for _, f in in_bin) / len(in_bin)
+                                                       - sum(q for q, _ in in_bin) / len(in_bin))
+        per_class.append(total)
+    return float(np.mean(per_class))
+
+
+@pytest.mark.parametrize("seed,sharpness", [(0, 2.0), (1, 6.0), (2, 12.0)])  # sharp: many p_k ≤ 1e-3
+def test_authors_tace_matches_their_loop(seed, sharpness):
+    from CalibSegLib.metrics import CalibrationStatistics
+    from CalibSegLib.metrics.calibration import masked_probabilities
+
+    probs, target = random_case(seed, sharpness=sharpness)
+    assert (probs <= 1e-3).any() or sharpness < 6
+    statistics = CalibrationStatistics(4)
+    for chunk in range(3):  # streamed in slices: the below-threshold sums must add up too
+        statistics.add(*masked_probabilities(probs[:, chunk], target[chunk]))
+    assert statistics.tace_authors() == pytest.approx(loop_authors_tace(probs, target, target > 0), abs=1e-9)
+
+
+def test_statistics_without_tace_pairs_give_the_same_ece_and_no_tace():
+    from CalibSegLib.metrics import CalibrationStatistics
+    from CalibSegLib.metrics.calibration import masked_probabilities
+
+    probs, target = random_case(3)
+    everything = np.ones(target.shape, bool)
+    light = CalibrationStatistics(4, track_tace=False)
+    light.add(*masked_probabilities(probs, target, everything))
+    assert light.ece() == pytest.approx(loop_ece(probs, target, everything), abs=1e-9)
+    assert np.isnan(light.tace()) and all(not keys for keys in light.tace_keys)

@@ -47,7 +47,7 @@ import torch
 from scipy.stats import spearmanr
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
-from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
+from CalibSegLib.evaluation import case_metrics_row, evaluate_variants
 from CalibSegLib.device import resolve_device
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence, write_json_atomic
@@ -119,19 +119,23 @@ def reliability_from_dict(values: dict[str, list]) -> Reliability:
                        accuracy=array("accuracy"), edges=array("edges"))
 
 
-def _evaluate_variant(bundle: Bundle, cases: Sequence[Case], device: str, batch_size: int
-                      ) -> tuple[list[dict], CalibrationStatistics]:
-    """Per-case metric rows and the pooled calibration statistics of one temperature variant."""
+def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch_size: int
+                       ) -> dict[str, tuple[list[dict], CalibrationStatistics]]:
+    """Per variant: per-case metric rows and pooled calibration statistics, from one network pass per case."""
+    variants = variant_bundles(bundle)
+    metadata = {variant: variant_bundle.metadata for variant, variant_bundle in variants.items()}
     predictor = Predictor(bundle, device=device, batch_size=batch_size)
-    pooled = CalibrationStatistics(bundle.metadata.num_classes)
-    rows = []
+    results = {variant: ([], CalibrationStatistics(bundle.metadata.num_classes)) for variant in variants}
     for case in cases:
-        evaluation = predict_and_evaluate(predictor, case.image, case.label.astype(np.int64), case.spacing)
-        pooled.merge(evaluation.statistics)
-        row = with_predicted_dice(case_metrics_row(evaluation, bundle.metadata.class_names),
-                                  quality_summary(evaluation.prediction, case.spacing, bundle.metadata))
-        rows.append({"case": case.case_id, **row})
-    return rows, pooled
+        evaluations = evaluate_variants(predictor, case.image, case.label.astype(np.int64), case.spacing,
+                                        [metadata[variant].temperature for variant in variants])
+        for variant, evaluation in zip(variants, evaluations):
+            rows, pooled = results[variant]
+            pooled.merge(evaluation.statistics)
+            row = with_predicted_dice(case_metrics_row(evaluation, bundle.metadata.class_names),
+                                      quality_summary(evaluation.prediction, case.spacing, metadata[variant]))
+            rows.append({"case": case.case_id, **row})
+    return results
 
 
 def evaluate_bundle(
@@ -154,8 +158,7 @@ def evaluate_bundle(
     summary: dict = {"cases": [case.case_id for case in cases], "bundle": str(bundle.path or ""),
                      "temperature": bundle.metadata.temperature, "environment": environment(device)}
     rows: list[dict] = []
-    for variant, variant_bundle in variant_bundles(bundle).items():
-        variant_rows, pooled = _evaluate_variant(variant_bundle, cases, device, batch_size)
+    for variant, (variant_rows, pooled) in _evaluate_variants(bundle, cases, device, batch_size).items():
         rows += [{"variant": variant, **row} for row in variant_rows]
         if variant == "scaled":
             summary["quality"] = quality_report(bundle, variant_rows, cases, degradations, device, batch_size)
@@ -167,7 +170,7 @@ def evaluate_bundle(
             "spearman_entropy_vs_dice": _spearman([row["mean_foreground_entropy"] for row in variant_rows],
                                                   [row["dice_mean"] for row in variant_rows]),
         }
-        title = f"T = {variant_bundle.metadata.temperature:.2f}" if variant == "scaled" else "T = 1"
+        title = _temperature_text(bundle.metadata.temperature) if variant == "scaled" else "T = 1"
         figure = reliability_figure(pooled.reliability(), title=f"Reliability, {title}", ece=pooled.ece())
         with atomic_output(out_dir / RELIABILITY_NAMES[variant]) as temporary:
             figure.savefig(temporary, bbox_inches="tight", format="png")
@@ -180,6 +183,10 @@ def evaluate_bundle(
     summary["wall_s"] = time.perf_counter() - started
     write_json_atomic(out_dir / SUMMARY_NAME, summary)
     return summary
+
+
+def _temperature_text(temperature: float | Sequence[float]) -> str:
+    return f"T = {temperature:.2f}" if isinstance(temperature, (int, float)) else "T per class"
 
 
 def print_summary(summary: dict, out_dir: Path) -> None:

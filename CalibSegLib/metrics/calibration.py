@@ -16,6 +16,10 @@ Definitions (one place for the whole project; ``../shared/DESIGN.md``):
   Σ_b (n_b/N_k)·|freq_b − conf_b|; mean over classes that have such voxels.
 - Brier = mean over masked voxels of Σ_k (p_k − y_k)²; NLL = mean of −log p_target with p
   clamped at 1e-12.
+- ``tace_authors`` (the CRaC/NACL papers' "TACE", their ``ThreshClasswiseECELoss``, reported
+  beside ours): per class k, masked voxels with p_k > 1e-3 in the *equal-width* bins;
+  TACE_k = Σ_b (n_b/N_k)·|freq_b − conf_b|, 0 for a class without such voxels; mean over all C
+  classes, background included.
 
 An empty mask makes every metric NaN and emits a ``RuntimeWarning`` (it is never an error:
 a volume without foreground is a legitimate case the summaries must count).
@@ -36,6 +40,7 @@ import numpy as np
 __all__ = [
     "DEFAULT_BINS",
     "TACE_THRESHOLD",
+    "AUTHORS_TACE_THRESHOLD",
     "CalibrationStatistics",
     "Reliability",
     "masked_probabilities",
@@ -51,6 +56,7 @@ __all__ = [
 
 DEFAULT_BINS = 15
 TACE_THRESHOLD = 0.01
+AUTHORS_TACE_THRESHOLD = 1e-3
 _SUM_TOLERANCE = 1e-3
 _NLL_FLOOR = 1e-12
 
@@ -148,11 +154,15 @@ class CalibrationStatistics:
     Per-bin float64 sums for ECE/MCE/reliability (``(n_bins,)``) and CECE (``(C, n_bins)``),
     Brier and NLL sums, and for TACE the above-threshold ``(p_k, 1[target == k])`` pairs per
     class (float32 / bool, concatenated lazily) — the only exact way to cut equal-count bins.
+    ``track_tace=False`` keeps no pairs (4 bytes per voxel and class less; TACE is then NaN), for
+    voxel sets too large to hold, e.g. ECE over every voxel of a volume. The sums of the voxels
+    with p_k ≤ 1e-3 (``class_below_*``, ``(C,)``, all in bin 0) give the papers' TACE variant.
     """
 
     num_classes: int
     n_bins: int = DEFAULT_BINS
     tace_threshold: float = TACE_THRESHOLD
+    track_tace: bool = True
     count: int = 0
     bin_count: np.ndarray = field(init=False)
     bin_confidence: np.ndarray = field(init=False)
@@ -160,6 +170,9 @@ class CalibrationStatistics:
     class_bin_count: np.ndarray = field(init=False)
     class_bin_probability: np.ndarray = field(init=False)
     class_bin_frequency: np.ndarray = field(init=False)
+    class_below_count: np.ndarray = field(init=False)
+    class_below_probability: np.ndarray = field(init=False)
+    class_below_frequency: np.ndarray = field(init=False)
     brier_sum: float = 0.0
     nll_sum: float = 0.0
     tace_keys: list[list[np.ndarray]] = field(init=False)
@@ -174,6 +187,9 @@ class CalibrationStatistics:
         self.class_bin_count = np.zeros(shape, np.float64)
         self.class_bin_probability = np.zeros(shape, np.float64)
         self.class_bin_frequency = np.zeros(shape, np.float64)
+        self.class_below_count = np.zeros(self.num_classes, np.float64)
+        self.class_below_probability = np.zeros(self.num_classes, np.float64)
+        self.class_below_frequency = np.zeros(self.num_classes, np.float64)
         # Per class, the TACE sort keys of every voxel above the threshold (see _tace_keys).
         self.tace_keys: list[list[np.ndarray]] = [[] for _ in range(self.num_classes)]
 
@@ -204,16 +220,22 @@ class CalibrationStatistics:
             num_classes, n_bins)
         self.class_bin_frequency += np.bincount(class_bins, weights=indicator.ravel(), minlength=size).reshape(
             num_classes, n_bins)
-        probabilities32 = selected.astype(np.float32, copy=False)
-        for k in range(num_classes):
-            above = probabilities32[k] > self.tace_threshold
-            self.tace_keys[k].append(_tace_keys(probabilities32[k][above], indicator[k][above]))
+        below = selected <= AUTHORS_TACE_THRESHOLD
+        self.class_below_count += below.sum(axis=1)
+        self.class_below_probability += np.where(below, selected, 0.0).sum(axis=1, dtype=np.float64)
+        self.class_below_frequency += (below & indicator).sum(axis=1)
+        if self.track_tace:
+            probabilities32 = selected.astype(np.float32, copy=False)
+            for k in range(num_classes):
+                above = probabilities32[k] > self.tace_threshold
+                self.tace_keys[k].append(_tace_keys(probabilities32[k][above], indicator[k][above]))
         self.count += labels.size
 
     def merge(self, other: "CalibrationStatistics") -> None:
         """Add another set of statistics (same classes, bins and threshold) into this one."""
         for name in ("bin_count", "bin_confidence", "bin_correct", "class_bin_count",
-                     "class_bin_probability", "class_bin_frequency"):
+                     "class_bin_probability", "class_bin_frequency", "class_below_count",
+                     "class_below_probability", "class_below_frequency"):
             getattr(self, name).__iadd__(getattr(other, name))
         self.brier_sum += other.brier_sum
         self.nll_sum += other.nll_sum
@@ -277,8 +299,25 @@ class CalibrationStatistics:
             values[k] = total / keys.size
         return values
 
-    def tace(self, classes: Sequence[int] | None = None) -> float:
+    def tace_authors(self) -> float:
+        """The papers' TACE: equal-width bins of p_k > 1e-3 per class, every class averaged (see the module)."""
         if self._empty():
+            return float("nan")
+        counts, probability, frequency = (getattr(self, f"class_bin_{name}").copy()
+                                          for name in ("count", "probability", "frequency"))
+        # 1e-3 lies inside bin 0 ((0, 1/n_bins]): the voxels at or below it leave that bin.
+        counts[:, 0] -= self.class_below_count
+        probability[:, 0] -= self.class_below_probability
+        frequency[:, 0] -= self.class_below_frequency
+        counts = np.maximum(counts, 0.0)  # float rounding of the subtraction
+        filled = np.where(counts > 0, counts, 1.0)
+        gap = np.abs(frequency / filled - probability / filled)
+        totals = counts.sum(axis=1, keepdims=True)
+        per_class = np.where(totals[:, 0] > 0, (counts / np.where(totals > 0, totals, 1.0) * gap).sum(axis=1), 0.0)
+        return float(per_class.mean())
+
+    def tace(self, classes: Sequence[int] | None = None) -> float:
+        if self._empty() or not self.track_tace:
             return float("nan")
         per_class = self.class_tace()
         chosen = [per_class[k] for k in (range(self.num_classes) if classes is None else classes)]
@@ -302,10 +341,11 @@ class CalibrationStatistics:
         )
 
     def metrics(self, classes: Sequence[int] | None = None) -> dict[str, float]:
-        """All scalar metrics: ``ece``, ``mce``, ``cece``, ``tace``, ``brier``, ``nll``, ``voxels``."""
+        """All scalar metrics: ``ece``, ``mce``, ``cece``, ``tace``, ``tace_authors``, ``brier``, ``nll``, ``voxels``."""
         if self._empty():
             nan = float("nan")
-            return {"ece": nan, "mce": nan, "cece": nan, "tace": nan, "brier": nan, "nll": nan, "voxels": 0}
+            return {"ece": nan, "mce": nan, "cece": nan, "tace": nan, "tace_authors": nan, "brier": nan, "nll": nan,
+                    "voxels": 0}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             return {
@@ -313,6 +353,7 @@ class CalibrationStatistics:
                 "mce": self.mce(),
                 "cece": self.cece(classes),
                 "tace": self.tace(classes),
+                "tace_authors": self.tace_authors(),
                 "brier": self.brier(),
                 "nll": self.nll(),
                 "voxels": self.count,
