@@ -1,16 +1,17 @@
-"""Inference speed and memory: CalibSeg's Predictor against MONAI's SliceInferer running the same network.
+"""Inference speed and memory: CalibSeg's Predictor against the same job written with MONAI on the whole volume.
 
     python benchmarks/inference.py                # ACDC-sized 10×256×256 volume, CPU (and CUDA when present)
     python benchmarks/inference.py --ct           # also the CT-sized 300×512×512 volume
     python benchmarks/inference.py --device cpu --batch-size 16 --repeats 3
 
 Both pipelines do the same job on the same random int16 volume with the same weights
-(the bundle's default 2D UNet, 4 classes, in-plane resize to 224×224, temperature 1.5):
-percentile normalisation → resize in → network → logits back to the input grid →
-temperature → softmax → labels, confidence, normalised entropy. CalibSeg streams batch by
+(the default 2D UNet, 4 classes, model spacing 1.5 mm, 128×128 windows with overlap 0.5 and
+Gaussian blending, temperature 1.5): percentile normalisation → slices resampled from the
+volume's spacing to 1.5 mm → sliding-window network → temperature → softmax → probabilities
+back to the input grid → labels, confidence, normalised entropy. CalibSeg streams batch by
 batch (:class:`CalibSegLib.inference.Predictor`, probabilities not kept); the reference is
-what one writes with MONAI: ``SliceInferer`` over the whole-volume tensor, then the same
-post-processing on its ``(1, C, z, y, x)`` output.
+what one writes with MONAI: the whole volume normalised and resampled as one tensor,
+``SlidingWindowInferer`` over all its slices, then the same post-processing.
 
 Every measurement runs in a fresh process, so peak RSS (``ru_maxrss``) belongs to that
 pipeline alone; a one-batch warm-up runs first and is not timed. Ratios are CalibSeg /
@@ -31,21 +32,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from CalibSegLib.bundle import Bundle, BundleMetadata, Preprocessing
-from CalibSegLib.inference import Prediction, Predictor, confidence_maps, resolve_device
+from CalibSegLib.bundle import Bundle, BundleMetadata
+from CalibSegLib.device import resolve_device
+from CalibSegLib.inference import Prediction, Predictor, confidence_maps
 from CalibSegLib.networks import build_network
-from CalibSegLib.preprocessing import normalize_intensity, resize_slices
+from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
+                                       resample_slices)
+from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.temperature import apply_temperature
 
-CASES: dict[str, tuple[int, int, int]] = {"acdc": (10, 256, 256), "ct": (300, 512, 512)}
+# (shape (z, y, x), spacing (z, y, x) mm): an ACDC cine volume at its model spacing, and a CT-sized
+# volume at 0.8 mm resampled to the model's 1.5 mm.
+CASES: dict[str, tuple[tuple[int, int, int], tuple[float, float, float]]] = {
+    "acdc": ((10, 256, 256), (10.0, 1.5, 1.5)), "ct": ((300, 512, 512), (2.5, 0.8, 0.8))}
 PIPELINES: tuple[str, ...] = ("calibseg", "monai")
-SPACING = (10.0, 1.5, 1.5)  # mm; does not change the work done
 RSS_TARGET_GB = 2.5
 
 
-def benchmark_bundle(
-    num_classes: int = 4, target_size: tuple[int, int] = (224, 224), seed: int = 0
-) -> Bundle:
+def benchmark_bundle(num_classes: int = 4, seed: int = 0) -> Bundle:
     """The default CalibSeg network (``unet``) with seeded random weights, as an in-memory bundle."""
     torch.manual_seed(seed)
     model = build_network("unet", 1, num_classes)
@@ -57,7 +61,8 @@ def benchmark_bundle(
         spatial_dims=2,
         class_names=[f"class {index}" for index in range(num_classes)],
         class_colors=[(index / num_classes,) * 3 for index in range(num_classes)],
-        preprocessing=Preprocessing(target_size=target_size),
+        preprocessing=Preprocessing(target_spacing=(1.5, 1.5)),
+        sliding_window=SlidingWindow(patch_size=(128, 128), overlap=0.5),
         temperature=1.5,
     )
     return Bundle(metadata, model.state_dict())
@@ -68,55 +73,51 @@ def random_volume(shape: tuple[int, int, int], seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(-1000, 2000, size=shape, dtype=np.int16)
 
 
-class _ResizedNetwork(torch.nn.Module):
-    """The bundle's network with the same in-plane resize in and out that the Predictor applies."""
-
-    def __init__(self, network: torch.nn.Module, target_size: tuple[int, int]) -> None:
-        super().__init__()
-        self.network, self.target_size = network, target_size
-
-    def forward(self, slices: torch.Tensor) -> torch.Tensor:
-        return resize_slices(self.network(resize_slices(slices, self.target_size)), slices.shape[-2:])
-
-
 def predict_with_monai(
-    bundle: Bundle, volume: np.ndarray, device: torch.device, batch_size: int
+    bundle: Bundle, volume: np.ndarray, spacing: tuple[float, float, float], device: torch.device, batch_size: int
 ) -> Prediction:
-    """The same prediction the MONAI way: ``SliceInferer`` over the whole volume, then post-processing."""
-    from monai.inferers import SliceInferer
+    """The same prediction the MONAI way: whole-volume tensors through ``SlidingWindowInferer``, then
+    post-processing."""
+    from monai.inferers import SlidingWindowInferer
 
     metadata = bundle.metadata
-    network = _ResizedNetwork(bundle.build_model(), metadata.preprocessing.target_size).to(device)
+    network = bundle.build_model().to(device)
     normalized = normalize_intensity(
         volume, metadata.preprocessing.normalization, metadata.preprocessing.upper_percentile
     )
-    inferer = SliceInferer(roi_size=volume.shape[1:], sw_batch_size=batch_size, spatial_dim=0, progress=False)
+    grid = network_grid_shape(volume.shape[1:], in_plane_spacing(spacing), metadata.preprocessing.target_spacing)
+    window = metadata.sliding_window
+    inferer = SlidingWindowInferer(roi_size=window.patch_size, sw_batch_size=window.batch_size,
+                                   overlap=window.overlap, mode="gaussian", progress=False)
     with torch.inference_mode():
-        logits = inferer(torch.from_numpy(normalized)[None, None].to(device), network)
+        slices = resample_slices(torch.from_numpy(normalized).unsqueeze(1), grid).to(device)
+        logits = inferer(slices, network)
         probabilities = torch.softmax(apply_temperature(logits, metadata.temperature), dim=1)
         del logits
-        labels, confidence, entropy = (values[0].cpu().numpy() for values in confidence_maps(probabilities))
+        probabilities = resample_slices(probabilities, volume.shape[1:])
+        labels, confidence, entropy = (values.cpu().numpy() for values in confidence_maps(probabilities))
     return Prediction(labels, confidence, entropy)
 
 
 def predict_with_calibseg(
-    bundle: Bundle, volume: np.ndarray, device: torch.device, batch_size: int
+    bundle: Bundle, volume: np.ndarray, spacing: tuple[float, float, float], device: torch.device, batch_size: int
 ) -> Prediction:
-    return Predictor(bundle, device=device, batch_size=batch_size).predict(volume, SPACING)
+    return Predictor(bundle, device=device, batch_size=batch_size).predict(volume, spacing)
 
 
 _RUNNERS = {"calibseg": predict_with_calibseg, "monai": predict_with_monai}
 
 
 def measure(
-    pipeline: str, shape: tuple[int, int, int], device: str, batch_size: int, repeats: int
+    pipeline: str, case: str, device: str, batch_size: int, repeats: int
 ) -> dict[str, Any]:
     """Run one pipeline in this process: wall time (best of ``repeats``), peak RSS/GPU memory, outputs."""
     run = _RUNNERS[pipeline]
+    shape, spacing = CASES[case]
     torch_device = resolve_device(device)
     bundle = benchmark_bundle()
     run(
-        bundle, random_volume((min(batch_size, shape[0]), 64, 64), seed=1), torch_device, batch_size
+        bundle, random_volume((min(batch_size, shape[0]), 64, 64), seed=1), spacing, torch_device, batch_size
     )  # warm-up
     volume = random_volume(shape)
     if torch_device.type == "cuda":
@@ -126,7 +127,7 @@ def measure(
     for _ in range(repeats):
         prediction = None  # free the previous run's outputs before the next one allocates its own
         started = time.perf_counter()
-        prediction = run(bundle, volume, torch_device, batch_size)
+        prediction = run(bundle, volume, spacing, torch_device, batch_size)
         if torch_device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
@@ -146,15 +147,15 @@ def measure(
 
 
 def measure_in_subprocess(
-    pipeline: str, shape: tuple[int, int, int], device: str, batch_size: int, repeats: int
+    pipeline: str, case: str, device: str, batch_size: int, repeats: int
 ) -> dict[str, Any]:
     command = [
         sys.executable,
         __file__,
         "--worker",
         pipeline,
-        "--shape",
-        ",".join(map(str, shape)),
+        "--case",
+        case,
         "--device",
         device,
         "--batch-size",
@@ -164,7 +165,7 @@ def measure_in_subprocess(
     ]
     completed = subprocess.run(command, capture_output=True, text=True)
     if completed.returncode != 0:
-        raise RuntimeError(f"{pipeline} on {shape} failed:\n{completed.stderr}")
+        raise RuntimeError(f"{pipeline} on {case} failed:\n{completed.stderr}")
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
@@ -203,13 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=1, help="timed runs per measurement (best is reported)"
     )
     parser.add_argument("--worker", choices=PIPELINES, help=argparse.SUPPRESS)
-    parser.add_argument("--shape", help=argparse.SUPPRESS)
+    parser.add_argument("--case", choices=tuple(CASES), help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.worker:
-        shape = tuple(int(value) for value in arguments.shape.split(","))
         print(
             json.dumps(
-                measure(arguments.worker, shape, arguments.device, arguments.batch_size, arguments.repeats)
+                measure(arguments.worker, arguments.case, arguments.device, arguments.batch_size, arguments.repeats)
             )
         )
         return 0
@@ -218,16 +218,16 @@ def main(argv: list[str] | None = None) -> int:
     cases = ["acdc", "ct"] if arguments.ct else ["acdc"]
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, batch {arguments.batch_size}, "
-        f"best of {arguments.repeats}; ratios = CalibSeg / MONAI SliceInferer (< 1 is better)"
+        f"best of {arguments.repeats}; ratios = CalibSeg / MONAI SlidingWindowInferer (< 1 is better)"
     )
     print("case        shape device  ours_s  monai_s  ratio   RSS_GB  monai  ratio")
     for case in cases:
         for device in devices:
             ours, theirs = (
-                measure_in_subprocess(pipeline, CASES[case], device, arguments.batch_size, arguments.repeats)
+                measure_in_subprocess(pipeline, case, device, arguments.batch_size, arguments.repeats)
                 for pipeline in PIPELINES
             )
-            print(_report(case, CASES[case], ours, theirs), flush=True)
+            print(_report(case, CASES[case][0], ours, theirs), flush=True)
     return 0
 
 

@@ -1,76 +1,122 @@
-"""Training throughput (slices/s) and the share of step time spent waiting for data.
+"""Training throughput (crops/s) of the trainer's own step under the CPU/GPU options, as ratios to fp32.
 
-    python benchmarks/training_throughput.py [--steps 20] [--size 224]
+    python benchmarks/training_throughput.py [--steps 30] [--method ce_dice] [--settings fp32,compile,...]
 
-Runs the real Trainer on the shipped ACDC sample (default UNet, batch 16) on CPU, and on
-CUDA with and without AMP when a GPU is present. Data time is the batch assembly
-(indexing the cached slices, augmentation, host→device copy); the rest is compute.
+Runs the real :class:`Training.trainer.Trainer` (its crop sampler, augmentation and step) on
+the shipped ACDC sample, each setting in a fresh process (thread count, ``torch.compile``
+caches and peak memory belong to that setting alone); the first steps warm up — for
+``torch.compile`` they include the compilation, reported apart — and are not counted.
+Settings (the reference is ``fp32``: eager float32 on all CPU threads, MONAI UNet 16–256,
+2 residual units, batch 16 of 128×128 crops):
+
+- ``compile``: ``torch.compile`` of the network (the quick and ``--cpu`` schedules use it);
+- ``bf16``: bfloat16 autocast (``--amp`` on a CPU; fast only where the CPU has bf16 units);
+- ``channels_last``: NHWC memory format for the network and its inputs;
+- ``threads1``: one intra-op thread (two such runs share a 2-core machine without contention);
+- ``patch160``: 160×160 crops instead of 128×128 (ratio in crops/s; a crop holds 1.56× the voxels);
+- ``dynunet``: MONAI DynUNet 16–256 (instance norm, full-resolution first level) instead of UNet;
+- ``cuda``/``cuda_amp``: on a GPU when one is present.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
 
 import torch
 
-from Training.data import find_cases, load_cases
-from Training.splits import SPLITS_DIR, load_split
-from Training.trainer import TrainConfig, Trainer
+SETTINGS: dict[str, dict] = {
+    "fp32": {},
+    "compile": {"compile": True},
+    "bf16": {"amp": True},
+    "channels_last": {"channels_last": True},
+    "threads1": {"threads": 1},
+    "patch160": {"patch_size": (160, 160)},
+    "dynunet": {"network": "dynunet"},
+    "cuda": {"device": "cuda"},
+    "cuda_amp": {"device": "cuda", "amp": True},
+}
+WARMUP_STEPS = 3
 
 
-def measure(trainer: Trainer, steps: int) -> tuple[float, float]:
-    """Slices per second and the share of wall time spent waiting for the next batch, over ``steps`` steps.
+def measure(setting: str, steps: int, method: str) -> dict:
+    """Crops/s and data-wait share of ``steps`` training steps under ``setting`` (run in this process)."""
+    from Training.data import find_cases, load_cases
+    from Training.splits import SPLITS_DIR, load_split
+    from Training.trainer import TrainConfig, Trainer
 
-    Uses the trainer's own batch iterator and step (with ``config.workers`` prefetch threads);
-    the first two steps warm up allocators and kernels and are not counted.
-    """
-    batches = iter(trainer.epoch_batches())
-    trainer.model.train()
-    waiting = computing = 0.0
-    for step in range(steps + 2):
-        started = time.perf_counter()
-        images, target = next(batches)
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize()
-        loaded = time.perf_counter()
-        trainer.train_step(images, target)
-        if trainer.device.type == "cuda":
-            torch.cuda.synchronize()
-        if step >= 2:
-            waiting += loaded - started
-            computing += time.perf_counter() - loaded
-    return steps * trainer.config.batch_size / (waiting + computing), waiting / (waiting + computing)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--method", default="crac")
-    parser.add_argument("--workers", type=int, default=0, help="batch prefetch threads (train.py --workers)")
-    arguments = parser.parse_args()
+    options = dict(SETTINGS[setting])
+    if "threads" in options:
+        torch.set_num_threads(options.pop("threads"))
+    channels_last = options.pop("channels_last", False)
     files = find_cases(ROOT / "SampleData" / "ACDC")
     split = load_split(SPLITS_DIR / "acdc_sample.json")
     train = load_cases([f for f in files if f.patient_id in split["train"]], 4)
     val = load_cases([f for f in files if f.patient_id in split["val"][:1]], 4)
-    settings = [("cpu", False)] + ([("cuda", False), ("cuda", True)] if torch.cuda.is_available() else [])
-    print(f"{arguments.method}, MONAI UNet (16-256), batch 16, {arguments.size}×{arguments.size}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} CPU threads")
-    print("| device | AMP | slices/s | data-wait share |")
-    print("|---|---|---|---|")
-    for device, amp in settings:
-        config = TrainConfig(method=arguments.method, device=device, amp=amp, image_size=(arguments.size,) * 2,
-                             progress=False, iterations_per_epoch=arguments.steps + 2, workers=arguments.workers)
-        with tempfile.TemporaryDirectory() as run_dir:  # the trainer writes nothing before fit(), but owns a folder
-            throughput, waiting = measure(Trainer(config, train, val, Path(run_dir), {}), arguments.steps)
-        print(f"| {device} | {'yes' if amp else 'no'} | {throughput:.1f} | {100 * waiting:.1f} % |", flush=True)
+    config = TrainConfig(method=method, patch_size=options.pop("patch_size", (128, 128)), progress=False,
+                         iterations_per_epoch=steps + WARMUP_STEPS, **options)
+    with tempfile.TemporaryDirectory() as run_dir:  # the trainer writes nothing before fit()
+        trainer = Trainer(config, train, val, Path(run_dir), {})
+        if channels_last:
+            trainer.model.to(memory_format=torch.channels_last)
+        batches = iter(trainer.epoch_batches())
+        trainer.model.train()
+        waiting = computing = warmup = 0.0
+        for step in range(steps + WARMUP_STEPS):
+            started = time.perf_counter()
+            images, target = next(batches)
+            if channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            loaded = time.perf_counter()
+            trainer.train_step(images, target)
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+            if step < WARMUP_STEPS:
+                warmup += time.perf_counter() - started
+            else:
+                waiting += loaded - started
+                computing += time.perf_counter() - loaded
+    total = waiting + computing
+    return {"setting": setting, "crops_per_s": steps * config.batch_size / total, "data_wait": waiting / total,
+            "warmup_s": warmup, "threads": torch.get_num_threads()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--method", default="ce_dice")
+    parser.add_argument("--settings", default=None, help=f"comma-separated subset of {', '.join(SETTINGS)}")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: measure one setting, print JSON
+    arguments = parser.parse_args()
+    if arguments.one:
+        print(json.dumps(measure(arguments.one, arguments.steps, arguments.method)))
+        return
+    chosen = arguments.settings.split(",") if arguments.settings else [
+        name for name in SETTINGS if torch.cuda.is_available() or not name.startswith("cuda")]
+    unknown = [name for name in chosen if name not in SETTINGS]
+    if unknown:
+        raise SystemExit(f"error: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}.")
+    print(f"{arguments.method}, batch 16, {arguments.steps} timed steps after {WARMUP_STEPS} warm-up steps, "
+          f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    print("| setting | crops/s | ratio to fp32 | data-wait share | warm-up (s) | threads |")
+    print("|---|---|---|---|---|---|")
+    reference = None
+    for setting in (["fp32"] if "fp32" not in chosen else []) + chosen:
+        output = subprocess.run([sys.executable, __file__, "--one", setting, "--steps", str(arguments.steps),
+                                 "--method", arguments.method], capture_output=True, text=True, check=True)
+        result = json.loads(output.stdout.strip().splitlines()[-1])
+        reference = reference or result["crops_per_s"]
+        print(f"| {setting} | {result['crops_per_s']:.1f} | {result['crops_per_s'] / reference:.2f}× | "
+              f"{100 * result['data_wait']:.1f} % | {result['warmup_s']:.0f} | {result['threads']} |", flush=True)
 
 
 if __name__ == "__main__":
