@@ -1,6 +1,6 @@
 """Train and evaluate several methods alike, then write the papers' comparison table with ranks.
 
-    python Training/benchmark.py --methods ce_dice,nacl,crac --epochs 30 --data ../shared/data/acdc --out runs/benchmark
+    python Training/benchmark.py --methods ce_dice,nacl,crac --epochs 30 --data "$CALIBSEG_ACDC" --out runs/benchmark
     python Training/benchmark.py --collect runs/benchmark/* --out runs/benchmark
 
 Every method is trained by ``Training/train.py`` into ``<out>/<method>`` with the same data,

@@ -1,8 +1,8 @@
 """Train a segmentation network with a calibration-aware loss and write a model bundle.
 
     python Training/train.py                      # CRaC on the shipped ACDC sample, quick CPU schedule
-    python Training/train.py --cpu --data ../shared/data/acdc --method ce_dice   # full ACDC on a CPU, ≤ 60 min
-    python Training/train.py --paper --data ../shared/data/acdc --method nacl    # the papers' schedule (GPU)
+    python Training/train.py --cpu --data "$CALIBSEG_ACDC" --method ce_dice   # full ACDC on a CPU, ≤ 60 min
+    python Training/train.py --paper --data "$CALIBSEG_ACDC" --method nacl    # the papers' schedule (GPU)
 
 Every schedule trains on random crops of slices resampled to the model's spacing (1.5 mm
 in-plane by default: ACDC at its native resolution), a third of them centred on foreground,
