@@ -17,6 +17,11 @@ metrics streamed batch by batch, error detection). The work is done by :func:`pr
 on the same library path the Slicer module runs; errors print one line and exit with status 2
 (Ctrl-C: 130).
 
+While it runs it shows a progress bar on a terminal (tqdm, when installed) or a line at every
+quarter otherwise (logs, CI); at the end it prints a short summary of the case
+(:func:`summary_lines`: each structure's volume in mL, mean confidence and predicted Dice, the
+review sentence; with a reference the measured Dice) and the written paths.
+
 The outputs are one set (:class:`CalibSegLib.io.OutputSet`): the output folder is checked
 before inference, every file is written under a temporary name and all are renamed at the
 end, so an error or Ctrl-C leaves the previous outputs (or none) exactly as they were.
@@ -25,10 +30,11 @@ end, so an error or Ctrl-C leaves the previous outputs (or none) exactly as they
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, TextIO
 
 import numpy as np
 
@@ -46,9 +52,9 @@ from CalibSegLib.io import (
     write_json_atomic,
 )
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
-from CalibSegLib.quality import quality_summary, with_predicted_dice
+from CalibSegLib.quality import quality_summary, review_text, structure_key, with_predicted_dice
 
-__all__ = ["predict_files", "main"]
+__all__ = ["predict_files", "summary_lines", "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
@@ -112,6 +118,67 @@ def predict_files(
     return outputs
 
 
+def summary_lines(summary: dict[str, Any], metrics: dict[str, float] | None = None) -> list[str]:
+    """A short, printable account of one case's quality summary (``<stem>_summary.json``).
+
+    One line per structure: volume (mL), mean confidence, predicted Dice with its interval (when
+    the bundle has a quality model), the measured Dice when ``metrics`` (``<stem>_metrics.json``)
+    are given, and REVIEW or ok; then :func:`CalibSegLib.quality.review_text`.
+    """
+    structures = summary["structures"]
+    width = max(len(name) for name in structures)
+    # A structure predicted nowhere has volume 0 and no means (CalibSegLib.quality).
+    found = sum(entry["mean_confidence"] is not None for entry in structures.values())
+    lines = [f"{found} of {len(structures)} structures found"]
+    for name, entry in structures.items():
+        if entry["mean_confidence"] is None:
+            cells = ["not found"]
+        else:
+            cells = [f"{entry['volume_ml']:7.1f} mL", f"mean confidence {entry['mean_confidence']:.2f}"]
+            if entry["predicted_dice"] is not None:
+                low, high = entry["predicted_dice_interval"]
+                cells.append(f"predicted Dice {entry['predicted_dice']:.2f} [{low:.2f}, {high:.2f}]")
+        if metrics is not None:
+            cells.append(f"measured Dice {metrics[f'dice_{structure_key(name)}']:.2f}")
+        flag = {True: "REVIEW", False: "ok", None: ""}[entry["review"]]
+        lines.append(f"  {name:<{width}}  {'  '.join(cells)}  {flag}".rstrip())
+    lines.append(review_text(summary))
+    return lines
+
+
+class ProgressReport:
+    """A ``progress(fraction)`` callback for :class:`~CalibSegLib.inference.Predictor`: a tqdm bar when
+    ``stream`` is a terminal and tqdm is installed, else one line per quarter (25 %, 50 %, ...), so
+    logs stay short. Call :meth:`close` when done."""
+
+    def __init__(self, stream: TextIO, label: str) -> None:
+        self.stream, self.label, self.printed = stream, label, 0
+        self.bar = None
+        if stream.isatty():
+            try:
+                from tqdm import tqdm  # installed with the training extra; the core does not need it
+
+                # mininterval 0: the predictor reports once per batch, never often enough to flood
+                self.bar = tqdm(total=100, desc=label, unit="%", file=stream, leave=False, mininterval=0,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}")
+            except ImportError:
+                pass
+
+    def __call__(self, fraction: float) -> None:
+        percent = int(round(100 * min(max(float(fraction), 0.0), 1.0)))
+        if self.bar is not None:
+            self.bar.update(percent - self.bar.n)
+            return
+        quarter = percent // 25 * 25
+        if quarter > self.printed:
+            self.printed = quarter
+            print(f"{self.label}: {quarter} %", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def _integer_labels(reference: np.ndarray, name: str) -> np.ndarray:
     """Label images saved as floats (common for NIfTI) are accepted when every value is a whole number."""
     rounded = np.rint(reference)
@@ -144,7 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_folder(arguments.out_dir)  # a bad --out-dir is reported before the bundle loads
         predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
                               batch_size=arguments.batch_size)
-        outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference)
+        # stdout, like the summary: stderr carries nothing but the one-sentence error
+        progress = ProgressReport(sys.stdout, f"segmenting {arguments.image.name}")
+        try:
+            outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference,
+                                    progress=progress)
+        finally:
+            progress.close()
     except (BundleError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -154,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"interrupted: nothing was written to {arguments.out_dir}.", file=sys.stderr)
         return 130
+    summary = json.loads(outputs["summary"].read_text())
+    metrics = json.loads(outputs["metrics"].read_text()) if "metrics" in outputs else None
+    print(f"{image_stem(arguments.image)}: " + "\n".join(summary_lines(summary, metrics)))
     for name, path in outputs.items():
         print(f"{name}: {path}")
     return 0

@@ -76,6 +76,7 @@ __all__ = [
     "quality_summary",
     "summary_columns",
     "with_predicted_dice",
+    "review_text",
     "observe_case",
     "fit_from_observations",
     "fit_quality_model",
@@ -456,6 +457,21 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
         "quality_model": described,
         "note": note,
     }
+
+
+def review_text(summary: dict[str, Any]) -> str:
+    """One sentence for the reader on a :func:`quality_summary`: which structures to review and why
+    (the Slicer module, the command line and the README picture show it)."""
+    flagged = [(name, entry) for name, entry in summary["structures"].items() if entry["review"]]
+    if flagged:
+        reasons = [f"{name} (predicted nowhere)" if entry["predicted_dice"] is None
+                   else f"{name} (predicted Dice {entry['predicted_dice']:.2f})" for name, entry in flagged]
+        return f"Review: {', '.join(reasons)}."
+    if summary["review"] is None:
+        return ("This bundle has no quality model, so no predicted Dice; "
+                "check the hot spots and uncertain slices.")
+    review_below = summary["quality_model"]["review_below"]
+    return f"No structure flagged: every predicted Dice is {review_below:.2f} or more."
 
 
 def _structure_columns(name: str, entry: dict[str, Any]) -> dict[str, float]:

@@ -1,8 +1,10 @@
 """``python -m CalibSegLib.predict``: outputs on the input's exact grid, the quality summary always,
-metrics with a reference (measured Dice beside the predicted one), one-line errors with exit status 2."""
+metrics with a reference (measured Dice beside the predicted one), one-line errors with exit status 2,
+a printed summary per case and progress; the shipped sample labelmap on its image's grid."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -13,7 +15,7 @@ import pytest
 
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, read_image, write_image
-from CalibSegLib.predict import main
+from CalibSegLib.predict import ProgressReport, main, summary_lines
 from CalibSegLib.testing import make_test_bundle
 from conftest import REPO_ROOT
 
@@ -69,7 +71,9 @@ def test_outputs_have_the_input_shape_and_exact_geometry(case, tmp_path, capsys)
         np.testing.assert_array_equal(array, getattr(expected, name))
     assert not (tmp_path / "case_metrics.json").exists()
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in printed] == ["summary", "labels", "confidence", "entropy"]
+    assert printed[0].startswith("segmenting case.nii.gz: ") and printed[-10].endswith(": 100 %")  # not a terminal
+    assert printed[-9] == "case: 3 of 3 structures found" and printed[-5].startswith("This bundle has no quality model")
+    assert [line.split(":")[0] for line in printed[-4:]] == ["summary", "labels", "confidence", "entropy"]
     summary = json.loads((tmp_path / "case_summary.json").read_text())
     assert summary["quality_model"] is None and summary["note"].startswith("no quality model")
     assert list(summary["structures"]) == ["class 1", "class 2", "class 3"]
@@ -159,20 +163,68 @@ def test_module_entry_point_exits_2_without_traceback(case, tmp_path):
     assert completed.stderr.startswith("error: No model bundle") and "Traceback" not in completed.stderr
 
 
+def _summary(**structures) -> dict:
+    return {"structures": structures, "review": any(entry["review"] for entry in structures.values()),
+            "quality_model": {"review_below": 0.8}}
+
+
+def test_summary_lines_say_what_was_found_and_what_to_review():
+    found = {"volume_ml": 53.6, "mean_confidence": 0.937, "predicted_dice": 0.81,
+             "predicted_dice_interval": [0.716, 0.881], "review": False}
+    missing = {"volume_ml": 0.0, "mean_confidence": None, "predicted_dice": None, "predicted_dice_interval": None,
+               "review": True}
+    lines = summary_lines(_summary(**{"right ventricle": found, "myocardium": missing}),
+                          {"dice_right_ventricle": 0.9, "dice_myocardium": 0.0})
+    assert lines == ["1 of 2 structures found",
+                     "  right ventricle     53.6 mL  mean confidence 0.94  predicted Dice 0.81 [0.72, 0.88]  "
+                     "measured Dice 0.90  ok",
+                     "  myocardium       not found  measured Dice 0.00  REVIEW",
+                     "Review: myocardium (predicted nowhere)."]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_quarter_lines_in_a_log():
+    log = io.StringIO()
+    progress = ProgressReport(log, "segmenting case.nii.gz")
+    for fraction in (0.1, 0.3, 0.35, 0.55, 0.8, 1.0, 1.0):
+        progress(fraction)
+    progress.close()
+    assert log.getvalue().splitlines() == [f"segmenting case.nii.gz: {percent} %" for percent in (25, 50, 75, 100)]
+    terminal = _Terminal()
+    progress = ProgressReport(terminal, "segmenting case.nii.gz")
+    progress(0.5)
+    progress(1.0)
+    progress.close()
+    assert progress.bar is not None and "segmenting case.nii.gz: 100%|" in terminal.getvalue()
+
+
 SHIPPED_IMAGE = REPO_ROOT / "CalibSeg" / "Resources" / "SampleData" / "acdc_patient_image.nii.gz"
+SHIPPED_LABELS = SHIPPED_IMAGE.with_name("acdc_patient_labels.nii.gz")
 SHIPPED_CASE = "patient069_frame01"  # the volume behind SHIPPED_IMAGE (scripts/make_slicer_sample_data.py)
 
 
-@pytest.mark.parametrize("with_reference", [False, True], ids=["no reference", "reference"])
-def test_shipped_model_writes_the_quality_summary(tmp_path, sample_acdc_dir, with_reference):
+def test_sample_labelmap_is_the_reference_on_the_image_grid(tmp_path, sample_acdc_dir, capsys):
     import h5py
 
-    extra = []
-    if with_reference:
-        with h5py.File(sample_acdc_dir / f"{SHIPPED_CASE}.h5", "r") as handle:
-            labels = handle["label"][...].astype(np.uint8)
-        write_image(tmp_path / "reference.nii.gz", labels, read_image(SHIPPED_IMAGE)[1])
-        extra = ["--reference", str(tmp_path / "reference.nii.gz")]
+    labels, geometry = read_image(SHIPPED_LABELS)
+    image, image_geometry = read_image(SHIPPED_IMAGE)
+    with h5py.File(sample_acdc_dir / f"{SHIPPED_CASE}.h5", "r") as handle:
+        np.testing.assert_array_equal(labels, handle["label"][...])
+    assert labels.dtype == np.uint8 and labels.shape == image.shape and geometry == image_geometry
+    make_test_bundle(tmp_path / "model.calibseg")
+    assert main(["--bundle", str(tmp_path / "model.calibseg"), "--image", str(SHIPPED_IMAGE), "--reference",
+                 str(SHIPPED_LABELS), "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 0
+    assert (tmp_path / "out" / "acdc_patient_image_metrics.json").is_file()
+    assert "measured Dice" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("with_reference", [False, True], ids=["no reference", "reference"])
+def test_shipped_model_writes_the_quality_summary(tmp_path, with_reference):
+    extra = ["--reference", str(SHIPPED_LABELS)] if with_reference else []
     out = tmp_path / "out"
     assert main(["--bundle", "acdc_ce_dice", "--image", str(SHIPPED_IMAGE), "--out-dir", str(out), "--device", "cpu",
                  *extra]) == 0

@@ -1,6 +1,6 @@
 """Train and evaluate several methods alike, then write the papers' comparison table with ranks.
 
-    python Training/benchmark.py --methods ce_dice,nacl,crac --epochs 30 --data ../shared/data/acdc --out runs/benchmark
+    python Training/benchmark.py --methods ce_dice,nacl,crac --epochs 30 --data "$CALIBSEG_ACDC" --out runs/benchmark
     python Training/benchmark.py --collect runs/benchmark/* --out runs/benchmark
 
 Every method is trained by ``Training/train.py`` into ``<out>/<method>`` with the same data,
@@ -37,6 +37,7 @@ from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
 from CalibSegLib.io import atomic_output
 from CalibSegLib.losses import LOSSES
 from CalibSegLib.metrics import RankTable, rank_methods
+from Training.data import recorded_dataset
 from Training.evaluate import EVALUATION_DIR, SUMMARY_NAME, VARIANTS
 from Training.trainer import BUNDLE_NAME, CHECKPOINT_NAME
 
@@ -100,9 +101,8 @@ def collect_run(run_dir: str | Path) -> RunResult:
         )
     metadata = load_bundle(run_dir / BUNDLE_NAME).metadata
     summary = json.loads(summary_path.read_text())
-    folder = metadata.data.get("folder")
-    dataset = Path(folder).name if folder else metadata.data.get("dataset", "data")
-    return RunResult(run_dir, metadata.training.get("method", run_dir.name), dataset, summary, metadata)
+    return RunResult(run_dir, metadata.training.get("method", run_dir.name), recorded_dataset(metadata.data), summary,
+                     metadata)
 
 
 def _labels(runs: Sequence[RunResult]) -> list[str]:

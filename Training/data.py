@@ -13,13 +13,23 @@ Folder layouts (:func:`find_cases`):
 - ACDC: ``patientNNN_frameMM.h5`` files with ``image`` and ``label`` datasets; the patient
   id is ``patientNNN`` (both frames of a patient always stay on one side of a split).
 - Pairs: ``<case>_image.<ext>`` + ``<case>_label.<ext>`` in one folder (ext: nii.gz, nii,
-  nrrd, mha); the patient id is ``<case>``.
+  nrrd, mha); the patient id is ``<case>``, or ``<patient>`` for a case named
+  ``<patient>_frameNN`` (so the ``patientNNN_frameMM`` pairs that ``Training/convert_acdc.py``
+  writes from the official ACDC release group by patient, as the HDF5 files do, and the
+  shipped split files apply to them).
 - Medical Segmentation Decathlon: ``imagesTr/<case>_0000.nii.gz`` (or ``<case>.nii.gz``) +
   ``labelsTr/<case>.nii.gz``.
+
+Bundles record their data by dataset name (:func:`dataset_name`: ``acdc-sample`` for the
+shipped sample, ``acdc`` for any other ACDC folder, else the folder's name), never by a path of
+the training machine; :func:`data_folder` finds a recorded dataset again: ``--data`` when
+given, the shipped sample for ``acdc-sample``, ``$CALIBSEG_ACDC`` for ``acdc``, and for bundles
+written before names were recorded the absolute folder they hold, when it exists here.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +44,10 @@ from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_
 
 __all__ = [
     "ACDC_SPACING",
+    "SAMPLE_DATA",
+    "SAMPLE_DATASET",
+    "ACDC_DATASET",
+    "ACDC_ENVIRONMENT",
     "ACDC_CLASS_NAMES",
     "ACDC_CLASS_COLORS",
     "DataError",
@@ -42,6 +56,9 @@ __all__ = [
     "DATASETS",
     "find_cases",
     "default_classes",
+    "dataset_name",
+    "recorded_dataset",
+    "data_folder",
     "load_cases",
     "GridVolume",
     "to_model_grid",
@@ -57,8 +74,18 @@ ACDC_CLASS_COLORS: list[tuple[float, float, float]] = [
     (0.0, 0.0, 0.0), (0.90, 0.30, 0.25), (0.30, 0.70, 0.35), (0.25, 0.45, 0.90),
 ]
 
+# The shipped sample of ACDC, the default training data; bundles trained on it record SAMPLE_DATASET.
+SAMPLE_DATA = Path(__file__).resolve().parents[1] / "SampleData" / "ACDC"
+SAMPLE_DATASET = "acdc-sample"
+ACDC_DATASET = "acdc"
+# Where readers of a bundle trained on full ACDC look for the data when no --data is given.
+ACDC_ENVIRONMENT = "CALIBSEG_ACDC"
+
 _IMAGE_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".mha")
 _ACDC_NAME = re.compile(r"^(patient\d+)_frame\d+\.h5$")
+# A pair-folder case of one frame of a patient (ACDC: end-diastole and end-systole): grouped by patient.
+_FRAME_CASE = re.compile(r"^(.+)_frame\d+$")
+_ACDC_CASE = re.compile(r"^patient\d+_frame\d+$")
 
 
 class DataError(ValueError):
@@ -106,7 +133,9 @@ def _find_pairs(folder: Path) -> list[CaseFile]:
             continue
         case = stem[: -len("_image")]
         extension = image_path.name[len(stem):]
-        found.append(CaseFile(case, case, image_path, folder / f"{case}_label{extension}", "image"))
+        frame = _FRAME_CASE.match(case)
+        patient = frame.group(1) if frame else case
+        found.append(CaseFile(case, patient, image_path, folder / f"{case}_label{extension}", "image"))
     return found
 
 
@@ -160,9 +189,62 @@ def find_cases(folder: str | Path, dataset: str = "auto") -> list[CaseFile]:
     return cases
 
 
+def dataset_name(folder: str | Path, files: Sequence[CaseFile]) -> str:
+    """The name a bundle records for the data in ``folder`` (whose volumes are ``files``).
+
+    ``acdc-sample`` for the shipped sample, ``acdc`` for ACDC HDF5 files or ``patientNNN_frameMM``
+    pairs (the official release after ``Training/convert_acdc.py``), else the folder's own name.
+    """
+    folder = Path(folder).resolve()
+    if folder == SAMPLE_DATA:
+        return SAMPLE_DATASET
+    if files and all(file.kind == "acdc" or _ACDC_CASE.match(file.case_id) for file in files):
+        return ACDC_DATASET
+    return folder.name
+
+
+def recorded_dataset(data: dict) -> str:
+    """The dataset name a bundle's ``data`` section records; for bundles that recorded an absolute
+    ``folder`` instead, the shipped sample's name when that folder was the sample, else its folder name."""
+    legacy = data.get("folder")
+    if legacy:
+        parts = Path(legacy).parts
+        if parts[-2:] == SAMPLE_DATA.parts[-2:]:
+            return SAMPLE_DATASET
+        return ACDC_DATASET if data.get("dataset") == ACDC_DATASET else parts[-1]
+    return str(data.get("dataset") or "data")
+
+
+def data_folder(data: dict, given: str | Path | None = None) -> Path:
+    """The folder holding the data a bundle's ``data`` section records.
+
+    ``given`` (``--data``) wins; then the shipped sample for ``acdc-sample``, ``$CALIBSEG_ACDC``
+    for ``acdc``, and an absolute folder recorded by older bundles when it exists on this machine.
+
+    Raises:
+        DataError: none of these applies (one sentence saying what to pass).
+    """
+    if given is not None:
+        return Path(given)
+    name = recorded_dataset(data)
+    if name == SAMPLE_DATASET:
+        return SAMPLE_DATA
+    if name == ACDC_DATASET and os.environ.get(ACDC_ENVIRONMENT):
+        return Path(os.environ[ACDC_ENVIRONMENT])
+    legacy = data.get("folder")
+    if legacy and Path(legacy).is_dir():
+        return Path(legacy)
+    if name == ACDC_DATASET:
+        raise DataError(f"The bundle was trained on ACDC, which is not shipped; pass --data with your ACDC folder "
+                        f"or set {ACDC_ENVIRONMENT} to it (README.md, section Data).")
+    raise DataError(f"The bundle was trained on dataset {name!r}, whose folder is not known here; "
+                    "pass --data with that folder.")
+
+
 def default_classes(num_classes: int, dataset: str) -> tuple[list[str], list[tuple[float, float, float]]]:
-    """Class names and RGB colours in [0, 1]: ACDC's for ACDC data, else ``class k`` on a fixed palette."""
-    if dataset == "acdc" and num_classes == len(ACDC_CLASS_NAMES):
+    """Class names and RGB colours in [0, 1]: ACDC's for ACDC data (``dataset`` ``acdc`` or
+    ``acdc-sample``), else ``class k`` on a fixed palette."""
+    if dataset in (ACDC_DATASET, SAMPLE_DATASET) and num_classes == len(ACDC_CLASS_NAMES):
         return list(ACDC_CLASS_NAMES), list(ACDC_CLASS_COLORS)
     names = ["background"] + [f"class {index}" for index in range(1, num_classes)]
     palette = [(0.90, 0.30, 0.25), (0.30, 0.70, 0.35), (0.25, 0.45, 0.90), (0.95, 0.75, 0.20),

@@ -1,25 +1,33 @@
 """3D evaluation of a model bundle on the test patients of a split.
 
     python Training/evaluate.py --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
-    python Training/evaluate.py --bundle acdc_ce_dice --data ../shared/data/acdc   # a shipped model
+    python Training/evaluate.py --bundle acdc_ce_dice --data /path/to/acdc   # a shipped model (or set CALIBSEG_ACDC)
+
+The data are found from what the bundle records (:func:`Training.data.data_folder`: ``--data``,
+the shipped sample, ``$CALIBSEG_ACDC`` for full ACDC), the patients from its recorded split or
+``--split-file``. Patients the bundle was trained or validated on are refused (one sentence
+naming them) unless ``--force``: numbers on them would overstate the model.
 
 Every volume goes through :class:`CalibSegLib.inference.Predictor` whole, as a user's would;
 calibration is streamed batch by batch from its ``probability_sink`` (the probability volume
 is never kept), on the reference foreground as in the papers. Writes into ``--out`` (default:
-``evaluation/`` beside the bundle), each file atomically:
+``evaluation/`` beside the bundle; for a shipped model ``runs/<name>/evaluation`` under the
+current folder, never inside the installed package), each file atomically:
 
 - ``per_case.csv``: one row per case and temperature variant: Dice/HD95/ASD per class (mm),
   ECE, MCE, CECE, TACE, Brier, NLL, error-detection AUROC and AURC of the per-voxel
   confidence, mean normalised entropy in the predicted foreground; after each class's measured
   Dice its predicted Dice, interval and review flag (:mod:`CalibSegLib.quality`; NaN for the
   ``uncalibrated`` variant, which the quality model was not fitted for);
-- ``summary.json``: per variant, mean/std/count/undefined count of every column, pooled
-  calibration and its reliability bins over all cases, and the Spearman correlation between
+- ``summary.json``: the case and patient ids; per variant, mean/std/count/undefined count of
+  every column (``ece`` there is the mean of the per-volume ECEs), pooled calibration (all
+  volumes' voxels together) and its reliability bins, and the Spearman correlation between
   per-case mean foreground entropy and Dice (does uncertainty flag bad cases?); the machine
   (CPU/GPU, torch version) and the evaluation's wall time; ``quality``: how well the bundle's
   quality model predicts Dice and flags poor structures, on the test volumes and on
   deliberately degraded copies of them (:mod:`Training.quality_report`; null without a model);
-- ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1).
+- ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1), pooled
+  over all volumes, with the pooled ECE in the title.
 
 Variants: ``scaled`` uses the bundle's fitted temperature, ``uncalibrated`` T = 1 (after and
 before temperature scaling).
@@ -54,14 +62,14 @@ from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence
 from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics, Reliability
 from CalibSegLib.metrics.plots import reliability_figure
-from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
+from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from CalibSegLib.quality import quality_summary, with_predicted_dice
-from Training.data import DATASETS, Case, DataError, find_cases, load_cases
+from Training.data import DATASETS, Case, DataError, data_folder, find_cases, load_cases
 from Training.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
-from Training.splits import load_split, select_patients
+from Training.splits import recorded_split, select_patients
 
 __all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "variant_bundles", "environment", "reliability_to_dict",
-           "reliability_from_dict", "evaluate_bundle", "print_summary", "main"]
+           "reliability_from_dict", "evaluate_bundle", "print_summary", "seen_patients", "main"]
 
 EVALUATION_DIR = "evaluation"
 SUMMARY_NAME = "summary.json"
@@ -155,7 +163,8 @@ def evaluate_bundle(
         raise DataError("No cases to evaluate; the split side is empty.")
     out_dir = Path(out_dir)
     started = time.perf_counter()
-    summary: dict = {"cases": [case.case_id for case in cases], "bundle": str(bundle.path or ""),
+    summary: dict = {"cases": [case.case_id for case in cases],
+                     "patients": sorted({case.patient_id for case in cases}), "bundle": str(bundle.path or ""),
                      "temperature": bundle.metadata.temperature, "environment": environment(device)}
     rows: list[dict] = []
     for variant, (variant_rows, pooled) in _evaluate_variants(bundle, cases, device, batch_size).items():
@@ -171,7 +180,8 @@ def evaluate_bundle(
                                                   [row["dice_mean"] for row in variant_rows]),
         }
         title = _temperature_text(bundle.metadata.temperature) if variant == "scaled" else "T = 1"
-        figure = reliability_figure(pooled.reliability(), title=f"Reliability, {title}", ece=pooled.ece())
+        figure = reliability_figure(pooled.reliability(), title=f"Reliability, {title}, {len(cases)} volumes pooled",
+                                    ece=pooled.ece())
         with atomic_output(out_dir / RELIABILITY_NAMES[variant]) as temporary:
             figure.savefig(temporary, bbox_inches="tight", format="png")
     buffer = io.StringIO()
@@ -190,14 +200,22 @@ def _temperature_text(temperature: float | Sequence[float]) -> str:
 
 
 def print_summary(summary: dict, out_dir: Path) -> None:
-    """A few lines: test Dice/HD95 and calibration before/after temperature scaling, and where the files are."""
+    """A few lines: test Dice/HD95 and calibration before/after temperature scaling, and where the files are.
+
+    Every number is the mean over the test volumes, except the one labelled pooled (all volumes'
+    voxels together, as in the reliability diagram's title).
+    """
     scaled, raw = summary["scaled"]["per_metric"], summary["uncalibrated"]["per_metric"]
     temperature = summary["temperature"]
     temperature_text = f"{temperature:.2f}" if isinstance(temperature, (int, float)) else "per class"
-    print(f"test ({len(summary['cases'])} volumes): Dice {scaled['dice_mean']['mean']:.3f}  "
-          f"HD95 {scaled['hd95_mean']['mean']:.2f} mm  ASD {scaled['asd_mean']['mean']:.2f} mm")
-    for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text}", scaled)):
-        print(f"  {label}  ECE {metrics['ece']['mean']:.3f}  CECE {metrics['cece']['mean']:.3f}  "
+    patients = summary.get("patients")
+    of_patients = f" of {len(patients)} patients" if patients else ""
+    print(f"test, {len(summary['cases'])} volumes{of_patients} (means over the volumes): Dice "
+          f"{scaled['dice_mean']['mean']:.3f}  HD95 {scaled['hd95_mean']['mean']:.2f} mm  "
+          f"ASD {scaled['asd_mean']['mean']:.2f} mm")
+    for label, variant, metrics in (("T = 1   ", "uncalibrated", raw), (f"T = {temperature_text}", "scaled", scaled)):
+        pooled = summary[variant]["pooled_calibration"]["ece"]
+        print(f"  {label}  ECE {metrics['ece']['mean']:.3f} (pooled {pooled:.3f})  CECE {metrics['cece']['mean']:.3f}  "
               f"TACE {metrics['tace']['mean']:.3f}  Brier {metrics['brier']['mean']:.3f}  NLL {metrics['nll']['mean']:.3f}")
     quality = summary.get("quality")
     if quality:
@@ -216,10 +234,14 @@ def print_summary(summary: dict, out_dir: Path) -> None:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python Training/evaluate.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
-    parser.add_argument("--data", type=Path, default=None, help="data folder (default: the one recorded in the bundle)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="data folder (default: found from the dataset the bundle records: the shipped sample, "
+                             "or $CALIBSEG_ACDC for full ACDC)")
     parser.add_argument("--dataset", default="auto", choices=DATASETS, help="data layout (default: detected)")
-    parser.add_argument("--split-file", type=Path, default=None, help="split JSON (default: the bundle's)")
+    parser.add_argument("--split-file", type=Path, default=None, help="split JSON (default: the bundle's recorded split)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
+    parser.add_argument("--force", action="store_true",
+                        help="evaluate even on patients the bundle was trained or validated on")
     parser.add_argument("--out", type=Path, default=None, help=f"default: {EVALUATION_DIR}/ beside the bundle "
                         f"(runs/<name>/{EVALUATION_DIR} for a shipped model)")
     parser.add_argument("--device", default="auto")
@@ -227,11 +249,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _recorded(bundle: Bundle, key: str, flag: str) -> Path:
-    value = bundle.metadata.data.get(key)
-    if not value:
-        raise DataError(f"The bundle does not record its {key.replace('_', ' ')}; pass {flag}.")
-    return Path(value)
+def seen_patients(data: dict) -> set[str]:
+    """The patients a bundle's ``data`` section records as trained or validated on."""
+    return {patient for side in ("train", "val") for patient in data.get(side) or []}
+
+
+def _check_unseen(patients: Sequence[str], data: dict) -> None:
+    """Raise :class:`DataError` naming the ``patients`` the bundle was trained or validated on."""
+    seen = sorted(set(patients) & seen_patients(data))
+    if seen:
+        raise DataError(f"The bundle was trained or validated on {', '.join(seen)}, so its numbers there would "
+                        "overstate it; evaluate other patients (its recorded test split by default) or pass --force.")
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
@@ -240,14 +268,16 @@ def main(argv: Sequence[str] | None = None) -> Path:
     try:
         bundle_path = resolve_bundle_path(arguments.bundle)
         # A shipped model's folder is the installed library: its evaluation goes under runs/ instead.
-        shipped = str(arguments.bundle) in pretrained_models()
-        default_out = (Path("runs") / str(arguments.bundle) if shipped else bundle_path.parent) / EVALUATION_DIR
+        shipped = shipped_name(bundle_path)
+        default_out = (Path("runs") / shipped if shipped else bundle_path.parent) / EVALUATION_DIR
         # The output folder first: a bad --out must not cost the evaluation (seconds to minutes).
         out = check_output_folder(arguments.out or default_out)
         bundle = load_bundle(bundle_path)
-        data = arguments.data or _recorded(bundle, "folder", "--data")
-        split_file = arguments.split_file or _recorded(bundle, "split_file", "--split-file")
-        files = select_patients(find_cases(data, arguments.dataset), load_split(split_file)[arguments.split])
+        recorded = bundle.metadata.data
+        patients = recorded_split(recorded, arguments.split_file)[arguments.split]
+        if not arguments.force:
+            _check_unseen(patients, recorded)
+        files = select_patients(find_cases(data_folder(recorded, arguments.data), arguments.dataset), patients)
         cases = load_cases(files, bundle.metadata.num_classes)
         summary = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size)
     except (BundleError, DataError, ValueError) as error:

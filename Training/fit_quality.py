@@ -1,15 +1,17 @@
 """(Re)fit a bundle's quality model on its validation patients and write it into the bundle.
 
     python Training/fit_quality.py --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
-    python Training/fit_quality.py --bundle acdc_ce_dice            # a shipped model, rewritten in place
+    python Training/fit_quality.py --bundle acdc_ce_dice --data /path/to/acdc   # → runs/acdc_ce_dice/acdc_ce_dice.calibseg
 
 The validation patients are the ones the bundle records (``bundle.json``: ``data["val"]``),
-read from ``--data`` or the data folder the bundle records. Every validation volume is
+read from ``--data`` or the folder of the dataset the bundle records
+(:func:`Training.data.data_folder`). Every validation volume is
 predicted with the bundle as it is (its temperature), its Dice per structure measured against
 the reference, and :func:`CalibSegLib.quality.fit_quality_model` chooses and fits each
 structure's predicted-Dice model (the rule is in :mod:`CalibSegLib.quality`). The bundle is
-then rewritten atomically (``--out``: elsewhere) with the same weights in the same dtype
-(float16 stays float16), so only ``quality_model`` changes. Prints what was chosen and its
+then rewritten atomically (``--out``: elsewhere; a shipped model is never rewritten inside the
+package: its default is ``runs/<name>/<name>.calibseg`` under the current folder) with the same
+weights in the same dtype (float16 stays float16), so only ``quality_model`` changes. Prints what was chosen and its
 held-out error beside the constant baseline's.
 """
 
@@ -26,9 +28,10 @@ if __package__ in (None, ""):
 
 from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
-from CalibSegLib.pretrained import resolve_bundle_path
+from CalibSegLib.io import check_output_file
+from CalibSegLib.pretrained import BUNDLE_SUFFIX, resolve_bundle_path, shipped_name
 from CalibSegLib.quality import QualityModel, QualityModelError, fit_quality_model
-from Training.data import DataError, find_cases, load_cases
+from Training.data import DataError, data_folder, find_cases, load_cases
 from Training.splits import select_patients
 
 __all__ = ["refit_bundle", "describe", "main"]
@@ -40,8 +43,9 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
 
     Args:
         bundle: a ``.calibseg`` path or a shipped model's name.
-        data: the data folder (default: the one the bundle records).
-        out: where to write the bundle (default: over ``bundle``, atomically).
+        data: the data folder (default: found from the dataset the bundle records).
+        out: where to write the bundle (default: over ``bundle``, atomically; for a shipped
+            model ``runs/<name>/<name>.calibseg``).
 
     Returns:
         The written bundle's path and the fitted model.
@@ -51,19 +55,19 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
             patients, or too few validation cases (one sentence each).
     """
     path = resolve_bundle_path(bundle)
+    shipped = shipped_name(path)
+    if out is None:
+        out = Path("runs") / shipped / f"{shipped}{BUNDLE_SUFFIX}" if shipped else path
+    check_output_file(out)  # before the fit: a bad destination must not cost the predictions
     loaded = load_bundle(path)
     metadata = loaded.metadata
     patients = metadata.data.get("val")
     if not patients:
         raise DataError(f"{path.name} records no validation patients (data['val']), so there is nothing to fit on.")
-    folder = data or metadata.data.get("folder")
-    if not folder:
-        raise DataError(f"{path.name} does not record its data folder; pass --data.")
-    cases = load_cases(select_patients(find_cases(folder), patients), metadata.num_classes)
+    cases = load_cases(select_patients(find_cases(data_folder(metadata.data, data)), patients), metadata.num_classes)
     model = fit_quality_model(Predictor(loaded, device=device, batch_size=batch_size), cases, metadata.class_names)
     refitted = dataclasses.replace(metadata, quality_model=model.to_dict())
-    written = save_bundle(Path(out) if out else path, loaded.state_dict, refitted,
-                          half=metadata.weights_dtype == "float16")
+    written = save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16")
     return written, model
 
 
@@ -84,8 +88,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
     """Command line entry point; returns the written bundle's path. Bad input exits with one sentence."""
     parser = argparse.ArgumentParser(prog="python Training/fit_quality.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
-    parser.add_argument("--data", type=Path, default=None, help="data folder (default: the one the bundle records)")
-    parser.add_argument("--out", type=Path, default=None, help="write the bundle here (default: rewrite it in place)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="data folder (default: found from the dataset the bundle records)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the bundle here (default: rewrite it in place; a shipped model: "
+                             "runs/<name>/<name>.calibseg)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     arguments = parser.parse_args(argv)

@@ -4,7 +4,7 @@ review flag as a detector of poor structures — on the clean volumes and on del
 :func:`Training.evaluate.evaluate_bundle` puts :func:`quality_report` into ``summary.json``
 (``"quality"``), so every evaluation has it; for a shipped model::
 
-    python Training/evaluate.py --bundle acdc_ce_dice --data ../shared/data/acdc   # → runs/acdc_ce_dice/evaluation/
+    python Training/evaluate.py --bundle acdc_ce_dice --data "$CALIBSEG_ACDC"   # → runs/acdc_ce_dice/evaluation/
     python Training/quality_report.py runs/acdc_*/evaluation/summary.json         # the tables, as Markdown
 
 :func:`quality_tables` makes those tables; the results page (``Training/results.py``) uses it

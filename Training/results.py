@@ -38,6 +38,7 @@ from CalibSegLib.metrics import rank_methods
 from CalibSegLib.metrics.plots import compare_reliability_figure
 from Training.benchmark import (VARIANT_TITLES, RunResult, benchmark_csv, collect_run, format_value, markdown_table,
                                 ranked_table, table_caption)
+from Training.data import recorded_dataset
 from Training.evaluate import reliability_from_dict
 from Training.quality_report import quality_tables
 from Training.trainer import HISTORY_NAME
@@ -148,7 +149,7 @@ def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
     training, data = metadata.training, metadata.data
     environment = runs[0].summary.get("environment", {})
     lines = [
-        f"- Data: `{data.get('folder', '?')}`, split `{Path(data.get('split_file', '?')).name}`: "
+        f"- Data: `{recorded_dataset(data)}`, split `{Path(data.get('split_file', '?')).name}`: "
         f"{len(data.get('train', []))} training, {len(data.get('val', []))} validation and "
         f"{len(data.get('test', []))} test patients ({len(runs[0].summary['cases'])} test volumes, evaluated in 3D).",
         f"- Schedule (every run alike): {training.get('epochs')} epochs of {training.get('iterations_per_epoch')} "

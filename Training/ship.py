@@ -6,8 +6,9 @@ For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<
 (default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is
 evaluated in 3D on the test patients of its split, so the recorded numbers are the shipped
 model's own, not the float32 run's. ``<prefix>_<method>.metrics.json`` beside it holds every test
-case's metric row for both temperature variants, their summary, the run it came from and the
-machine. Both files are written under temporary names and renamed only when the evaluation
+case's metric row for both temperature variants, their summary, the run it came from, the
+dataset's name and the machine. Shipping is the one tool that writes into the package folder,
+on purpose; ``scripts/readme_tables.py`` then regenerates README.md's table of shipped models. Both files are written under temporary names and renamed only when the evaluation
 succeeded, so a failed ship leaves any earlier model in place.
 """
 
@@ -27,9 +28,9 @@ if __package__ in (None, ""):
 from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import BUNDLE_SUFFIX, METRICS_SUFFIX, PRETRAINED_DIR
-from Training.data import DataError, find_cases, load_cases
+from Training.data import DataError, data_folder, find_cases, load_cases, recorded_dataset
 from Training.evaluate import CASES_NAME, VARIANTS, evaluate_bundle
-from Training.splits import load_split, select_patients
+from Training.splits import recorded_split, select_patients
 from Training.trainer import BUNDLE_NAME
 
 __all__ = ["ship_run", "main"]
@@ -55,11 +56,8 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     bundle = load_bundle(run_dir / BUNDLE_NAME)
     name = f"{prefix}_{bundle.metadata.training.get('method', run_dir.name)}"
-    folder = Path(data or bundle.metadata.data.get("folder", ""))
-    split_file = bundle.metadata.data.get("split_file")
-    if not split_file:
-        raise DataError(f"The bundle of {run_dir} does not record its split file; it cannot be evaluated as shipped.")
-    files = select_patients(find_cases(folder), load_split(split_file)["test"])
+    recorded = bundle.metadata.data
+    files = select_patients(find_cases(data_folder(recorded, data)), recorded_split(recorded)["test"])
     cases = load_cases(files, bundle.metadata.num_classes)
     out_dir.mkdir(parents=True, exist_ok=True)
     bundle_path, metrics_path = out_dir / f"{name}{BUNDLE_SUFFIX}", out_dir / f"{name}{METRICS_SUFFIX}"
@@ -73,7 +71,7 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
             "method": shipped.metadata.training.get("method"),
             "weights_dtype": shipped.metadata.weights_dtype,
             "temperature": shipped.metadata.temperature,
-            "data": str(folder),
+            "data": recorded_dataset(recorded),
             "cases": summary["cases"],
             "environment": summary["environment"],
             "summary": {variant: {key: statistics["mean"] for key, statistics in summary[variant]["per_metric"].items()}
@@ -93,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--runs", nargs="+", type=Path, required=True, metavar="RUN_DIR", help="finished run folders")
     parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
     parser.add_argument("--out", type=Path, default=PRETRAINED_DIR, help=f"default {PRETRAINED_DIR}")
-    parser.add_argument("--data", type=Path, default=None, help="data folder (default: the one recorded in each bundle)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="data folder (default: found from the dataset each bundle records)")
     parser.add_argument("--device", default="auto")
     arguments = parser.parse_args(argv)
     shipped = []

@@ -1,8 +1,8 @@
 """Train a segmentation network with a calibration-aware loss and write a model bundle.
 
     python Training/train.py                      # CRaC on the shipped ACDC sample, quick CPU schedule
-    python Training/train.py --cpu --data ../shared/data/acdc --method ce_dice   # full ACDC on a CPU, ≤ 60 min
-    python Training/train.py --paper --data ../shared/data/acdc --method nacl    # the papers' schedule (GPU)
+    python Training/train.py --cpu --data "$CALIBSEG_ACDC" --method ce_dice   # full ACDC on a CPU, ≤ 60 min
+    python Training/train.py --paper --data "$CALIBSEG_ACDC" --method nacl    # the papers' schedule (GPU)
 
 Every schedule trains on random crops of slices resampled to the model's spacing (1.5 mm
 in-plane by default: ACDC at its native resolution), a third of them centred on foreground,
@@ -12,11 +12,15 @@ sliding window (:data:`SCHEDULES`). The default *quick* schedule and ``--cpu`` u
 decay, ``torch.compile``d; ``--paper`` is the papers' 100 epochs of one pass each with Adam
 1e-3 → 1e-4 at epoch 50, on 224×224 crops. Any flag overrides its schedule's value.
 
-Writes into ``--out`` (default: ``runs/<method>``, or the next free ``runs/<method>-N``):
+Writes into ``--out`` (default: ``runs/<method>`` under the current folder, or the next free
+``runs/<method>-N``), and prints these paths when it starts:
 ``checkpoint.pt`` (every epoch, atomic), ``history.jsonl``, ``tensorboard/``,
 ``model.calibseg`` (the best validation-Dice weights with the mirroring, temperature and
 post-processing chosen on validation), ``run.json`` (wall time, steps, the choices) and
-``evaluation/`` (3D test metrics, see Training/evaluate.py).
+``evaluation/`` (3D test metrics, see Training/evaluate.py). The bundle records the data by
+dataset name (``acdc-sample``, ``acdc`` or the folder's name), the split file by its name when
+it is a shipped one, and the patient lists, never a path of this machine
+(:func:`Training.data.data_folder` finds the data again).
 """
 
 from __future__ import annotations
@@ -38,15 +42,16 @@ from CalibSegLib.io import check_output_folder, os_error_sentence
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta
 from Training.checkpoint import CheckpointError
-from Training.data import DATASETS, Case, CaseFile, DataError, default_classes, find_cases, load_cases
-from Training.evaluate import evaluate_bundle, print_summary
-from Training.splits import default_split_for, load_split, select_patients
-from Training.trainer import CHECKPOINT_NAME, LR_SCHEDULES, TEMPERATURE_FITS, TrainConfig, Trainer
+from Training.data import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
+                           dataset_name, default_classes, find_cases, load_cases)
+from Training.evaluate import EVALUATION_DIR, evaluate_bundle, print_summary
+from Training.splits import SIDES, default_split_for, load_split, select_patients, split_reference
+from Training.trainer import (BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, LR_SCHEDULES, RUN_SUMMARY_NAME,
+                              TEMPERATURE_FITS, TrainConfig, Trainer)
 
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO_ROOT / "SampleData" / "ACDC"
+DEFAULT_DATA = SAMPLE_DATA
 
 
 @dataclass(frozen=True)
@@ -200,12 +205,13 @@ def parse_config(arguments: argparse.Namespace) -> TrainConfig:
 
 
 def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
-    """``--out``, or the first of ``runs/<method>``, ``runs/<method>-2``, ... not holding a run."""
+    """``--out``, or the first of ``runs/<method>``, ``runs/<method>-2``, ... (under the current
+    folder, never inside the installed package) not holding a run."""
     if arguments.out is not None:
         return Path(arguments.out)
     if arguments.resume:
         raise CheckpointError("--resume needs --out with the folder of the run to continue.")
-    base = REPO_ROOT / "runs" / method
+    base = Path("runs") / method
     candidate, number = base, 1
     while (candidate / CHECKPOINT_NAME).exists():
         number += 1
@@ -224,8 +230,24 @@ def _load_split_cases(arguments: argparse.Namespace, num_classes: int
             '{"train": [...], "val": [...], "test": [...]} of patient/case ids.'
         )
     split = load_split(split_file)
-    cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in ("train", "val", "test")}
+    cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in SIDES}
     return files, Path(split_file), split, cases
+
+
+def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], split_file: Path,
+                    split: dict[str, list[str]], cases: dict[str, list[Case]]) -> list[str]:
+    """What the run reads and where it writes, printed before the first epoch."""
+    counts = ", ".join(f"{len(split[side])} {label}" for side, label in zip(SIDES, ("training", "validation", "test")))
+    unused = len({file.patient_id for file in files} - {patient for side in SIDES for patient in split[side]})
+    if unused:
+        counts += f" ({unused} more patient(s) in the folder are in no side of the split and not used)"
+    volumes = ", ".join(str(len(cases[side])) for side in SIDES)
+    frames = " (ACDC has an end-diastole and an end-systole volume per patient)" \
+        if dataset in (ACDC_DATASET, SAMPLE_DATASET) else ""
+    return [f"data: {dataset}, split {split_reference(split_file)}: {counts} patients = {volumes} volumes{frames}",
+            f"run folder {run_dir}: {CHECKPOINT_NAME} (every epoch; --resume continues it), {HISTORY_NAME} "
+            f"(per-epoch losses and validation metrics), tensorboard/ (tensorboard --logdir {run_dir / 'tensorboard'}), "
+            f"at the end {BUNDLE_NAME}, {RUN_SUMMARY_NAME} and {EVALUATION_DIR}/"]
 
 
 def _check_model(config: TrainConfig) -> None:
@@ -257,10 +279,11 @@ def run(arguments: argparse.Namespace) -> Path:
     if arguments.resume and not checkpoint.exists():
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
     files, split_file, split, cases = _load_split_cases(arguments, config.num_classes)
-    dataset = "acdc" if files[0].kind == "acdc" else "folder"
+    dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset)
-    data_description = {"dataset": dataset, "folder": str(Path(arguments.data).resolve()),
-                        "split_file": str(split_file.resolve()), **split}
+    # Names, not paths of this machine: readers find the data again with Training.data.data_folder.
+    data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
+    print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description)
     if arguments.resume:
@@ -268,8 +291,8 @@ def run(arguments: argparse.Namespace) -> Path:
         print(f"resumed {run_dir} after epoch {trainer.epoch}")
     print(f"{config.method}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
           f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
-          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}; "
-          f"run folder {run_dir}", flush=True)
+          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}",
+          flush=True)
     result = trainer.fit()
     print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
     print(f"bundle: {result.bundle_path}")

@@ -3,6 +3,7 @@
     python benchmarks/inference.py                # ACDC-sized 10×256×256 volume, CPU (and CUDA when present)
     python benchmarks/inference.py --ct           # also the CT-sized 300×512×512 volume
     python benchmarks/inference.py --device cpu --batch-size 16 --repeats 3
+    python benchmarks/inference.py --ct --record docs/records/benchmark_inference.json   # README.md's table
 
 Both pipelines do the same job on the same random int16 volume with the same weights
 (the default 2D UNet, 4 classes, model spacing 1.5 mm, 128×128 windows with overlap 0.5 and
@@ -16,7 +17,8 @@ what one writes with MONAI: the whole volume normalised and resampled as one ten
 Every measurement runs in a fresh process, so peak RSS (``ru_maxrss``) belongs to that
 pipeline alone; a one-batch warm-up runs first and is not timed. Ratios are CalibSeg /
 MONAI from the same run (< 1 is better). Targets: time ratio <= 1, and peak RSS of the
-CT-sized volume < 2.5 GB.
+CT-sized volume < 2.5 GB. ``--record`` writes the numbers as a JSON record
+(:mod:`benchmarks.record`); README.md's table is made from it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
+
+from benchmarks.record import caption, make_record, write_record
 
 from CalibSegLib.bundle import Bundle, BundleMetadata
 from CalibSegLib.device import resolve_device
@@ -169,23 +176,30 @@ def measure_in_subprocess(
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def _report(case: str, shape: tuple[int, int, int], ours: dict[str, Any], theirs: dict[str, Any]) -> str:
-    time_ratio = ours["seconds"] / theirs["seconds"]
-    rss_ratio = ours["peak_rss_gb"] / theirs["peak_rss_gb"]
-    same = abs(ours["mean_confidence"] - theirs["mean_confidence"]) < 1e-4 and np.allclose(
-        ours["label_fractions"], theirs["label_fractions"], atol=1e-4
-    )
-    line = (
-        f"{case:5s} {'×'.join(map(str, shape)):>11s} {ours['device']:6s} "
-        f"{ours['seconds']:8.2f} {theirs['seconds']:8.2f} {time_ratio:6.2f}   "
-        f"{ours['peak_rss_gb']:6.2f} {theirs['peak_rss_gb']:6.2f} {rss_ratio:6.2f}"
-    )
-    if ours["peak_gpu_gb"] is not None:
-        line += f"   gpu {ours['peak_gpu_gb']:.2f}/{theirs['peak_gpu_gb']:.2f} GB"
-    checks = [f"time {'ok' if time_ratio <= 1.0 else 'SLOWER'}", "same outputs" if same else "OUTPUTS DIFFER"]
-    if case == "ct":
-        checks.append(f"RSS {'<' if ours['peak_rss_gb'] < RSS_TARGET_GB else '>='} {RSS_TARGET_GB} GB")
-    return f"{line}   [{', '.join(checks)}]"
+def _same_outputs(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    return abs(ours["mean_confidence"] - theirs["mean_confidence"]) < 1e-4 and bool(np.allclose(
+        ours["label_fractions"], theirs["label_fractions"], atol=1e-4))
+
+
+def record_table(record: dict) -> list[str]:
+    """Markdown lines of an inference record. ``results``: ``batch_size``, ``repeats`` and ``runs``, each
+    ``{"case", "shape", "calibseg": measure(), "monai": measure()}`` (:func:`measure`'s dict: seconds,
+    peak_rss_gb, peak_gpu_gb, device, ...)."""
+    results = record["results"]
+    rows = []
+    for run in results["runs"]:
+        ours, theirs = run["calibseg"], run["monai"]
+        gpu = "" if ours["peak_gpu_gb"] is None else f"{ours['peak_gpu_gb']:.2f} / {theirs['peak_gpu_gb']:.2f} GB"
+        checks = ["same outputs" if _same_outputs(ours, theirs) else "OUTPUTS DIFFER"]
+        if run["case"] == "ct":
+            checks.append(f"RSS {'<' if ours['peak_rss_gb'] < RSS_TARGET_GB else '≥'} {RSS_TARGET_GB} GB")
+        rows.append(f"| {run['case']}, {'×'.join(map(str, run['shape']))} | {ours['device']} | {ours['seconds']:.2f} s | "
+                    f"{theirs['seconds']:.2f} s | {ours['seconds'] / theirs['seconds']:.2f}× | "
+                    f"{ours['peak_rss_gb']:.2f} / {theirs['peak_rss_gb']:.2f} GB | {gpu} | {', '.join(checks)} |")
+    return [f"Batch {results['batch_size']}, best of {results['repeats']}; ratio = CalibSeg / MONAI "
+            "`SlidingWindowInferer` on the same network, weights and volume (< 1 is better, target ≤ 1).", "",
+            "| volume | device | CalibSeg | MONAI | time ratio | peak RSS CalibSeg / MONAI | peak GPU memory | checks |",
+            "|---|---|---|---|---|---|---|---|", *rows, "", caption(record)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeats", type=int, default=1, help="timed runs per measurement (best is reported)"
     )
+    parser.add_argument("--record", type=Path, default=None, help="write the results as a JSON record here")
     parser.add_argument("--worker", choices=PIPELINES, help=argparse.SUPPRESS)
     parser.add_argument("--case", choices=tuple(CASES), help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
@@ -216,18 +231,17 @@ def main(argv: list[str] | None = None) -> int:
     devices = ["cpu", "cuda"] if arguments.device == "all" else [arguments.device]
     devices = [device for device in devices if device != "cuda" or torch.cuda.is_available()]
     cases = ["acdc", "ct"] if arguments.ct else ["acdc"]
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, batch {arguments.batch_size}, "
-        f"best of {arguments.repeats}; ratios = CalibSeg / MONAI SlidingWindowInferer (< 1 is better)"
-    )
-    print("case        shape device  ours_s  monai_s  ratio   RSS_GB  monai  ratio")
+    runs = []
     for case in cases:
         for device in devices:
-            ours, theirs = (
-                measure_in_subprocess(pipeline, case, device, arguments.batch_size, arguments.repeats)
-                for pipeline in PIPELINES
-            )
-            print(_report(case, CASES[case][0], ours, theirs), flush=True)
+            ours, theirs = (measure_in_subprocess(pipeline, case, device, arguments.batch_size, arguments.repeats)
+                            for pipeline in PIPELINES)
+            runs.append({"case": case, "shape": list(CASES[case][0]), "calibseg": ours, "monai": theirs})
+            print(f"{case} on {device}: CalibSeg {ours['seconds']:.2f} s, MONAI {theirs['seconds']:.2f} s", flush=True)
+    record = make_record("inference", {"batch_size": arguments.batch_size, "repeats": arguments.repeats, "runs": runs},
+                         argv, device="cuda" if "cuda" in devices else "cpu")
+    print("\n".join(record_table(record)))
+    write_record(arguments.record, record)
     return 0
 
 

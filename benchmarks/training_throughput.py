@@ -1,6 +1,7 @@
 """Training throughput (crops/s) of the trainer's own step under the CPU/GPU options, as ratios to fp32.
 
     python benchmarks/training_throughput.py [--steps 30] [--method ce_dice] [--settings fp32,compile,...]
+        [--record docs/records/benchmark_training_throughput.json]
 
 Runs the real :class:`Training.trainer.Trainer` (its crop sampler, augmentation and step) on
 the shipped ACDC sample, each setting in a fresh process (thread count, ``torch.compile``
@@ -16,6 +17,9 @@ Settings (the reference is ``fp32``: eager float32 on all CPU threads, MONAI UNe
 - ``patch160``: 160×160 crops instead of 128×128 (ratio in crops/s; a crop holds 1.56× the voxels);
 - ``dynunet``: MONAI DynUNet 16–256 (instance norm, full-resolution first level) instead of UNet;
 - ``cuda``/``cuda_amp``: on a GPU when one is present.
+
+``--record`` writes the numbers as a JSON record (:mod:`benchmarks.record`); README.md's table is
+made from it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 import torch
+
+from benchmarks.record import caption, make_record, write_record
 
 SETTINGS: dict[str, dict] = {
     "fp32": {},
@@ -90,11 +96,26 @@ def measure(setting: str, steps: int, method: str) -> dict:
             "warmup_s": warmup, "threads": torch.get_num_threads()}
 
 
+def record_table(record: dict) -> list[str]:
+    """Markdown lines of a throughput record. ``results``: ``method``, ``steps``, ``cpu_capability`` and
+    ``settings``: one :func:`measure` dict per setting, ``fp32`` (the reference) first."""
+    results = record["results"]
+    reference = results["settings"][0]["crops_per_s"]
+    rows = [f"| {result['setting']} | {result['crops_per_s']:.1f} | {result['crops_per_s'] / reference:.2f}× | "
+            f"{100 * result['data_wait']:.1f} % | {result['warmup_s']:.0f} | {result['threads']} |"
+            for result in results["settings"]]
+    return [f"{results['method']}, batch 16, {results['steps']} timed steps after {WARMUP_STEPS} warm-up steps, "
+            f"CPU capability {results['cpu_capability']}.", "",
+            "| setting | crops/s | ratio to fp32 | data-wait share | warm-up (s) | threads |",
+            "|---|---|---|---|---|---|", *rows, "", caption(record)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--method", default="ce_dice")
     parser.add_argument("--settings", default=None, help=f"comma-separated subset of {', '.join(SETTINGS)}")
+    parser.add_argument("--record", type=Path, default=None, help="write the results as a JSON record here")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: measure one setting, print JSON
     arguments = parser.parse_args()
     if arguments.one:
@@ -105,18 +126,18 @@ def main() -> None:
     unknown = [name for name in chosen if name not in SETTINGS]
     if unknown:
         raise SystemExit(f"error: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}.")
-    print(f"{arguments.method}, batch 16, {arguments.steps} timed steps after {WARMUP_STEPS} warm-up steps, "
-          f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}")
-    print("| setting | crops/s | ratio to fp32 | data-wait share | warm-up (s) | threads |")
-    print("|---|---|---|---|---|---|")
-    reference = None
-    for setting in (["fp32"] if "fp32" not in chosen else []) + chosen:
+    measured = []
+    for setting in ["fp32"] + [name for name in chosen if name != "fp32"]:  # the reference first
         output = subprocess.run([sys.executable, __file__, "--one", setting, "--steps", str(arguments.steps),
                                  "--method", arguments.method], capture_output=True, text=True, check=True)
-        result = json.loads(output.stdout.strip().splitlines()[-1])
-        reference = reference or result["crops_per_s"]
-        print(f"| {setting} | {result['crops_per_s']:.1f} | {result['crops_per_s'] / reference:.2f}× | "
-              f"{100 * result['data_wait']:.1f} % | {result['warmup_s']:.0f} | {result['threads']} |", flush=True)
+        measured.append(json.loads(output.stdout.strip().splitlines()[-1]))
+        print(f"{setting}: {measured[-1]['crops_per_s']:.1f} crops/s", flush=True)
+    results = {"method": arguments.method, "steps": arguments.steps,
+               "cpu_capability": torch.backends.cpu.get_cpu_capability(), "settings": measured}
+    record = make_record("training_throughput", results,
+                         device="cuda" if any(name.startswith("cuda") for name in chosen) else "cpu")
+    print("\n".join(record_table(record)))
+    write_record(arguments.record, record)
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@
 
 Writes into ``CalibSeg/Resources/SampleData/``: the end-diastolic frame of patient069, a test
 patient of both ``Training/splits/acdc.json`` (so the shipped models never saw it) and, as a
-validation patient, of ``acdc_sample.json``, as NIfTI with ACDC's assumed spacing, and its
-reference as a Slicer segmentation (``.seg.nrrd``, segments named and coloured as the model's
-classes); ``--picture-only`` leaves them as they are.
+validation patient, of ``acdc_sample.json``, as NIfTI with ACDC's assumed spacing
+(``acdc_patient_image.nii.gz``), its reference labelmap on exactly that grid for the command line's
+``--reference`` (``acdc_patient_labels.nii.gz``: 0 background, 1 right ventricle, 2 myocardium,
+3 left ventricle) and the same reference as a Slicer segmentation (``.seg.nrrd``, segments named and
+coloured as the model's classes, cropped to its extent as Slicer saves them);
+``--picture-only`` leaves them as they are.
 
 The picture (``docs/images/slice_view.png``) shows what a reader should look at first: a *hard*
 test case — by default the volume of a test patient of ``acdc.json`` in ``--data`` on which
@@ -71,15 +74,23 @@ def write_reference_segmentation(labels, geometry: ImageGeometry, class_names, c
             raise RuntimeError(f"Slicer could not write {path}.")
 
 
-def write_sample_data(metadata) -> None:
-    """The module's sample volume (patient069, end-diastole) and its reference segmentation."""
+def write_sample_volumes() -> tuple[Case, ImageGeometry]:
+    """The module's sample volume (patient069, end-diastole) and its reference labelmap on the same
+    grid, as NIfTI; returns the case and that grid."""
     files = [case for case in select_patients(find_cases(REPO_ROOT / "SampleData" / "ACDC"), [CASE.split("_")[0]])
              if case.case_id == CASE]
-    case = load_cases(files, metadata.num_classes)[0]
+    case = load_cases(files, 4)[0]
     # ACDC's HDF5 files carry spacing only, so the sample is axis-aligned at the origin.
     geometry = ImageGeometry(case.spacing, (0.0, 0.0, 0.0), (1, 0, 0, 0, 1, 0, 0, 0, 1))
     SAMPLE_DIR.mkdir(parents=True, exist_ok=True)
     write_image(SAMPLE_DIR / "acdc_patient_image.nii.gz", case.image.astype("float32"), geometry)
+    write_image(SAMPLE_DIR / "acdc_patient_labels.nii.gz", case.label.astype("uint8"), geometry)
+    return case, geometry
+
+
+def write_sample_data(metadata) -> None:
+    """The module's sample volume, its reference labelmap and its reference segmentation."""
+    case, geometry = write_sample_volumes()
     write_reference_segmentation(case.label, geometry, metadata.class_names, metadata.class_colors,
                                  SAMPLE_DIR / "acdc_patient_reference.seg.nrrd")
 

@@ -96,17 +96,11 @@ def _checked_threshold(threshold: float | None) -> float | None:
 
 
 def review_text(summary: dict) -> str:
-    """One sentence for the reader on a quality summary: which structures to review and why."""
-    flagged = [(name, entry) for name, entry in summary["structures"].items() if entry["review"]]
-    if flagged:
-        reasons = [f"{name} (predicted nowhere)" if entry["predicted_dice"] is None
-                   else f"{name} (predicted Dice {entry['predicted_dice']:.2f})" for name, entry in flagged]
-        return f"Review: {', '.join(reasons)}."
-    if summary["review"] is None:
-        return ("This bundle has no quality model, so no predicted Dice; "
-                "check the hot spots and uncertain slices.")
-    review_below = summary["quality_model"]["review_below"]
-    return f"No structure flagged: every predicted Dice is {review_below:.2f} or more."
+    """One sentence for the reader on a quality summary: :func:`CalibSegLib.quality.review_text`
+    (imported on call: the library's dependencies may not be installed when the module loads)."""
+    from CalibSegLib.quality import review_text as library_review_text
+
+    return library_review_text(summary)
 
 
 class CalibSegLogic:

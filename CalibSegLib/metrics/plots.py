@@ -42,11 +42,15 @@ def _axes(figure: Figure):
 
 
 def reliability_figure(reliability: Reliability, title: str = "Reliability diagram", ece: float | None = None) -> Figure:
-    """Accuracy per confidence bin against the diagonal, the gap hatched, the confidence histogram below."""
+    """Accuracy per confidence bin against the diagonal, the gap hatched, the confidence histogram below.
+
+    ``ece`` is shown in the title as the *pooled* ECE: the one these bins give, over all their voxels
+    together (for several volumes not the mean of per-volume ECEs, which tables usually report).
+    """
     figure = Figure(figsize=(5, 6), dpi=100)
     axis, histogram_axis = _axes(figure)
     _draw(axis, histogram_axis, reliability)
-    axis.set_title(title if ece is None else f"{title} (ECE {ece:.3f})")
+    axis.set_title(title if ece is None else f"{title} (pooled ECE {ece:.3f})")
     axis.legend(loc="upper left", fontsize=8)
     return figure
 

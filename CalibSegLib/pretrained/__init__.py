@@ -4,7 +4,9 @@ Each ``<name>.calibseg`` here (float16 weights) has a ``<name>.metrics.json`` be
 ``Training/ship.py`` from an evaluation of that very file on the test patients of its split:
 per-case rows (both temperature variants), their summary, the run it came from. Anywhere a
 bundle path is asked for (``python -m CalibSegLib.predict --bundle``, the Slicer module), the
-name alone (``acdc_crac``) picks the shipped file.
+name alone (``acdc_crac``) picks the shipped file. Tools that write files about a shipped model
+write them under the current folder (``runs/<name>/``), never into this package folder
+(:func:`shipped_name` tells them when a bundle is a shipped one).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from pathlib import Path
 
 __all__ = ["PRETRAINED_DIR", "BUNDLE_SUFFIX", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_models",
-           "resolve_bundle_path", "recorded_metrics"]
+           "resolve_bundle_path", "shipped_name", "recorded_metrics"]
 
 PRETRAINED_DIR = Path(__file__).resolve().parent
 BUNDLE_SUFFIX = ".calibseg"
@@ -45,6 +47,15 @@ def resolve_bundle_path(value: str | Path) -> Path:
         return models[str(value)]
     names = ", ".join(models) or "none shipped"
     raise ValueError(f"Bundle {str(value)!r} is neither a file nor a shipped model ({names}); give a .calibseg path.")
+
+
+def shipped_name(path: str | Path) -> str | None:
+    """The shipped model's name when ``path`` is a shipped bundle (its name or its file here), else None."""
+    path = Path(path)
+    for name, shipped in pretrained_models().items():
+        if str(path) == name or (path.is_file() and path.resolve() == shipped.resolve()):
+            return name
+    return None
 
 
 def recorded_metrics(name: str) -> dict:

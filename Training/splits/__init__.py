@@ -1,4 +1,8 @@
-"""Fixed patient-level splits kept in JSON files beside this module (see make_splits.py)."""
+"""Fixed patient-level splits kept in JSON files beside this module (see make_splits.py).
+
+Bundles record a shipped split by its file name (``acdc.json``), any other by the path given,
+and always the patient lists themselves (:func:`split_reference`, :func:`recorded_split`).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,12 @@ from typing import Sequence
 
 from Training.data import CaseFile, DataError
 
-__all__ = ["SPLITS_DIR", "load_split", "select_patients", "default_split_for"]
+__all__ = ["SPLITS_DIR", "SIDES", "load_split", "select_patients", "default_split_for", "split_reference",
+           "recorded_split"]
 
 SPLITS_DIR = Path(__file__).parent
+SIDES: tuple[str, ...] = ("train", "val", "test")
+_SHIPPED = ("acdc_sample.json", "acdc.json")
 
 
 def load_split(path: str | Path) -> dict[str, list[str]]:
@@ -44,10 +51,44 @@ def select_patients(files: Sequence[CaseFile], patients: Sequence[str]) -> list[
 
 
 def default_split_for(files: Sequence[CaseFile]) -> Path | None:
-    """The shipped split file that covers exactly these patients (sample or full ACDC), if any."""
+    """The shipped split file for these patients: the one naming exactly them (sample or full
+    ACDC), else the largest one whose patients are all among them (the official ACDC release
+    holds more patients than our copy), else None."""
     patients = {file.patient_id for file in files}
-    for name in ("acdc_sample.json", "acdc.json"):
+    covered = []
+    for name in _SHIPPED:
         split = load_split(SPLITS_DIR / name)
-        if set(split["train"]) | set(split["val"]) | set(split["test"]) == patients:
+        named = set(split["train"]) | set(split["val"]) | set(split["test"])
+        if named == patients:
             return SPLITS_DIR / name
-    return None
+        if named <= patients:
+            covered.append((len(named), name))
+    return SPLITS_DIR / max(covered)[1] if covered else None
+
+
+def split_reference(path: str | Path) -> str:
+    """How a bundle records a split file: a shipped one by its name, any other by the path as given."""
+    path = Path(path)
+    shipped = SPLITS_DIR / path.name
+    if path.name in _SHIPPED and path.resolve() == shipped.resolve():
+        return path.name
+    return str(path)
+
+
+def recorded_split(data: dict, split_file: str | Path | None = None) -> dict[str, list[str]]:
+    """The split a bundle's ``data`` section records: its patient lists, or, for bundles without
+    them, its split file (a shipped file's name is looked up beside this module). ``split_file``
+    (``--split-file``) replaces both.
+
+    Raises:
+        DataError: no split given or recorded, or an unreadable split file.
+    """
+    if split_file is not None:
+        return load_split(split_file)
+    if all(isinstance(data.get(side), list) for side in SIDES):
+        return {side: list(data[side]) for side in SIDES}
+    recorded = data.get("split_file")
+    if not recorded:
+        raise DataError("The bundle records neither its split nor its split file; pass --split-file.")
+    shipped = SPLITS_DIR / Path(recorded).name
+    return load_split(recorded if Path(recorded).is_file() or not shipped.is_file() else shipped)

@@ -1,0 +1,292 @@
+"""README.md's measured tables, regenerated from recorded files so that its numbers cannot drift.
+
+    python scripts/readme_tables.py            # rewrite every block whose record exists
+    python scripts/readme_tables.py --check    # exit 1 if README.md and the records disagree
+    python scripts/readme_tables.py --record-quick-start runs/crac --command "Training/train.py" [--wall-s 282]
+
+Every measured table of README.md sits between ``<!-- generated:NAME begin -->`` and
+``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made
+from and how. A block whose records do not exist yet is left as it is (and named in the output),
+so a fresh clone regenerates what it can. ``Testing/test_readme_tables.py`` fails when a block
+differs from what its records give, or when a marker pair has no entry here.
+
+Records (each written by the tool that measured it):
+
+- ``shipped_models``: ``CalibSegLib/pretrained/<name>.metrics.json`` (``Training/ship.py``) and
+  the ``bundle.json`` inside ``<name>.calibseg`` beside it;
+- ``quick_start``: ``docs/records/quick_start.json``, one entry per README command, written by
+  ``--record-quick-start RUN_DIR`` from the run's ``run.json`` and ``evaluation/summary.json``
+  (:func:`quick_start_entry`);
+- ``benchmark_<name>``: ``docs/records/benchmark_<name>.json`` from
+  ``python benchmarks/<name>.py --record docs/records/benchmark_<name>.json``; each benchmark
+  script formats its own table (``record_table``), here and on its console alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import re
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from CalibSegLib.io import atomic_output, write_json_atomic  # noqa: E402
+
+__all__ = ["Table", "TABLES", "MARKER", "README", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json",
+           "shipped_models_table", "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
+
+README = REPO_ROOT / "README.md"
+RECORDS_DIR = REPO_ROOT / "docs" / "records"
+QUICK_START_RECORD = RECORDS_DIR / "quick_start.json"
+MARKER = re.compile(r"<!-- generated:(?P<name>[a-z0-9_]+) (?P<end>begin|end) -->")
+_MAX_BUNDLE_JSON = 1 << 20  # bundle.json of a shipped model is a few kB; never read more than this
+
+
+@dataclass(frozen=True)
+class Table:
+    """One generated block: the record files it is made from (glob patterns relative to the
+    repository root; none matching = no record yet) and the function turning them into lines."""
+
+    sources: tuple[str, ...]
+    render: Callable[[list[Path]], list[str]]
+
+
+def _mean(summary: dict, variant: str, key: str) -> float:
+    return float(summary[variant][key])
+
+
+def bundle_json(path: Path) -> dict:
+    """The ``bundle.json`` of a bundle file, read without loading weights (any schema version)."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo("bundle.json")
+        if info.file_size > _MAX_BUNDLE_JSON:
+            raise ValueError(f"{path.name}: bundle.json is {info.file_size} bytes, more than a bundle ever needs.")
+        return json.loads(archive.read(info))
+
+
+def shipped_models_table(paths: list[Path]) -> list[str]:
+    """Table of the shipped models from their ``<name>.metrics.json`` files (``Training/ship.py``)."""
+    rows, volumes, sizes, splits = [], set(), [], set()
+    for path in sorted(paths):
+        metrics = json.loads(path.read_text())
+        bundle_path = path.with_name(path.name.removesuffix(".metrics.json") + ".calibseg")
+        recorded = bundle_json(bundle_path)
+        summary = metrics["summary"]
+        temperature = metrics.get("temperature", recorded["temperature"])
+        fitted = f"T = {temperature:.2f}" if isinstance(temperature, (int, float)) else "T per class"
+        volumes.add(len(metrics["cases"]))
+        sizes.append(bundle_path.stat().st_size / 1e6)
+        data = recorded.get("data", {})
+        splits.add(f"{len(data.get('test', []))} test patients of `{Path(data.get('split_file', '?')).name}`")
+        rows.append(f"| `{metrics['model']}` | {_mean(summary, 'scaled', 'dice_mean'):.3f} | "
+                    f"{_mean(summary, 'scaled', 'hd95_mean'):.2f} | {_mean(summary, 'uncalibrated', 'ece'):.3f} | "
+                    f"{_mean(summary, 'uncalibrated', 'tace'):.3f} | {_mean(summary, 'scaled', 'ece'):.3f} ({fitted}) | "
+                    f"{_mean(summary, 'uncalibrated', 'error_auroc'):.3f} | "
+                    f"{metrics['spearman_entropy_vs_dice']['uncalibrated']:.2f} |")
+    size = f"{min(sizes):.1f}" if f"{min(sizes):.1f}" == f"{max(sizes):.1f}" else f"{min(sizes):.1f}–{max(sizes):.1f}"
+    return [f"Means over the {' / '.join(map(str, sorted(volumes)))} test volumes ({'; '.join(sorted(splits))}) "
+            f"of each shipped file (float16, {size} MB); ECE is the mean of the per-volume ECEs over the "
+            "reference foreground.",
+            "",
+            "| Model | DSC | HD95 (mm) | ECE (T = 1) | TACE (T = 1) | ECE (fitted T) | Error AUROC (T = 1) | "
+            "ρ entropy–Dice (T = 1) |",
+            "|---|---|---|---|---|---|---|---|",
+            *rows]
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def quick_start_entry(run_dir: str | Path, command: str, wall_s: float | None = None) -> dict:
+    """One quick-start record entry from a finished run folder (``run.json`` + ``evaluation/summary.json``).
+
+    ``wall_s``: the command's measured wall time (e.g. ``/usr/bin/time``); without it the sum of
+    the logged training, end-of-run and evaluation times is recorded (start-up and data loading
+    not included), and the entry says so.
+
+    Raises:
+        ValueError: the folder holds no finished, evaluated run (one sentence).
+    """
+    from Training.evaluate import EVALUATION_DIR, SUMMARY_NAME
+    from Training.trainer import BUNDLE_NAME, RunSummary
+
+    run_dir = Path(run_dir)
+    run = RunSummary.read(run_dir)
+    summary_path = run_dir / EVALUATION_DIR / SUMMARY_NAME
+    if not summary_path.is_file():
+        raise ValueError(f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; record a run that was evaluated.")
+    summary = json.loads(summary_path.read_text())
+    logged = run.training_wall_s + run.finish_wall_s + float(summary.get("wall_s", 0.0))
+
+    def test(variant: str) -> dict[str, float]:
+        means = {key: summary[variant]["per_metric"][key]["mean"] for key in ("dice_mean", "hd95_mean", "ece")}
+        return {**means, "pooled_ece": summary[variant]["pooled_calibration"]["ece"]}
+
+    return {
+        "command": command,
+        "method": run.method,
+        "wall_s": float(wall_s) if wall_s is not None else logged,
+        "wall_measured": "the command (measured)" if wall_s is not None
+        else "training + end-of-run choices + test evaluation (logged; start-up and data loading not included)",
+        "epochs": run.epochs,
+        "best_epoch": run.best_epoch,
+        "best_validation_dice": run.best_validation_dice,
+        "temperature": summary["temperature"],
+        "test_volumes": len(summary["cases"]),
+        "test_patients": len(summary.get("patients") or bundle_json(run_dir / BUNDLE_NAME).get("data", {}).get("test", [])),
+        "test": {variant: test(variant) for variant in ("scaled", "uncalibrated")},
+        "environment": run.environment,
+        "recorded": datetime.date.today().isoformat(),
+    }
+
+
+def record_quick_start(run_dir: str | Path, command: str, wall_s: float | None = None,
+                       record: Path = QUICK_START_RECORD) -> Path:
+    """Add (or replace, by command) the entry of ``run_dir`` in the quick-start record; returns its path."""
+    entry = quick_start_entry(run_dir, command, wall_s)
+    runs = json.loads(record.read_text())["runs"] if record.is_file() else []
+    runs = [run for run in runs if run["command"] != command] + [entry]
+    return write_json_atomic(record, {"about": "README.md's quick-start table (scripts/readme_tables.py)", "runs": runs})
+
+
+def quick_start_table(paths: list[Path]) -> list[str]:
+    """The quick-start table from ``docs/records/quick_start.json``."""
+    runs = json.loads(paths[0].read_text())["runs"]
+    rows = []
+    for run in runs:
+        scaled, raw = run["test"]["scaled"], run["test"]["uncalibrated"]
+        temperature = run["temperature"]
+        fitted = f"T = {temperature:.2f}" if isinstance(temperature, (int, float)) else "T per class"
+        rows.append(f"| `{run['command']}` | {_minutes(run['wall_s'])} | {run['best_validation_dice']:.3f} "
+                    f"({run['best_epoch']} of {run['epochs']}) | {scaled['dice_mean']:.3f} / "
+                    f"{scaled['hd95_mean']:.1f} mm / {scaled['ece']:.3f} ({fitted}) | {raw['ece']:.3f} |")
+
+    def described(describe: Callable[[dict], str]) -> str:  # one phrase when every run shares it
+        return "; ".join(dict.fromkeys(describe(run) for run in runs))
+
+    machine = described(lambda run: f"{run['environment'].get('device', '?')} with "
+                                    f"{run['environment'].get('cpu_count', '?')} cores and torch "
+                                    f"{run['environment'].get('torch', '?')}, {run['recorded']}")
+    test = described(lambda run: f"{run['test_volumes']} volumes of {run['test_patients']} patients")
+    return ["| command | wall time | best val. Dice (epoch) | test Dice / HD95 / ECE, fitted T | test ECE, T = 1 |",
+            "|---|---|---|---|---|", *rows, "",
+            f"Test: means over {test} (ECE: the mean of the per-volume ECEs). Measured on {machine}; wall time: "
+            f"{described(lambda run: run['wall_measured'])}."]
+
+
+def _benchmark(name: str) -> Table:
+    """A benchmark's block: its record, formatted by ``record_table`` of ``benchmarks/<name>.py``."""
+    def render(paths: list[Path]) -> list[str]:
+        module = importlib.import_module(f"benchmarks.{name}")
+        return module.record_table(json.loads(paths[0].read_text()))
+
+    return Table((f"docs/records/benchmark_{name}.json",), render)
+
+
+TABLES: dict[str, Table] = {
+    "shipped_models": Table(("CalibSegLib/pretrained/*.metrics.json",), shipped_models_table),
+    "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
+    **{f"benchmark_{name}": _benchmark(name) for name in ("metrics", "losses", "inference", "training_throughput")},
+}
+
+
+def blocks(text: str) -> list[tuple[str, int, int]]:
+    """``(name, start, end)`` of every generated block: ``text[start:end]`` is the content between
+    its begin and end markers.
+
+    Raises:
+        ValueError: a marker without its partner, nested or repeated blocks (one sentence).
+    """
+    found, open_name, open_end, seen = [], None, 0, set()
+    for match in MARKER.finditer(text):
+        name, is_end = match.group("name"), match.group("end") == "end"
+        if not is_end and open_name is None and name not in seen:
+            open_name, open_end = name, match.end()
+        elif is_end and name == open_name:
+            found.append((name, open_end, match.start()))
+            seen.add(name)
+            open_name = None
+        else:
+            raise ValueError(f"README marker {match.group(0)} does not pair up (a begin without its end, nesting "
+                             "or a repeated name); fix the markers by hand.")
+    if open_name is not None:
+        raise ValueError(f"README block {open_name!r} has no end marker; add <!-- generated:{open_name} end -->.")
+    return found
+
+
+def _sources(table: Table, root: Path) -> list[Path]:
+    return sorted(path for pattern in table.sources for path in root.glob(pattern))
+
+
+def regenerate(text: str, root: Path = REPO_ROOT, tables: dict[str, Table] | None = None
+               ) -> tuple[str, list[str], list[str]]:
+    """``text`` with every block whose records exist under ``root`` rebuilt from them.
+
+    Returns:
+        The new text, the names of the blocks rebuilt, and those left as they were (no record yet).
+
+    Raises:
+        ValueError: bad markers (see :func:`blocks`) or a block no entry of ``tables`` generates.
+    """
+    tables = TABLES if tables is None else tables
+    pieces, position, rebuilt, skipped = [], 0, [], []
+    for name, start, end in blocks(text):
+        if name not in tables:
+            raise ValueError(f"README block {name!r} has no generator; add it to TABLES in scripts/readme_tables.py.")
+        paths = _sources(tables[name], root)
+        if not paths:
+            skipped.append(name)
+            continue
+        pieces += [text[position:start], "\n" + "\n".join(tables[name].render(paths)) + "\n"]
+        position = end
+        rebuilt.append(name)
+    return "".join(pieces) + text[position:], rebuilt, skipped
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point; returns the exit status (1: ``--check`` found a difference)."""
+    parser = argparse.ArgumentParser(prog="python scripts/readme_tables.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if README.md is out of date")
+    parser.add_argument("--record-quick-start", type=Path, metavar="RUN_DIR",
+                        help="record this finished run as the quick-start row of --command, then regenerate")
+    parser.add_argument("--command", help="the README command the run came from (with --record-quick-start)")
+    parser.add_argument("--wall-s", type=float, default=None,
+                        help="the command's measured wall time in seconds (default: the run's logged times)")
+    arguments = parser.parse_args(argv)
+    try:
+        if arguments.record_quick_start:
+            if not arguments.command:
+                raise ValueError("--record-quick-start needs --command with the README command the run came from.")
+            print(f"recorded: {record_quick_start(arguments.record_quick_start, arguments.command, arguments.wall_s)}")
+        text = README.read_text()
+        new_text, rebuilt, skipped = regenerate(text)
+    except (ValueError, OSError, KeyError) as error:
+        raise SystemExit(f"error: {error}") from None
+    if skipped:
+        print(f"no record yet, left as they are: {', '.join(skipped)}")
+    if arguments.check:
+        if new_text != text:
+            print(f"README.md differs from its records; run python scripts/readme_tables.py ({', '.join(rebuilt)}).")
+            return 1
+        print(f"README.md matches its records ({', '.join(rebuilt)}).")
+        return 0
+    if new_text != text:
+        with atomic_output(README) as temporary:
+            temporary.write_text(new_text)
+    print(f"regenerated: {', '.join(rebuilt) or 'nothing'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
