@@ -65,17 +65,18 @@ class Schedule:
     lr_schedule: str
     lr_step_epoch: int | None  # for the "step" schedule; None: half the epochs
     compile: bool
+    val_every: int  # epochs between validations (losses that adapt on validation, CRaC, validate every epoch)
 
 
 SCHEDULES: dict[str, Schedule] = {
     # Measured on the 2-core CPU (docs/training.md): about 5 min of training on the shipped sample.
     "quick": Schedule("quick CPU schedule for the shipped sample", epochs=10, iterations_per_epoch=100,
-                      patch_size=128, lr_schedule="poly", lr_step_epoch=None, compile=True),
+                      patch_size=128, lr_schedule="poly", lr_step_epoch=None, compile=True, val_every=1),
     # Full ACDC on the 2-core CPU within an hour (docs/training.md has the measurements behind it).
     "cpu": Schedule("CPU schedule for full ACDC", epochs=36, iterations_per_epoch=250, patch_size=128,
-                    lr_schedule="poly", lr_step_epoch=None, compile=True),
+                    lr_schedule="poly", lr_step_epoch=None, compile=True, val_every=2),
     "paper": Schedule("the papers' schedule", epochs=100, iterations_per_epoch=None, patch_size=224,
-                      lr_schedule="step", lr_step_epoch=50, compile=False),
+                      lr_schedule="step", lr_step_epoch=50, compile=False, val_every=1),
 }
 
 
@@ -136,7 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--amp", action="store_true", help="mixed precision (float16 on CUDA, bfloat16 on CPU)")
     parser.add_argument("--workers", type=int, default=0, help="threads assembling batches ahead of the step")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--val-every", type=int, default=1, help="validate every N epochs (and after the last)")
+    parser.add_argument("--val-every", type=int, default=None,
+                        help="validate every N epochs and after the last (default: the schedule's; CRaC: every epoch)")
     parser.add_argument("--deterministic", action="store_true", help="deterministic algorithms (exact resume)")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default runs/<method>)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
@@ -197,7 +199,7 @@ def parse_config(arguments: argparse.Namespace) -> TrainConfig:
         device=arguments.device,
         amp=arguments.amp,
         seed=arguments.seed,
-        val_every=arguments.val_every,
+        val_every=arguments.val_every or schedule.val_every,
         num_classes=arguments.num_classes,
         deterministic=arguments.deterministic,
         workers=arguments.workers,

@@ -229,12 +229,11 @@ class Trainer:
         self.training_seconds = 0.0
         self.history: list[dict[str, Any]] = []
         self.writer = None
-        # One predictor around the live network for every epoch's validation: no weights copied, no bundle
-        # written. Its windows tile the slice without overlap (a quarter of the work of the shipped 0.5
-        # overlap); the end of the run scores the best weights with the shipped settings.
-        self.validator = Predictor.from_network(
-            self.model, self._metadata(sliding_window=replace(self.sliding_window, overlap=0.0)),
-            device=self.device, batch_size=config.batch_size)
+        # One predictor around the live network for every validation: no weights copied, no bundle written.
+        # It runs the shipped windows (overlap 0.5): windows that only tile the slice cut structures at
+        # their borders and scored 0.07 Dice lower on ACDC validation (docs/training.md).
+        self.validator = Predictor.from_network(self.model, self._metadata(), device=self.device,
+                                                batch_size=config.batch_size)
 
     def _lr_factor(self, step: int) -> float:
         """Learning-rate multiplier after ``step`` optimiser steps (the scheduler steps once per batch)."""
@@ -494,8 +493,7 @@ class Trainer:
             self.model.load_state_dict(self.best_state)
         choices: dict[str, Any] = {}
         # Test-time mirroring only where validation shows it helps: it costs 4× the inference time.
-        plain = self.validation_pass(Predictor.from_network(self.model, self._metadata(), device=self.device,
-                                                            batch_size=self.config.batch_size))
+        plain = self.validation_pass()
         mirrored_window = replace(self.sliding_window, mirror_axes=(0, 1))
         mirrored = self.validation_pass(Predictor.from_network(
             self.model, self._metadata(sliding_window=mirrored_window), device=self.device,
