@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import h5py
 import numpy as np
@@ -33,7 +32,7 @@ def sample_cases(sample_acdc_dir):
 
 
 def tiny_trainer(tmp_path, cases, method="crac", **overrides) -> Trainer:
-    options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, patch_size=(32, 32), device="cpu",
+    options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, patch_size=(64, 64), device="cpu",
                    lr_step_epoch=1, deterministic=True, progress=False, augment=True, iterations_per_epoch=3)
     config = TrainConfig(**{**options, **overrides})
     train_cases, val_cases = cases
@@ -87,6 +86,33 @@ def test_interrupted_run_resumes_to_identical_weights(sample_cases, tmp_path):
     torch.testing.assert_close(resumed.loss.multipliers, uninterrupted.loss.multipliers, rtol=0, atol=0)
     history = [json.loads(line)["epoch"] for line in (tmp_path / "killed" / "history.jsonl").read_text().splitlines()]
     assert history == [1, 2, 3]
+
+
+def test_finished_run_records_its_validation_choices_in_run_json_and_bundle(sample_cases, tmp_path):
+    trainer = tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1)
+    result = trainer.fit()
+    summary = RunSummary.read(tmp_path)
+    assert summary.steps == 3 and summary.epochs == 1 and summary.training_wall_s > 0
+    assert set(summary.choices) >= {"mirroring", "temperature", "postprocessing", "quality_model"}
+    metadata = load_bundle(result.bundle_path).metadata
+    mirrored = summary.choices["mirroring"]["used"]
+    assert metadata.sliding_window.mirror_axes == ((0, 1) if mirrored else ())
+    assert list(metadata.postprocessing.largest_component) == summary.choices["postprocessing"]["largest_component"]
+    assert metadata.temperature == pytest.approx(
+        summary.choices["temperature"]["candidates"][summary.choices["temperature"]["fitted_on"]]["temperature"])
+
+
+@pytest.mark.parametrize("schedule,expected", [("poly", [1.0, (1 - 1 / 6) ** 0.9, (1 - 5 / 6) ** 0.9]),
+                                               ("step", [1.0, 1.0, 0.1])])
+def test_learning_rate_follows_its_schedule_step_by_step(sample_cases, tmp_path, schedule, expected):
+    trainer = tiny_trainer(tmp_path, sample_cases, epochs=2, lr_schedule=schedule, lr_step_epoch=1)  # 3 steps/epoch
+    factors = [trainer._lr_factor(step) for step in (0, 1, 5)]
+    assert factors == pytest.approx(expected)
+
+
+def test_a_crop_larger_than_every_training_slice_is_refused(sample_cases, tmp_path):
+    with pytest.raises(DataError, match="larger than every training slice"):
+        tiny_trainer(tmp_path, sample_cases, patch_size=(1024, 1024))
 
 
 def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):

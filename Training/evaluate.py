@@ -40,8 +40,6 @@ import csv
 import dataclasses
 import io
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -51,12 +49,11 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
-import torch
 from scipy.stats import spearmanr
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.evaluation import case_metrics_row, evaluate_variants
-from CalibSegLib.device import resolve_device
+from CalibSegLib.device import environment
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence, write_json_atomic
 from CalibSegLib.metrics import summarize
@@ -68,7 +65,7 @@ from Training.data import DATASETS, Case, DataError, data_folder, find_cases, lo
 from Training.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
 from Training.splits import recorded_split, select_patients
 
-__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "variant_bundles", "environment", "reliability_to_dict",
+__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "variant_bundles", "reliability_to_dict",
            "reliability_from_dict", "evaluate_bundle", "print_summary", "seen_patients", "main"]
 
 EVALUATION_DIR = "evaluation"
@@ -94,19 +91,6 @@ def _spearman(entropy: Sequence[float], dice_mean: Sequence[float]) -> float:
     if len(defined) < 3 or len({e for e, _ in defined}) < 2 or len({d for _, d in defined}) < 2:
         return float("nan")
     return float(spearmanr(*zip(*defined)).statistic)
-
-
-def environment(device: str = "auto") -> dict[str, str | int]:
-    """The machine a run is measured on, for results pages: device, CPU, core count, torch version."""
-    resolved = resolve_device(device)
-    return {
-        "device": torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else "cpu",
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count() or 0,
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "platform": platform.platform(terse=True),
-    }
 
 
 def reliability_to_dict(reliability: Reliability) -> dict[str, list[float]]:

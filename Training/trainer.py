@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from CalibSegLib.bundle import BundleMetadata, save_bundle
-from CalibSegLib.device import resolve_device
+from CalibSegLib.device import environment, resolve_device
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.losses import build_loss
@@ -525,8 +525,6 @@ class Trainer:
         path = save_bundle(self.run_dir / BUNDLE_NAME, self.model.state_dict(), metadata)
         if self.writer is not None:
             self.writer.close()
-        from Training.evaluate import environment  # evaluate imports the trainer's names: import here
-
         summary = RunSummary(
             method=self.config.method, config=json.loads(json.dumps(asdict(self.config), default=str)),
             bundle=str(path), best_epoch=self.best_epoch + 1, best_validation_dice=self.best_dice,

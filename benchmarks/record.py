@@ -29,7 +29,7 @@ def make_record(benchmark: str, results: dict[str, Any], argv: Sequence[str] | N
                 device: str = "cpu") -> dict[str, Any]:
     """The record of one benchmark run; ``argv`` are its flags (default: this process's), ``device``
     the one it measured on (named in the environment)."""
-    from Training.evaluate import environment
+    from CalibSegLib.device import environment
 
     flags = list(sys.argv[1:] if argv is None else argv)
     if "--record" in flags:  # where the record went is not part of what was measured
