@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.io import read_image
+from CalibSegLib.io import WRITE_SUFFIXES, read_image
 from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
                                        resample_slices)
 
@@ -81,7 +81,6 @@ ACDC_DATASET = "acdc"
 # Where readers of a bundle trained on full ACDC look for the data when no --data is given.
 ACDC_ENVIRONMENT = "CALIBSEG_ACDC"
 
-_IMAGE_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".mha")
 _ACDC_NAME = re.compile(r"^(patient\d+)_frame\d+\.h5$")
 # A pair-folder case of one frame of a patient (ACDC: end-diastole and end-systole): grouped by patient.
 _FRAME_CASE = re.compile(r"^(.+)_frame\d+$")
@@ -119,7 +118,7 @@ class Case:
 
 
 def _strip_extension(name: str) -> str | None:
-    for extension in _IMAGE_EXTENSIONS:
+    for extension in WRITE_SUFFIXES:  # single-file formats: an image and its label are one file each
         if name.endswith(extension):
             return name[: -len(extension)]
     return None

@@ -26,10 +26,10 @@ from typing import Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
-from CalibSegLib.pretrained import BUNDLE_SUFFIX, resolve_bundle_path, shipped_name
+from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from CalibSegLib.quality import QualityModel, QualityModelError, fit_quality_model
 from Training.data import DataError, data_folder, find_cases, load_cases
 from Training.splits import select_patients

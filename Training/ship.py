@@ -25,9 +25,9 @@ from typing import Sequence
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
 from CalibSegLib.io import write_json_atomic
-from CalibSegLib.pretrained import BUNDLE_SUFFIX, METRICS_SUFFIX, PRETRAINED_DIR
+from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
 from Training.data import DataError, data_folder, find_cases, load_cases, recorded_dataset
 from Training.evaluate import CASES_NAME, VARIANTS, evaluate_bundle
 from Training.splits import recorded_split, select_patients

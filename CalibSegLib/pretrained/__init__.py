@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PRETRAINED_DIR", "BUNDLE_SUFFIX", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_models",
+from CalibSegLib import BUNDLE_SUFFIX
+
+__all__ = ["PRETRAINED_DIR", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_models",
            "resolve_bundle_path", "shipped_name", "recorded_metrics"]
 
 PRETRAINED_DIR = Path(__file__).resolve().parent
-BUNDLE_SUFFIX = ".calibseg"
 METRICS_SUFFIX = ".metrics.json"
 # The model the Slicer module preselects: the best of the shipped ones on our own test numbers
 # (docs/results.md, "Shipped models").
