@@ -177,16 +177,19 @@ CALIBRATION_METRICS = (("ece", "ECE"), ("cece", "CECE"), ("tace", "TACE"), ("bri
 def metrics_rows(evaluation, class_names: Sequence[str]) -> list[tuple[str, float, str]]:
     """``(label, value, unit)`` rows of one case: Dice/HD95/ASD per class and mean, then calibration.
 
-    Undefined values (e.g. HD95 when only one of the two masks is empty) stay NaN.
+    The values are those of :func:`CalibSegLib.evaluation.case_metrics_row` (the CLI's and
+    evaluate.py's flat row), labelled for the table; undefined ones (e.g. HD95 when only one of
+    the two masks is empty) stay NaN.
     """
+    from CalibSegLib.evaluation import case_metrics_row
+    from CalibSegLib.quality import structure_key
+
+    row = case_metrics_row(evaluation, class_names)
     rows = []
     for key, label, unit in SEGMENTATION_METRICS:
-        values = np.asarray(evaluation.segmentation[key], dtype=float)
-        rows += [(f"{label} {name}", float(value), unit) for name, value in zip(class_names[1:], values)]
-        defined = values[~np.isnan(values)]
-        rows.append((f"{label} mean", float(defined.mean()) if defined.size else math.nan, unit))
-    scores = {**evaluation.calibration, **evaluation.confidence}
-    rows += [(label, float(scores[key]), "") for key, label in CALIBRATION_METRICS]
+        rows += [(f"{label} {name}", row[f"{key}_{structure_key(name)}"], unit) for name in class_names[1:]]
+        rows.append((f"{label} mean", row[f"{key}_mean"], unit))
+    rows += [(label, row[key], "") for key, label in CALIBRATION_METRICS]
     return rows
 
 
