@@ -19,7 +19,7 @@ from mrml_standins import MODULE_DIR, install_standins, mrml_scene  # noqa: F401
 REPO_ROOT = MODULE_DIR.parent
 UI_FILE = MODULE_DIR / "Resources" / "UI" / "CalibSeg.ui"
 # The volume behind Resources/SampleData (scripts/make_slicer_sample_data.py): a test patient of
-# Training/splits/acdc.json, so the shipped models never saw it.
+# Datasets/splits/acdc.json, so the shipped models never saw it.
 SAMPLE_CASE = "patient069_frame01"
 
 install_standins()

@@ -11,13 +11,13 @@ import torch
 
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.losses import LOSSES
-from Training import benchmark as benchmark_cli
-from Training import results as results_cli
-from Training import ship as ship_cli
+from Reporting import benchmark as benchmark_cli
+from Reporting import results as results_cli
+from Reporting import ship as ship_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
-from Training.data import DataError, find_cases, load_cases
-from Training.splits import SPLITS_DIR, load_split
+from Datasets.cases import DataError, find_cases, load_cases
+from Datasets.splits import SPLITS_DIR, load_split
 from Training.trainer import RunSummary, TrainConfig, Trainer
 
 TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}

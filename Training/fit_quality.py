@@ -5,7 +5,7 @@
 
 The validation patients are the ones the bundle records (``bundle.json``: ``data["val"]``),
 read from ``--data`` or the folder of the dataset the bundle records
-(:func:`Training.data.data_folder`). Every validation volume is
+(:func:`Datasets.cases.data_folder`). Every validation volume is
 predicted with the bundle as it is (its temperature), its Dice per structure measured against
 the reference, and :func:`CalibSegLib.quality.fit_quality_model` chooses and fits each
 structure's predicted-Dice model (the rule is in :mod:`CalibSegLib.quality`). The bundle is
@@ -31,8 +31,8 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from CalibSegLib.quality import QualityModel, QualityModelError, fit_quality_model
-from Training.data import DataError, data_folder, find_cases, load_cases
-from Training.splits import select_patients
+from Datasets.cases import DataError, data_folder, find_cases, load_cases
+from Datasets.splits import select_patients
 
 __all__ = ["refit_bundle", "describe", "main"]
 

@@ -17,10 +17,10 @@ Writes into ``--out`` (default: ``runs/<method>`` under the current folder, or t
 ``checkpoint.pt`` (every epoch, atomic), ``history.jsonl``, ``tensorboard/``,
 ``model.calibseg`` (the best validation-Dice weights with the mirroring, temperature and
 post-processing chosen on validation), ``run.json`` (wall time, steps, the choices) and
-``evaluation/`` (3D test metrics, see Training/evaluate.py). The bundle records the data by
+``evaluation/`` (3D test metrics, see Evaluation/evaluate.py). The bundle records the data by
 dataset name (``acdc-sample``, ``acdc`` or the folder's name), the split file by its name when
 it is a shipped one, and the patient lists, never a path of this machine
-(:func:`Training.data.data_folder` finds the data again).
+(:func:`Datasets.cases.data_folder` finds the data again).
 """
 
 from __future__ import annotations
@@ -41,11 +41,12 @@ from CalibSegLib.device import resolve_device
 from CalibSegLib.io import check_output_folder, os_error_sentence
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta
-from Training.checkpoint import CheckpointError
-from Training.data import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
+from Datasets.cases import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
                            dataset_name, default_classes, find_cases, load_cases)
-from Training.evaluate import EVALUATION_DIR, evaluate_bundle, print_summary
-from Training.splits import SIDES, default_split_for, load_split, select_patients, split_reference
+from Datasets.splits import SIDES, default_split_for, load_split, select_patients, split_reference
+from Evaluation.evaluate import evaluate_bundle, print_summary
+from Evaluation.summary import EVALUATION_DIR
+from Training.checkpoint import CheckpointError
 from Training.trainer import (BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, LR_SCHEDULES, RUN_SUMMARY_NAME,
                               TEMPERATURE_FITS, TrainConfig, Trainer)
 
@@ -283,7 +284,7 @@ def run(arguments: argparse.Namespace) -> Path:
     files, split_file, split, cases = _load_split_cases(arguments, config.num_classes)
     dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset)
-    # Names, not paths of this machine: readers find the data again with Training.data.data_folder.
+    # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
     print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -299,10 +300,10 @@ def run(arguments: argparse.Namespace) -> Path:
     print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
     print(f"bundle: {result.bundle_path}")
     if not arguments.no_eval and cases["test"]:
-        evaluation_dir = run_dir / "evaluation"
-        summary = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
-                                  device=config.device, batch_size=config.batch_size)
-        print_summary(summary, evaluation_dir)
+        evaluation_dir = run_dir / EVALUATION_DIR
+        evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
+                                     device=config.device, batch_size=config.batch_size)
+        print_summary(evaluation.summary, evaluation_dir)
     return result.bundle_path
 
 

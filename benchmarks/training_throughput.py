@@ -56,8 +56,8 @@ WARMUP_STEPS = 3
 
 def measure(setting: str, steps: int, method: str) -> dict:
     """Crops/s and data-wait share of ``steps`` training steps under ``setting`` (run in this process)."""
-    from Training.data import find_cases, load_cases
-    from Training.splits import SPLITS_DIR, load_split
+    from Datasets.cases import find_cases, load_cases
+    from Datasets.splits import SPLITS_DIR, load_split
     from Training.trainer import TrainConfig, Trainer
 
     options = dict(SETTINGS[setting])

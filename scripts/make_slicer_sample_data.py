@@ -4,7 +4,7 @@
         [--picture-case hardest|patientNNN_frameMM] [--data SampleData/ACDC]
 
 Writes into ``CalibSeg/Resources/SampleData/``: the end-diastolic frame of patient069, a test
-patient of both ``Training/splits/acdc.json`` (so the shipped models never saw it) and, as a
+patient of both ``Datasets/splits/acdc.json`` (so the shipped models never saw it) and, as a
 validation patient, of ``acdc_sample.json``, as NIfTI with ACDC's assumed spacing
 (``acdc_patient_image.nii.gz``), its reference labelmap on exactly that grid for the command line's
 ``--reference`` (``acdc_patient_labels.nii.gz``: 0 background, 1 right ventricle, 2 myocardium,
@@ -38,8 +38,8 @@ from CalibSegLib.inference import Predictor  # noqa: E402
 from CalibSegLib.io import ImageGeometry, atomic_output, write_image  # noqa: E402
 from CalibSegLib.metrics import dice  # noqa: E402
 from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path  # noqa: E402
-from Training.data import Case, find_cases, load_cases  # noqa: E402
-from Training.splits import SPLITS_DIR, load_split, select_patients  # noqa: E402
+from Datasets.cases import Case, find_cases, load_cases  # noqa: E402
+from Datasets.splits import SPLITS_DIR, load_split, select_patients  # noqa: E402
 
 SAMPLE_DIR = REPO_ROOT / "CalibSeg" / "Resources" / "SampleData"
 PICTURE = REPO_ROOT / "docs" / "images" / "slice_view.png"

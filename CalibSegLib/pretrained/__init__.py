@@ -1,7 +1,7 @@
 """Ready-to-use model bundles shipped with CalibSeg, and their recorded test metrics.
 
 Each ``<name>.calibseg`` here (float16 weights) has a ``<name>.metrics.json`` beside it, written by
-``Training/ship.py`` from an evaluation of that very file on the test patients of its split:
+``Reporting/ship.py`` from an evaluation of that very file on the test patients of its split:
 per-case rows (both temperature variants), their summary, the run it came from. Anywhere a
 bundle path is asked for (``python -m CalibSegLib.predict --bundle``, the Slicer module), the
 name alone (``acdc_crac``) picks the shipped file. Tools that write files about a shipped model

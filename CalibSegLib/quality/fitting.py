@@ -61,7 +61,7 @@ def isotonic_fit(x: Sequence[float], y: Sequence[float], increasing: bool = True
 class QualityCase(Protocol):
     """A validation case: ``image`` and ``label`` ``(z, y, x)``, ``spacing`` ``(z, y, x)`` mm.
 
-    ``Training.data.Case`` is one; an optional ``patient_id`` groups cases for leave-one-out.
+    ``Datasets.cases.Case`` is one; an optional ``patient_id`` groups cases for leave-one-out.
     """
 
     image: np.ndarray
@@ -177,7 +177,7 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
     Args:
         predictor: the model to describe, at the temperature it will be used with.
         cases: validation cases (never training or test ones): ``image``, ``label``, ``spacing``
-            and optionally ``patient_id`` (``Training.data.Case`` works as it is).
+            and optionally ``patient_id`` (``Datasets.cases.Case`` works as it is).
         class_names: C names, background first (default: the predictor's bundle's).
         review_below: predicted Dice under which a structure is flagged.
 

@@ -1,6 +1,6 @@
 """Convert the official ACDC NIfTI release into a folder ``Training/train.py --data`` reads.
 
-    python Training/convert_acdc.py --source /path/to/ACDC/database --out data/acdc
+    python Datasets/convert_acdc.py --source /path/to/ACDC/database --out data/acdc
     python Training/train.py --cpu --data data/acdc --method crac
 
 The ACDC challenge (https://www.creatis.insa-lyon.fr/Challenge/acdc/) publishes one folder per
@@ -14,7 +14,7 @@ folders alike).
 For each patient and each of its ED and ES frames this writes ``patientNNN_frameXX_image.nii.gz``
 and ``patientNNN_frameXX_label.nii.gz`` into ``--out``: the image's voxels and geometry
 unchanged (the real spacing, origin and direction of the release, unlike the HDF5 copy, which
-has none), the label as uint8 on the same grid. :func:`Training.data.find_cases` reads that
+has none), the label as uint8 on the same grid. :func:`Datasets.cases.find_cases` reads that
 folder as image/label pairs grouped by patient (``patientNNN``), so both frames of a patient stay
 on one side of a split and the shipped split files apply; bundles trained on it record the
 dataset as ``acdc``. Intensities are left as acquired: the bundle's preprocessing normalises
@@ -41,7 +41,7 @@ if __package__ in (None, ""):
 import numpy as np
 
 from CalibSegLib.io import ImageGeometry, OutputSet, check_output_folder, os_error_sentence, read_image, write_image
-from Training.data import ACDC_CLASS_NAMES, DataError
+from Datasets.cases import ACDC_CLASS_NAMES, DataError
 
 __all__ = ["AcdcFrame", "INFO_NAME", "find_frames", "convert", "main"]
 
@@ -161,7 +161,7 @@ def convert(source: str | Path, out: str | Path, patients: Sequence[str] | None 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     """Command line entry point; returns the written image paths. Bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python Training/convert_acdc.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python Datasets/convert_acdc.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, required=True,
                         help="the official ACDC NIfTI release (folder holding training/ and testing/ or patientNNN/)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the <case>_image/<case>_label pairs")

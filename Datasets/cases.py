@@ -14,7 +14,7 @@ Folder layouts (:func:`find_cases`):
   id is ``patientNNN`` (both frames of a patient always stay on one side of a split).
 - Pairs: ``<case>_image.<ext>`` + ``<case>_label.<ext>`` in one folder (ext: nii.gz, nii,
   nrrd, mha); the patient id is ``<case>``, or ``<patient>`` for a case named
-  ``<patient>_frameNN`` (so the ``patientNNN_frameMM`` pairs that ``Training/convert_acdc.py``
+  ``<patient>_frameNN`` (so the ``patientNNN_frameMM`` pairs that ``Datasets/convert_acdc.py``
   writes from the official ACDC release group by patient, as the HDF5 files do, and the
   shipped split files apply to them).
 - Medical Segmentation Decathlon: ``imagesTr/<case>_0000.nii.gz`` (or ``<case>.nii.gz``) +
@@ -192,7 +192,7 @@ def dataset_name(folder: str | Path, files: Sequence[CaseFile]) -> str:
     """The name a bundle records for the data in ``folder`` (whose volumes are ``files``).
 
     ``acdc-sample`` for the shipped sample, ``acdc`` for ACDC HDF5 files or ``patientNNN_frameMM``
-    pairs (the official release after ``Training/convert_acdc.py``), else the folder's own name.
+    pairs (the official release after ``Datasets/convert_acdc.py``), else the folder's own name.
     """
     folder = Path(folder).resolve()
     if folder == SAMPLE_DATA:
