@@ -59,7 +59,7 @@ voxels below the chosen threshold. With a reference segmentation the module repo
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
 a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
 with the module and the CE+Dice one, the best of them on our test patients, is preselected; others
-are trained with <code>python Training/train.py</code> (CRaC, NACL, MbLS and baselines).
+are trained with <code>calibseg-train</code> (CRaC, NACL, MbLS and baselines).
 """
         self.parent.acknowledgementText = """
 Methods: Murugesan et al., CRaC (class and region-adaptive constraints), 2024;

@@ -1,7 +1,7 @@
-"""Convert the official ACDC NIfTI release into a folder ``Training/train.py --data`` reads.
+"""Convert the official ACDC NIfTI release into a folder ``calibseg-train --data`` reads.
 
-    python Datasets/convert_acdc.py --source /path/to/ACDC/database --out data/acdc
-    python Training/train.py --cpu --data data/acdc --method crac
+    calibseg-convert-acdc --source /path/to/ACDC/database --out data/acdc
+    calibseg-train --cpu --data data/acdc --method crac
 
 The ACDC challenge (https://www.creatis.insa-lyon.fr/Challenge/acdc/) publishes one folder per
 patient: ``patientNNN/patientNNN_frameXX.nii.gz`` (a cine-MRI frame), ``patientNNN_frameXX_gt.nii.gz``
@@ -30,13 +30,9 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
@@ -161,7 +157,7 @@ def convert(source: str | Path, out: str | Path, patients: Sequence[str] | None 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     """Command line entry point; returns the written image paths. Bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python Datasets/convert_acdc.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="calibseg-convert-acdc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, required=True,
                         help="the official ACDC NIfTI release (folder holding training/ and testing/ or patientNNN/)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the <case>_image/<case>_label pairs")
@@ -176,8 +172,13 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
     count = len({path.name.split("_")[0] for path in written})
     print(f"wrote {len(written)} volumes of {count} patients (image + label pairs, real spacing) to {arguments.out}")
-    print(f"train on them: python Training/train.py --data {arguments.out}   (or set CALIBSEG_ACDC={arguments.out})")
+    print(f"train on them: calibseg-train --data {arguments.out}   (or set CALIBSEG_ACDC={arguments.out})")
     return written
+
+
+def cli() -> None:
+    """The ``calibseg-convert-acdc`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
+    main()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """3D evaluation of a model bundle on the test patients of a split.
 
-    python Evaluation/evaluate.py --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
-    python Evaluation/evaluate.py --bundle acdc_ce_dice --data /path/to/acdc   # a shipped model (or set CALIBSEG_ACDC)
+    calibseg-evaluate --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
+    calibseg-evaluate --bundle acdc_ce_dice --data /path/to/acdc   # a shipped model (or set CALIBSEG_ACDC)
 
 The data are found from what the bundle records (:func:`Datasets.cases.data_folder`: ``--data``,
 the shipped sample, ``$CALIBSEG_ACDC`` for full ACDC), the patients from its recorded split or
@@ -40,14 +40,10 @@ import csv
 import dataclasses
 import io
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -203,7 +199,7 @@ def print_summary(summary: EvaluationSummary, out_dir: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python Evaluation/evaluate.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="calibseg-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundle records: the shipped sample, "
@@ -257,6 +253,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
     print_summary(result.summary, out)
     return out / SUMMARY_NAME
+
+
+def cli() -> None:
+    """The ``calibseg-evaluate`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
+    main()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ review flag as a detector of poor structures — on the clean volumes and on del
 :func:`Evaluation.evaluate.evaluate_bundle` puts :func:`quality_report` into ``summary.json``
 (``"quality"``), so every evaluation has it; for a shipped model::
 
-    python Evaluation/evaluate.py --bundle acdc_ce_dice --data "$CALIBSEG_ACDC"   # → runs/acdc_ce_dice/evaluation/
+    calibseg-evaluate --bundle acdc_ce_dice --data "$CALIBSEG_ACDC"   # → runs/acdc_ce_dice/evaluation/
     python -m Reporting.quality_tables runs/acdc_*/evaluation/summary.json         # the tables, as Markdown
 
 :mod:`Reporting.quality_tables` makes those tables; the results page (``Reporting/results.py``)

@@ -1,7 +1,7 @@
 """Train and evaluate several methods alike, then write the papers' comparison table with ranks.
 
-    python Reporting/benchmark.py --methods ce_dice,nacl,crac --epochs 30 --data "$CALIBSEG_ACDC" --out runs/benchmark
-    python Reporting/benchmark.py --collect runs/benchmark/* --out runs/benchmark
+    calibseg-benchmark --methods ce_dice,nacl,crac --epochs 30 --data "$CALIBSEG_ACDC" --out runs/benchmark
+    calibseg-benchmark --collect runs/benchmark/* --out runs/benchmark
 
 Every method is trained by ``Training/train.py`` into ``<out>/<method>`` with the same data,
 split, schedule and seed; flags this script does not know (``--paper``, ``--image-size``,
@@ -24,13 +24,9 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
 from CalibSegLib.io import atomic_output
@@ -99,7 +95,7 @@ def collect_run(run_dir: str | Path) -> RunResult:
     summary_path = run_dir / EVALUATION_DIR / SUMMARY_NAME
     if not summary_path.is_file():
         raise ValueError(
-            f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; train it to the end or run Evaluation/evaluate.py on its bundle."
+            f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; train it to the end or run calibseg-evaluate on its bundle."
         )
     metadata = load_bundle(run_dir / BUNDLE_NAME).metadata
     summary = EvaluationSummary.read(summary_path)
@@ -212,13 +208,13 @@ def train_method(method: str, run_dir: Path, train_arguments: Sequence[str]) -> 
     argv = ["--method", method, "--out", str(run_dir), *train_arguments]
     if (run_dir / CHECKPOINT_NAME).is_file():
         argv.append("--resume")
-    print(f"== {method}: python Training/train.py {' '.join(argv)}", flush=True)
+    print(f"== {method}: calibseg-train {' '.join(argv)}", flush=True)
     train_main(argv)
     return run_dir
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python Reporting/benchmark.py", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="calibseg-benchmark", description=__doc__.split("\n\n")[0],
                                      epilog="Unknown flags are passed on to Training/train.py.")
     parser.add_argument("--methods", default=",".join(LOSSES),
                         help=f"comma-separated losses to train (default: all of {', '.join(LOSSES)})")
@@ -251,6 +247,11 @@ def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
     print(paths[0].read_text())
     print(f"table: {paths[0]}\ncsv: {paths[1]}")
     return paths
+
+
+def cli() -> None:
+    """The ``calibseg-benchmark`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
+    main()
 
 
 if __name__ == "__main__":

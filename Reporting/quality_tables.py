@@ -43,7 +43,7 @@ def quality_tables(reports: dict[str, dict]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[str]:
-    """Print the quality tables of evaluation summaries (``summary.json`` files written by Evaluation/evaluate.py)."""
+    """Print the quality tables of evaluation summaries (``summary.json`` files written by calibseg-evaluate)."""
     parser = argparse.ArgumentParser(prog="python -m Reporting.quality_tables", description=main.__doc__)
     parser.add_argument("summaries", nargs="+", type=Path, metavar="SUMMARY_JSON")
     arguments = parser.parse_args(argv)

@@ -1,8 +1,8 @@
 """README.md's measured tables, regenerated from recorded files so that its numbers cannot drift.
 
-    python Reporting/readme_tables.py            # rewrite every block whose record exists
-    python Reporting/readme_tables.py --check    # exit 1 if README.md and the records disagree
-    python Reporting/readme_tables.py --record-quick-start runs/crac --command "Training/train.py" [--wall-s 282]
+    python -m Reporting.readme_tables            # rewrite every block whose record exists
+    python -m Reporting.readme_tables --check    # exit 1 if README.md and the records disagree
+    python -m Reporting.readme_tables --record-quick-start runs/crac --command "calibseg-train" [--wall-s 282]
 
 Every measured table of README.md sits between ``<!-- generated:NAME begin -->`` and
 ``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made
@@ -37,12 +37,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
-from CalibSegLib import BUNDLE_SUFFIX  # noqa: E402
-from CalibSegLib.io import atomic_output, write_json_atomic  # noqa: E402
-from CalibSegLib.pretrained import METRICS_SUFFIX  # noqa: E402
+from CalibSegLib import BUNDLE_SUFFIX
+from CalibSegLib.io import atomic_output, write_json_atomic
+from CalibSegLib.pretrained import METRICS_SUFFIX
 
 __all__ = ["Table", "TABLES", "MARKER", "README", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json",
            "shipped_models_table", "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
@@ -259,7 +257,7 @@ def regenerate(text: str, root: Path = REPO_ROOT, tables: dict[str, Table] | Non
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status (1: ``--check`` found a difference)."""
-    parser = argparse.ArgumentParser(prog="python Reporting/readme_tables.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m Reporting.readme_tables", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if README.md is out of date")
     parser.add_argument("--record-quick-start", type=Path, metavar="RUN_DIR",
                         help="record this finished run as the quick-start row of --command, then regenerate")
@@ -280,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no record yet, left as they are: {', '.join(skipped)}")
     if arguments.check:
         if new_text != text:
-            print(f"README.md differs from its records; run python Reporting/readme_tables.py ({', '.join(rebuilt)}).")
+            print(f"README.md differs from its records; run python -m Reporting.readme_tables ({', '.join(rebuilt)}).")
             return 1
         print(f"README.md matches its records ({', '.join(rebuilt)}).")
         return 0

@@ -1,6 +1,6 @@
 """Ship trained runs as ready-to-use models: float16 bundles plus the metrics of that very file.
 
-    python Reporting/ship.py --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
+    calibseg-ship --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
 
 For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
 (default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is
@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
 from CalibSegLib.io import write_json_atomic
@@ -85,7 +81,7 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
     """Command line entry point; returns the shipped bundle paths. Bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python Reporting/ship.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="calibseg-ship", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", type=Path, required=True, metavar="RUN_DIR", help="finished run folders")
     parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
     parser.add_argument("--out", type=Path, default=PRETRAINED_DIR, help=f"default {PRETRAINED_DIR}")
@@ -103,6 +99,11 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     except (BundleError, DataError, ValueError, OSError) as error:
         raise SystemExit(f"error: {error}") from None
     return shipped
+
+
+def cli() -> None:
+    """The ``calibseg-ship`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
+    main()
 
 
 if __name__ == "__main__":

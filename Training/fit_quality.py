@@ -1,7 +1,7 @@
 """(Re)fit a bundle's quality model on its validation patients and write it into the bundle.
 
-    python Training/fit_quality.py --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
-    python Training/fit_quality.py --bundle acdc_ce_dice --data /path/to/acdc   # → runs/acdc_ce_dice/acdc_ce_dice.calibseg
+    calibseg-fit-quality --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
+    calibseg-fit-quality --bundle acdc_ce_dice --data /path/to/acdc   # → runs/acdc_ce_dice/acdc_ce_dice.calibseg
 
 The validation patients are the ones the bundle records (``bundle.json``: ``data["val"]``),
 read from ``--data`` or the folder of the dataset the bundle records
@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
@@ -86,7 +82,7 @@ def describe(model: QualityModel) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> Path:
     """Command line entry point; returns the written bundle's path. Bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python Training/fit_quality.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="calibseg-fit-quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundle records)")
@@ -104,6 +100,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
     print("\n".join(describe(model)))
     print(f"bundle: {written}")
     return written
+
+
+def cli() -> None:
+    """The ``calibseg-fit-quality`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
+    main()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Train a segmentation network with a calibration-aware loss and write a model bundle.
 
-    python Training/train.py                      # CRaC on the shipped ACDC sample, quick CPU schedule
-    python Training/train.py --cpu --data "$CALIBSEG_ACDC" --method ce_dice   # full ACDC on a CPU, ≤ 60 min
-    python Training/train.py --paper --data "$CALIBSEG_ACDC" --method nacl    # the papers' schedule (GPU)
+    calibseg-train                      # CRaC on the shipped ACDC sample, quick CPU schedule
+    calibseg-train --cpu --data "$CALIBSEG_ACDC" --method ce_dice   # full ACDC on a CPU, ≤ 60 min
+    calibseg-train --paper --data "$CALIBSEG_ACDC" --method nacl    # the papers' schedule (GPU)
 
 Every schedule trains on random crops of slices resampled to the model's spacing (1.5 mm
 in-plane by default: ACDC at its native resolution), a third of them centred on foreground,
@@ -17,7 +17,7 @@ Writes into ``--out`` (default: ``runs/<method>`` under the current folder, or t
 ``checkpoint.pt`` (every epoch, atomic), ``history.jsonl``, ``tensorboard/``,
 ``model.calibseg`` (the best validation-Dice weights with the mirroring, temperature and
 post-processing chosen on validation), ``run.json`` (wall time, steps, the choices) and
-``evaluation/`` (3D test metrics, see Evaluation/evaluate.py). The bundle records the data by
+``evaluation/`` (3D test metrics, see calibseg-evaluate). The bundle records the data by
 dataset name (``acdc-sample``, ``acdc`` or the folder's name), the split file by its name when
 it is a shipped one, and the patient lists, never a path of this machine
 (:func:`Datasets.cases.data_folder` finds the data again).
@@ -27,14 +27,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.device import resolve_device
@@ -93,7 +89,7 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python Training/train.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="calibseg-train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--method", default="crac", choices=LOSSES, help="loss (default crac)")
     parser.add_argument("--loss-arg", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                         help="loss hyper-parameter, repeatable (e.g. --loss-arg margin=5 --loss-arg kernel=3)")
@@ -323,6 +319,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
         raise SystemExit("interrupted: the last completed epoch's checkpoint is kept; continue with --resume.") from None
     print(f"total time {time.perf_counter() - started:.0f} s")
     return bundle_path
+
+
+def cli() -> None:
+    """The ``calibseg-train`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
+    main()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Calibration metric cost on a 4-class, 10-million-voxel volume.
 
-    python benchmarks/metrics.py [--voxels 10000000] [--chunks 40] [--record docs/records/benchmark_metrics.json]
+    python -m benchmarks.metrics [--voxels 10000000] [--chunks 40] [--record docs/records/benchmark_metrics.json]
 
 Times ECE+MCE+CECE+TACE+Brier+NLL in one streaming pass (CalibrationAccumulator fed chunk
 by chunk) as a ratio to ECE alone computed with ``np.histogram`` on the same data, and the
@@ -12,12 +12,9 @@ writes the numbers as a JSON record (:mod:`benchmarks.record`); README.md's tabl
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import tracemalloc
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 

@@ -180,7 +180,7 @@ class BundleMetadata:
                 QualityModel.from_dict(self.quality_model, self.class_names)
             except QualityModelError as error:
                 raise BundleError(
-                    f"The bundle's quality model is malformed ({error}); refit it with Training/fit_quality.py."
+                    f"The bundle's quality model is malformed ({error}); refit it with calibseg-fit-quality."
                 ) from None
 
 
@@ -214,7 +214,7 @@ def check_schema_version(version: Any, name: str) -> None:
         raise BundleError(
             f"{name} uses bundle schema version {version}, from a CalibSeg that resized slices to a fixed size; "
             f"this CalibSeg ({__version__}) resamples by spacing and reads schema {readable}: retrain the model "
-            "with Training/train.py."
+            "with calibseg-train."
         )
     if version > SCHEMA_VERSION:
         raise BundleError(

@@ -3,7 +3,7 @@
 Each ``<name>.calibseg`` here (float16 weights) has a ``<name>.metrics.json`` beside it, written by
 ``Reporting/ship.py`` from an evaluation of that very file on the test patients of its split:
 per-case rows (both temperature variants), their summary, the run it came from. Anywhere a
-bundle path is asked for (``python -m CalibSegLib.predict --bundle``, the Slicer module), the
+bundle path is asked for (``calibseg-predict --bundle``, the Slicer module), the
 name alone (``acdc_crac``) picks the shipped file. Tools that write files about a shipped model
 write them under the current folder (``runs/<name>/``), never into this package folder
 (:func:`shipped_name` tells them when a bundle is a shipped one).

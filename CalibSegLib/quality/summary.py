@@ -109,7 +109,7 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
         described = None
         note = ("no quality model: this bundle has none, so predicted Dice and the review flag of a present "
                 "structure are null (a structure predicted nowhere is still flagged); fit one with "
-                "python Training/fit_quality.py --bundle <bundle>")
+                "calibseg-fit-quality --bundle <bundle>")
     else:
         described = {"review_below": model.review_below, "interval_coverage": model.interval_coverage,
                      "validation": model.validation}
