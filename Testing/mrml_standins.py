@@ -30,6 +30,8 @@ def install_standins():
         slicer.modules = types.SimpleNamespace(
             segmentations=types.SimpleNamespace(logic=lambda: slicer.vtkSlicerSegmentationsModuleLogic()))
         slicer._calibseg_standins = True
+    # Slicer puts a scripted module's folder on Python's path ("Additional module paths"), so CalibSeg.py
+    # imports CalibSegRunner and CalibSegTesting from beside it; this is the stand-in for that.
     if str(MODULE_DIR) not in sys.path:
         sys.path.insert(0, str(MODULE_DIR))
     return slicer

@@ -12,7 +12,7 @@ import pytest
 import CalibSegLib.pretrained as pretrained
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.quality import QualityModel, StructureQuality
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from fault_checks import assert_one_sentence, tree_snapshot
 from Evaluation import evaluate as evaluate_cli
 from Training import fit_quality as fit_quality_cli

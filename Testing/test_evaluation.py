@@ -9,7 +9,7 @@ from CalibSegLib.bundle import load_bundle
 from CalibSegLib.evaluation import case_metrics_row, evaluate_variants, predict_and_evaluate, reference_regions
 from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import hd95
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 
 SPACING = (4.0, 1.5, 1.5)
 

@@ -16,7 +16,7 @@ from CalibSegLib import io as image_io
 from CalibSegLib import predict
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from fault_checks import BROKEN_BUNDLES, assert_one_sentence, normal_file_mode, tree_snapshot
 from Evaluation import evaluate
 

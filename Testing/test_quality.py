@@ -26,7 +26,7 @@ from CalibSegLib.quality import (
     summary_columns,
     uncertain_slices,
 )
-from CalibSegLib.testing import make_test_bundle, make_test_metadata
+from tiny_bundles import make_test_bundle, make_test_metadata
 
 CLASS_NAMES = ["background", "class 1", "class 2", "class 3"]
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from conftest import REPO_ROOT
 from Reporting import readme_tables
 

@@ -138,14 +138,14 @@ def render_readme_picture(bundle_path: Path, metadata, case: Case, score: float)
 
     scene = new_scene()
     import slicer
-    from CalibSegLogic import CalibSegLogic, review_text
-    from CalibSegTesting.render import render_slice_view
+    from CalibSegRunner import SegmentationRunner, review_text
+    from scripts.render_slice_view import render_slice_view
 
     volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", case.case_id)
     slicer.util.updateVolumeFromArray(volume, case.image.astype("float32"))
     volume.SetSpacing(*reversed(case.spacing))
     volume.CreateDefaultDisplayNodes()
-    outputs = CalibSegLogic().run(volume, bundle_path, device="cpu")
+    outputs = SegmentationRunner().run(volume, bundle_path, device="cpu")
     slice_index = outputs.summary["uncertain_slices"][0] if outputs.summary["uncertain_slices"] else None
     heading = (f"{case.case_id} (test patient), slice {slice_index} (its most uncertain), {bundle_path.stem}: "
                f"measured Dice {score:.2f}. {review_text(outputs.summary)}")
