@@ -1,9 +1,11 @@
 """Stand-ins for the parts of the Slicer application that the ``slicer-core`` package lacks.
 
-slicer-core gives the real MRML library (scene, nodes, segmentation logic) but no running
-application: no ``slicer.mrmlScene``, no ``slicer.modules`` and no registered segmentation
-converter rules. ``slicer.util``'s segment helpers need those, so tests install them here;
-product code never relies on them (it takes the scene from its nodes).
+slicer-core gives the real MRML library (scene, nodes, segmentation logic) and ``slicer.util``
+but no running application: no ``slicer.mrmlScene``, no ``slicer.modules``, no registered
+segmentation converter rules and no module folders on Python's path. The ``slicer.util`` helpers
+the module uses (``addVolumeFromArray``, ``arrayFromSegmentBinaryLabelmap``, ...) work in
+``slicer.mrmlScene`` and through the segmentations module's logic, so tests install those here,
+as the application has them.
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ def test_checks_catch_a_logic_that_drops_the_geometry(mrml_scene, tmp_path, monk
 
 
 def _without_orientation(add_volume_like):
-    def broken(scene, reference_node, array, name, class_name="vtkMRMLScalarVolumeNode", display=True):
-        node = add_volume_like(scene, reference_node, array, name, class_name, display)
+    def broken(reference_node, array, name, class_name="vtkMRMLScalarVolumeNode"):
+        node = add_volume_like(reference_node, array, name, class_name)
         node.SetSpacing(1.0, 1.0, 1.0)
         return node
 

@@ -114,7 +114,7 @@ def render_slice_view(scene, input_node, outputs, class_names, class_colors, pat
         segment_id = outputs.segmentation.GetSegmentation().GetSegmentIdBySegmentName(class_names[order])
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, segment_id, input_node)
         labels[mask > 0] = order
-    labelmap = add_volume_like(scene, input_node, labels, "CalibSeg snapshot labels", "vtkMRMLLabelMapVolumeNode")
+    labelmap = add_volume_like(input_node, labels, "CalibSeg snapshot labels", "vtkMRMLLabelMapVolumeNode")
     labelmap.GetDisplayNode().SetAndObserveColorNodeID(_label_color_table(scene, class_names, class_colors).GetID())
     if slice_index is None:
         uncertain = outputs.summary["uncertain_slices"]

@@ -55,16 +55,22 @@ class NodeTransaction:
 
 
 def _import_mask(segmentation_node, reference_node, mask: np.ndarray, name: str, color) -> str:
-    """Add one segment holding ``mask`` (z, y, x); an empty mask becomes an empty segment."""
+    """Add one segment holding ``mask`` (z, y, x) on ``reference_node``'s grid; an empty mask becomes an empty segment.
+
+    Through a temporary labelmap without display nodes, removed again: ``slicer.util``'s
+    ``updateSegmentBinaryLabelmapFromArray`` does the same, but leaves its temporary labelmap's display
+    node in the scene.
+    """
     import slicer
 
     segmentation = segmentation_node.GetSegmentation()
     if not mask.any():
         return segmentation.AddEmptySegment(name, name, list(color))
     scene = segmentation_node.GetScene()
-    labelmap = add_volume_like(scene, reference_node, mask.astype(np.uint8), "__CalibSeg_mask",
-                               "vtkMRMLLabelMapVolumeNode", display=False)
+    labelmap = scene.AddNewNodeByClass("vtkMRMLLabelMapVolumeNode", scene.GenerateUniqueName("__CalibSeg_mask"))
     try:
+        labelmap.CopyOrientation(reference_node)
+        slicer.util.updateVolumeFromArray(labelmap, mask.astype(np.uint8))
         before = {segmentation.GetNthSegmentID(i) for i in range(segmentation.GetNumberOfSegments())}
         slicer.vtkSlicerSegmentationsModuleLogic.ImportLabelmapToSegmentationNode(labelmap, segmentation_node)
         added = [segmentation.GetNthSegmentID(i) for i in range(segmentation.GetNumberOfSegments())
@@ -90,7 +96,7 @@ def add_segmentation(scene, reference_node, labels: np.ndarray, class_names: Seq
 
 def add_overlay(scene, reference_node, array: np.ndarray, name: str, colormap: str):
     """A float volume on the input grid, coloured with a CalibSeg table over the fixed range [0, 1]."""
-    node = add_volume_like(scene, reference_node, array.astype(np.float32), name)
+    node = add_volume_like(reference_node, array.astype(np.float32), name)
     display = node.GetDisplayNode()
     display.SetAndObserveColorNodeID(color_table_node(scene, colormap).GetID())
     display.SetAutoWindowLevel(False)
@@ -117,6 +123,8 @@ def set_low_confidence_segment(segmentation_node, reference_node, confidence: np
 
 
 def _table(scene, name: str, columns: dict[str, list]):
+    """A table node with one column per entry, text or numbers. Filled here: ``slicer.util.updateTableFromArray``
+    takes NumPy arrays of numbers only (Slicer 5.6 and older also store them as float32)."""
     import vtk
 
     node = scene.AddNewNodeByClass("vtkMRMLTableNode", scene.GenerateUniqueName(name))
