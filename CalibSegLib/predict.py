@@ -235,10 +235,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def cli() -> None:
-    """The ``calibseg-predict`` command: exits with :func:`main`'s status."""
-    sys.exit(main())
-
-
 if __name__ == "__main__":
-    cli()
+    sys.exit(main())

@@ -155,8 +155,9 @@ def convert(source: str | Path, out: str | Path, patients: Sequence[str] | None 
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Command line entry point; returns the written image paths. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-convert-acdc`` command: prints how many volumes went where; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     parser = argparse.ArgumentParser(prog="calibseg-convert-acdc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, required=True,
                         help="the official ACDC NIfTI release (folder holding training/ and testing/ or patientNNN/)")
@@ -173,12 +174,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     count = len({path.name.split("_")[0] for path in written})
     print(f"wrote {len(written)} volumes of {count} patients (image + label pairs, real spacing) to {arguments.out}")
     print(f"train on them: calibseg-train --data {arguments.out}   (or set CALIBSEG_ACDC={arguments.out})")
-    return written
-
-
-def cli() -> None:
-    """The ``calibseg-convert-acdc`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
-    main()
+    return 0
 
 
 if __name__ == "__main__":

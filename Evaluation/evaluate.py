@@ -229,8 +229,9 @@ def _check_unseen(patients: Sequence[str], data: dict) -> None:
                         "overstate it; evaluate other patients (its recorded test split by default) or pass --force.")
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command line entry point; returns the summary JSON path. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-evaluate`` command: prints where the summary went; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     arguments = _parser().parse_args(argv)
     try:
         bundle_path = resolve_bundle_path(arguments.bundle)
@@ -252,12 +253,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     except OSError as error:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
     print_summary(result.summary, out)
-    return out / SUMMARY_NAME
-
-
-def cli() -> None:
-    """The ``calibseg-evaluate`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
-    main()
+    return 0
 
 
 if __name__ == "__main__":

@@ -226,8 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
-    """Run the benchmark; returns the Markdown and CSV paths. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-benchmark`` command: prints the table and where it went; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     arguments, train_arguments = _parser().parse_known_args(argv)
     for flag, value in (("--epochs", arguments.epochs), ("--data", arguments.data)):
         if value is not None:
@@ -246,12 +247,7 @@ def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
         raise SystemExit(f"error: {error}") from None
     print(paths[0].read_text())
     print(f"table: {paths[0]}\ncsv: {paths[1]}")
-    return paths
-
-
-def cli() -> None:
-    """The ``calibseg-benchmark`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
-    main()
+    return 0
 
 
 if __name__ == "__main__":

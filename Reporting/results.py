@@ -268,8 +268,9 @@ def write_results(runs: Sequence[RunResult], out: str | Path) -> Path:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command line entry point; returns the page's path. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-results`` command: prints the page's path; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     parser = argparse.ArgumentParser(prog="calibseg-results", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", type=Path, required=True, metavar="RUN_DIR", help="finished run folders")
     parser.add_argument("--out", type=Path, default=Path("docs") / "results.md")
@@ -280,12 +281,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     except (BundleError, ValueError, OSError, KeyError) as error:
         raise SystemExit(f"error: {error}") from None
     print(f"results: {path} (figures and CSV in {path.parent / FIGURES_DIR})")
-    return path
-
-
-def cli() -> None:
-    """The ``calibseg-results`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
-    main()
+    return 0
 
 
 if __name__ == "__main__":

@@ -79,8 +79,9 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     return bundle_path, metrics_path
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Command line entry point; returns the shipped bundle paths. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-ship`` command: prints each shipped file; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     parser = argparse.ArgumentParser(prog="calibseg-ship", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", type=Path, required=True, metavar="RUN_DIR", help="finished run folders")
     parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
@@ -98,12 +99,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
             shipped.append(bundle_path)
     except (BundleError, DataError, ValueError, OSError) as error:
         raise SystemExit(f"error: {error}") from None
-    return shipped
-
-
-def cli() -> None:
-    """The ``calibseg-ship`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
-    main()
+    return 0
 
 
 if __name__ == "__main__":

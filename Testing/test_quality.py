@@ -357,7 +357,7 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     from Datasets.cases import find_cases, load_cases
 
     path, weights = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient016"])
-    assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == path
+    assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == 0
     with zipfile.ZipFile(path) as archive:
         assert archive.read("weights.safetensors") == weights  # float16 bytes untouched
     bundle = load_bundle(path)

@@ -80,8 +80,9 @@ def describe(model: QualityModel) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command line entry point; returns the written bundle's path. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-fit-quality`` command: prints the written bundle's path; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     parser = argparse.ArgumentParser(prog="calibseg-fit-quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
     parser.add_argument("--data", type=Path, default=None,
@@ -99,12 +100,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         raise SystemExit(f"error: {error}") from None
     print("\n".join(describe(model)))
     print(f"bundle: {written}")
-    return written
-
-
-def cli() -> None:
-    """The ``calibseg-fit-quality`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
-    main()
+    return 0
 
 
 if __name__ == "__main__":

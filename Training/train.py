@@ -303,12 +303,13 @@ def run(arguments: argparse.Namespace) -> Path:
     return result.bundle_path
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command line entry point; returns the bundle path. Bad input exits with one sentence, no traceback."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-train`` command: prints the bundle's path; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     arguments = _parser().parse_args(argv)
     started = time.perf_counter()
     try:
-        bundle_path = run(arguments)
+        run(arguments)
     except (DataError, CheckpointError, BundleError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
@@ -318,12 +319,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     except KeyboardInterrupt:
         raise SystemExit("interrupted: the last completed epoch's checkpoint is kept; continue with --resume.") from None
     print(f"total time {time.perf_counter() - started:.0f} s")
-    return bundle_path
-
-
-def cli() -> None:
-    """The ``calibseg-train`` command: :func:`main`, whose return value is for Python callers, not the exit status."""
-    main()
+    return 0
 
 
 if __name__ == "__main__":
