@@ -88,7 +88,7 @@ def main() -> None:
     streaming_time = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    # np.histogram bins are [a, b), DESIGN.md's are (a, b]: values on a float32 edge may land one bin apart.
+    # np.histogram bins are [a, b), docs/design.md's are (a, b]: values on a float32 edge may land one bin apart.
     assert abs(result.pooled["ece"] - reference) < 1e-4, f"streaming ECE {result.pooled['ece']} disagrees with np.histogram ECE {reference}"
     record = make_record("metrics", {"shape": list(shape), "foreground_voxels": int(result.pooled["voxels"]),
                                      "chunks": depth, "reference_s": reference_time, "streaming_s": streaming_time,
