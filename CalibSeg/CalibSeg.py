@@ -1,13 +1,14 @@
 """CalibSeg: segmentation with per-voxel confidence and uncertainty, and a check of whether they are honest.
 
-The widget is thin: it binds ``Resources/UI/CalibSeg.ui`` to a parameter node, starts an
-:class:`~CalibSegLogic.InferenceJob` and polls it from a timer (the GUI never waits on the
-network), and shows what :class:`~CalibSegLogic.CalibSegLogic` publishes. Everything the
-module computes is reachable without the GUI::
+Slicer's scripted-module template: ``CalibSeg`` (metadata, help, sample data), ``CalibSegWidget``
+(thin: binds ``Resources/UI/CalibSeg.ui`` to ``CalibSegParameterNode``, starts an
+:class:`~CalibSegRunner.InferenceJob` and polls it from a timer, so the GUI never waits on the
+network), ``CalibSegLogic`` (the parameter node; every run goes to the Qt-free
+:class:`~CalibSegRunner.SegmentationRunner`) and ``CalibSegTest``. From Slicer's Python console::
 
-    from CalibSegLogic import CalibSegLogic
-    outputs = CalibSegLogic().run(getNode("ACDC patient"), "/path/to/model.calibseg",
-                                  referenceNode=getNode("ACDC patient reference"))
+    logic = slicer.util.getModuleLogic("CalibSeg")
+    outputs = logic.run(getNode("ACDC patient"), "acdc_crac",  # or a path to a .calibseg file
+                        referenceNode=getNode("ACDC patient reference"))
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from slicer.ScriptedLoadableModule import (
 from slicer.util import VTKObservationMixin
 
 from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models
-from CalibSegLogic import CalibSegLogic, InferenceJob, install_missing, missing_packages, review_text
-from CalibSegLogic.display import show_outputs
+from CalibSegRunner import (CalibSegOutputs, CalibSegRequest, InferenceJob, SegmentationRunner, install_missing,
+                            missing_packages, review_text)
+from CalibSegRunner.display import show_outputs
 
 MODULE_DIR = Path(__file__).resolve().parent
 SAMPLE_DIR = MODULE_DIR / "Resources" / "SampleData"
@@ -59,7 +61,7 @@ voxels below the chosen threshold. With a reference segmentation the module repo
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
 a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
 with the module and the CE+Dice one, the best of them on our test patients, is preselected; others
-are trained with <code>python Training/train.py</code> (CRaC, NACL, MbLS and baselines).
+are trained with <code>calibseg-train</code> (CRaC, NACL, MbLS and baselines).
 """
         self.parent.acknowledgementText = """
 Methods: Murugesan et al., CRaC (class and region-adaptive constraints), 2024;
@@ -120,7 +122,7 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.layout.addWidget(uiWidget)
         self.ui = slicer.util.childWidgetVariables(uiWidget)
         uiWidget.setMRMLScene(slicer.mrmlScene)
-        self.logic = CalibSegModuleLogic()
+        self.logic = CalibSegLogic()
 
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
@@ -196,7 +198,7 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         except Exception as error:  # every expected failure is one sentence; the scene is untouched
             slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
             return
-        self._job = InferenceJob(self.logic, request).start()
+        self._job = InferenceJob(self.logic.runner, request).start()
         self._showQuality(None)
         self.ui.statusLabel.text = "Running…"
         self.ui.progressBar.value = 0
@@ -260,15 +262,39 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.logic.updateLowConfidence(self._outputs, parameters.inputVolume, threshold)
 
 
-class CalibSegModuleLogic(ScriptedLoadableModuleLogic, CalibSegLogic):
-    """CalibSegLogic with Slicer's parameter node (the GUI's state)."""
+class CalibSegLogic(ScriptedLoadableModuleLogic):
+    """The module's logic: the GUI's state (its parameter node) and the runs, which it hands to the Qt-free
+    :class:`~CalibSegRunner.SegmentationRunner` (the arguments and results are that class's)."""
 
     def __init__(self) -> None:
         ScriptedLoadableModuleLogic.__init__(self)
-        CalibSegLogic.__init__(self)
+        self.runner = SegmentationRunner()
 
     def getParameterNode(self):
         return CalibSegParameterNode(super().getParameterNode())
+
+    def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
+                lowConfidenceThreshold: float | None = None, hotSpotLevel: float | None = None) -> CalibSegRequest:
+        """Read and check what a run needs from the scene (main thread); one-sentence errors, nothing added."""
+        return self.runner.prepare(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold,
+                                   hotSpotLevel)
+
+    def run(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
+            lowConfidenceThreshold: float | None = None, progress=None, cancel=None,
+            hotSpotLevel: float | None = None) -> CalibSegOutputs:
+        """Segment ``inputVolumeNode`` with a bundle (a ``.calibseg`` path or a shipped model's name) and add
+        the output nodes, in the calling thread (the Python console)."""
+        return self.runner.run(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold, progress,
+                               cancel, hotSpotLevel)
+
+    def updateLowConfidence(self, outputs: CalibSegOutputs, inputVolumeNode, threshold: float) -> None:
+        self.runner.updateLowConfidence(outputs, inputVolumeNode, threshold)
+
+    def setHotSpotLevel(self, outputs: CalibSegOutputs, level: float) -> None:
+        self.runner.setHotSpotLevel(outputs, level)
+
+    def jumpToSlice(self, volumeNode, sliceIndex: int, sliceAxis: int = 0):
+        return self.runner.jumpToSlice(volumeNode, sliceIndex, sliceAxis)
 
 
 class CalibSegTest(ScriptedLoadableModuleTest):

@@ -1,7 +1,7 @@
 """Predict one volume and measure it against a reference: the path shared by the CLI, evaluate.py and Slicer.
 
 Calibration statistics are streamed batch by batch from the predictor, so the probability
-volume is never kept. Beside our metrics (DESIGN.md), every case also gets the papers'
+volume is never kept. Beside our metrics (docs/design.md), every case also gets the papers'
 protocol columns — ECE over *all* voxels (``ece_all``), their equal-width TACE
 (``tace_authors``), HD95 in voxels without spacing (``hd95_voxels_*``) — and the mean
 confidence and accuracy in three regions of the reference (CRaC's regions, per slice:
@@ -74,7 +74,7 @@ def predict_and_evaluate(
     """Predict ``image (z, y, x)`` at the bundle's temperature and compute every metric against
     ``reference (z, y, x)``.
 
-    Calibration uses the reference foreground as mask (DESIGN.md); merge the returned
+    Calibration uses the reference foreground as mask (docs/design.md); merge the returned
     ``statistics`` of several cases (``CalibrationStatistics.merge``) to pool them.
     """
     return evaluate_variants(predictor, image, reference, spacing, [predictor.metadata.temperature], progress,

@@ -103,6 +103,8 @@ class Predictor:
     def __init__(
         self, bundle: Bundle | str | Path, device: str | torch.device = "auto", batch_size: int = 16
     ) -> None:
+        if isinstance(bundle, Bundle):
+            bundle.metadata.validate()  # built or changed in memory; a file is validated once, by load_bundle
         self.bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
         self._setup(self.bundle.metadata, None, device, batch_size)
 
@@ -111,6 +113,7 @@ class Predictor:
                      batch_size: int = 16) -> "Predictor":
         """A predictor around a live ``network`` described by ``metadata`` (e.g. validation while training:
         no copy of the weights, no bundle file). The network is used as it is, in eval mode."""
+        metadata.validate()
         predictor = cls.__new__(cls)
         predictor.bundle = None
         predictor._setup(metadata, network, device, batch_size)
@@ -118,7 +121,6 @@ class Predictor:
 
     def _setup(self, metadata: BundleMetadata, network: nn.Module | None, device: str | torch.device,
                batch_size: int) -> None:
-        metadata.validate()
         if metadata.spatial_dims != 2 or metadata.in_channels != 1:
             raise ValueError(
                 f"Predictor runs single-channel 2D networks slice by slice; this bundle has spatial_dims="

@@ -1,8 +1,8 @@
 """Command line: segment a volume with a bundle and write labels, confidence and entropy images.
 
-    python -m CalibSegLib.predict --bundle model.calibseg --image case.nii.gz --out-dir out/ \
+    calibseg-predict --bundle model.calibseg --image case.nii.gz --out-dir out/ \
         [--reference ref.nii.gz] [--device auto] [--batch-size 16]
-    python -m CalibSegLib.predict --bundle acdc_crac --image case.nii.gz --out-dir out/
+    calibseg-predict --bundle acdc_crac --image case.nii.gz --out-dir out/
 
 ``--bundle`` is a bundle file or the name of a shipped model (:mod:`CalibSegLib.pretrained`).
 
@@ -189,7 +189,7 @@ def _integer_labels(reference: np.ndarray, name: str) -> np.ndarray:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m CalibSegLib.predict", description=__doc__.split("\n\n")[0]
+        prog="calibseg-predict", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--bundle", required=True,
                         help="model bundle (.calibseg) or a shipped model's name: "

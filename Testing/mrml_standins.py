@@ -1,9 +1,11 @@
 """Stand-ins for the parts of the Slicer application that the ``slicer-core`` package lacks.
 
-slicer-core gives the real MRML library (scene, nodes, segmentation logic) but no running
-application: no ``slicer.mrmlScene``, no ``slicer.modules`` and no registered segmentation
-converter rules. ``slicer.util``'s segment helpers need those, so tests install them here;
-product code never relies on them (it takes the scene from its nodes).
+slicer-core gives the real MRML library (scene, nodes, segmentation logic) and ``slicer.util``
+but no running application: no ``slicer.mrmlScene``, no ``slicer.modules``, no registered
+segmentation converter rules and no module folders on Python's path. The ``slicer.util`` helpers
+the module uses (``addVolumeFromArray``, ``arrayFromSegmentBinaryLabelmap``, ...) work in
+``slicer.mrmlScene`` and through the segmentations module's logic, so tests install those here,
+as the application has them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def install_standins():
         slicer.modules = types.SimpleNamespace(
             segmentations=types.SimpleNamespace(logic=lambda: slicer.vtkSlicerSegmentationsModuleLogic()))
         slicer._calibseg_standins = True
+    # Slicer puts a scripted module's folder on Python's path ("Additional module paths"), so CalibSeg.py
+    # imports CalibSegRunner and CalibSegTesting from beside it; this is the stand-in for that.
     if str(MODULE_DIR) not in sys.path:
         sys.path.insert(0, str(MODULE_DIR))
     return slicer

@@ -8,7 +8,7 @@ import torch
 
 from CalibSegLib.preprocessing import Preprocessing
 from Training.batches import NO_AUGMENTATION, Augmentation, CropSampler, assemble, iterate_batches, plan_epoch
-from Training.data import Case, DataError, GridVolume, to_model_grid
+from Datasets.cases import Case, DataError, GridVolume, to_model_grid
 
 
 def synthetic_volume(depth: int = 4, size: int = 96) -> GridVolume:

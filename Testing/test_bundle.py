@@ -17,7 +17,7 @@ from safetensors.torch import save as save_safetensors
 from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import build_network
-from CalibSegLib.testing import TINY_UNET, make_test_bundle, make_test_metadata
+from tiny_bundles import TINY_UNET, make_test_bundle, make_test_metadata
 
 
 class _RunsCodeWhenUnpickled:

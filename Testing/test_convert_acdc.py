@@ -1,4 +1,4 @@
-"""Training/convert_acdc.py on a tiny generated copy of the official ACDC NIfTI layout: real spacing
+"""Datasets/convert_acdc.py on a tiny generated copy of the official ACDC NIfTI layout: real spacing
 kept, pairs the loader groups by patient, one-sentence errors that leave the output folder as it was."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import SimpleITK as sitk
 
 from CalibSegLib.io import read_image
 from fault_checks import assert_one_sentence, tree_snapshot
-from Training import convert_acdc
-from Training.data import dataset_name, default_classes, find_cases, load_cases
+from Datasets import convert_acdc
+from Datasets.cases import dataset_name, default_classes, find_cases, load_cases
 
 SPACING_XYZ = (1.37, 1.37, 9.0)  # ACDC-like: ~1.4 mm in-plane, thick slices
 ORIGIN_XYZ = (-120.0, 80.5, 12.0)
@@ -44,8 +44,8 @@ def release(tmp_path):
 
 def test_pairs_keep_the_real_spacing_and_group_by_patient(release, tmp_path, capsys):
     out = tmp_path / "acdc"
-    written = convert_acdc.main(["--source", str(release), "--out", str(out)])
-    assert [path.name for path in written] == [
+    assert convert_acdc.main(["--source", str(release), "--out", str(out)]) == 0
+    assert [path.name for path in sorted(out.glob("*_image.nii.gz"))] == [
         "patient001_frame01_image.nii.gz", "patient001_frame12_image.nii.gz",
         "patient002_frame01_image.nii.gz", "patient002_frame09_image.nii.gz"]
     files = find_cases(out)

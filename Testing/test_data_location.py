@@ -12,14 +12,14 @@ import pytest
 import CalibSegLib.pretrained as pretrained
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.quality import QualityModel, StructureQuality
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from fault_checks import assert_one_sentence, tree_snapshot
-from Training import evaluate as evaluate_cli
+from Evaluation import evaluate as evaluate_cli
 from Training import fit_quality as fit_quality_cli
 from Training import train as train_cli
-from Training.data import (ACDC_ENVIRONMENT, SAMPLE_DATA, DataError, data_folder, dataset_name, find_cases,
+from Datasets.cases import (ACDC_ENVIRONMENT, SAMPLE_DATA, DataError, data_folder, dataset_name, find_cases,
                            recorded_dataset)
-from Training.splits import SPLITS_DIR, default_split_for, load_split, recorded_split, split_reference
+from Datasets.splits import SPLITS_DIR, default_split_for, load_split, recorded_split, split_reference
 
 SAMPLE_SPLIT = load_split(SPLITS_DIR / "acdc_sample.json")
 # A model trained on the full split: the sample's "test" patients 016 and 054 are among its training patients.
@@ -160,8 +160,9 @@ def test_fit_quality_takes_a_shipped_name_and_leaves_the_package_alone(tmp_path,
         return fitted
 
     monkeypatch.setattr(fit_quality_cli, "fit_quality_model", fit)
-    written = fit_quality_cli.main(["--bundle", "tiny_model", "--device", "cpu"])
-    assert written == Path("runs") / "tiny_model" / "tiny_model.calibseg" and load_bundle(written).metadata
+    assert fit_quality_cli.main(["--bundle", "tiny_model", "--device", "cpu"]) == 0
+    written = Path("runs") / "tiny_model" / "tiny_model.calibseg"
+    assert load_bundle(written).metadata
     assert seen["cases"] == [f"{patient}_frame{frame}" for patient, frame in
                              (("patient036", "01"), ("patient036", "12"), ("patient069", "01"), ("patient069", "12"))]
     assert tree_snapshot(folder) == package

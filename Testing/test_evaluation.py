@@ -9,7 +9,7 @@ from CalibSegLib.bundle import load_bundle
 from CalibSegLib.evaluation import case_metrics_row, evaluate_variants, predict_and_evaluate, reference_regions
 from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import hd95
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 
 SPACING = (4.0, 1.5, 1.5)
 
@@ -64,15 +64,18 @@ def test_papers_protocol_columns_and_region_confidence(case):
 def test_console_and_diagram_say_which_ece_is_pooled(tmp_path, capsys):
     from CalibSegLib.metrics.calibration import Reliability
     from CalibSegLib.metrics.plots import reliability_figure
-    from Training.evaluate import print_summary
+    from Evaluation.evaluate import print_summary
+    from Evaluation.summary import EvaluationSummary
 
     metric = {name: {"mean": value} for name, value in
               (("dice_mean", 0.5), ("hd95_mean", 9.0), ("asd_mean", 2.0), ("ece", 0.2), ("cece", 0.1), ("tace", 0.1),
                ("brier", 0.3), ("nll", 0.4))}
     metric["hd95_mean"]["undefined"] = 0
     variant = {"per_metric": metric, "pooled_calibration": {"ece": 0.125}}
-    print_summary({"cases": ["a_frame01", "a_frame12", "b_frame01", "b_frame12"], "patients": ["a", "b"],
-                   "temperature": 1.5, "scaled": variant, "uncalibrated": variant}, tmp_path)
+    summary = EvaluationSummary.from_json({"cases": ["a_frame01", "a_frame12", "b_frame01", "b_frame12"],
+                                           "patients": ["a", "b"], "temperature": 1.5, "scaled": variant,
+                                           "uncalibrated": variant})
+    print_summary(summary, tmp_path)
     printed = capsys.readouterr().out
     assert printed.startswith("test, 4 volumes of 2 patients (means over the volumes): Dice 0.500")
     assert "ECE 0.200 (pooled 0.125)" in printed

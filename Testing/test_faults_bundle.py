@@ -17,7 +17,7 @@ from safetensors.torch import save as save_safetensors
 
 from CalibSegLib.bundle import METADATA_MEMBER, WEIGHTS_MEMBER, BundleError, load_bundle
 from CalibSegLib.inference import Predictor
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from fault_checks import (
     FOUR_GIB,
     RawMember,

@@ -1,4 +1,4 @@
-"""Fault catalogue, command lines: ``python -m CalibSegLib.predict`` and ``Training/evaluate.py`` run in
+"""Fault catalogue, command lines: ``python -m CalibSegLib.predict`` and ``Evaluation/evaluate.py`` run in
 process through ``main(argv)``; each fault is one line on stderr, exit status 2 (130 for Ctrl-C),
 no traceback, the output folder checked before any inference, and the outputs written as one set:
 earlier files byte-identical, no temporaries, no new folders."""
@@ -16,9 +16,9 @@ from CalibSegLib import io as image_io
 from CalibSegLib import predict
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from fault_checks import BROKEN_BUNDLES, assert_one_sentence, normal_file_mode, tree_snapshot
-from Training import evaluate
+from Evaluation import evaluate
 
 GRID = ImageGeometry(spacing=(5.0, 1.2, 0.9), origin=(-20.0, 4.0, 9.5))
 MAPS = ("labels", "confidence", "entropy")

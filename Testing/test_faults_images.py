@@ -17,7 +17,7 @@ from CalibSegLib.bundle import Bundle, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.preprocessing import intensity_range, normalize_intensity, scale_intensity
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from fault_checks import assert_one_sentence, tree_snapshot
 
 GRID = ImageGeometry(spacing=(4.0, 1.5, 1.25), origin=(3.0, -7.0, 11.0))

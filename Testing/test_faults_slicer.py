@@ -14,8 +14,8 @@ from fault_checks import BROKEN_BUNDLES, assert_one_sentence
 from mrml_standins import install_standins, mrml_scene  # noqa: F401  (fixture)
 
 install_standins()
-from CalibSegLogic import CalibSegLogic, InferenceJob  # noqa: E402  (needs the module folder on sys.path)
-from CalibSegLogic.nodes import LOW_CONFIDENCE_SEGMENT  # noqa: E402
+from CalibSegRunner import InferenceJob, SegmentationRunner  # noqa: E402  (needs the module folder on sys.path)
+from CalibSegRunner.nodes import LOW_CONFIDENCE_SEGMENT  # noqa: E402
 from CalibSegTesting.checks import make_volume_node, scene_snapshot  # noqa: E402
 
 pytestmark = pytest.mark.mrml
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.mrml
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory) -> Path:
-    from CalibSegLib.testing import make_test_bundle
+    from tiny_bundles import make_test_bundle
 
     return make_test_bundle(tmp_path_factory.mktemp("bundle") / "tiny.calibseg", patch_size=(32, 32))
 
@@ -48,19 +48,19 @@ BAD_THRESHOLDS = [5.0, -0.1, 1.0000001, math.nan, math.inf, "0.5", True]
 def test_run_refuses_a_threshold_outside_0_1(threshold, bundle, mrml_scene):  # noqa: F811
     volume = make_volume_node(mrml_scene, image())
     message = refused_without_change(
-        mrml_scene, lambda: CalibSegLogic().run(volume, bundle, lowConfidenceThreshold=threshold))
+        mrml_scene, lambda: SegmentationRunner().run(volume, bundle, lowConfidenceThreshold=threshold))
     assert_one_sentence(message, r"threshold must be a number in \[0, 1\]", re.escape(repr(threshold)))
 
 
 @pytest.mark.parametrize("threshold", BAD_THRESHOLDS[:4], ids=repr)
 def test_update_refuses_a_threshold_outside_0_1(threshold, bundle, mrml_scene):  # noqa: F811
     volume = make_volume_node(mrml_scene, image())
-    logic = CalibSegLogic()
-    outputs = logic.run(volume, bundle, lowConfidenceThreshold=0.6)
+    runner = SegmentationRunner()
+    outputs = runner.run(volume, bundle, lowConfidenceThreshold=0.6)
     segmentation = outputs.segmentation.GetSegmentation()
     segment = segmentation.GetSegmentIdBySegmentName(LOW_CONFIDENCE_SEGMENT)
     message = refused_without_change(
-        mrml_scene, lambda: logic.updateLowConfidence(outputs, volume, threshold))
+        mrml_scene, lambda: runner.updateLowConfidence(outputs, volume, threshold))
     assert_one_sentence(message, r"threshold must be a number in \[0, 1\]")
     assert segmentation.GetSegmentIdBySegmentName(LOW_CONFIDENCE_SEGMENT) == segment
 
@@ -70,15 +70,15 @@ def test_broken_bundle_leaves_the_scene_unchanged(name, bundle, mrml_scene, tmp_
     make, pattern = BROKEN_BUNDLES[name]
     broken = make(bundle, tmp_path / "broken.calibseg")
     volume = make_volume_node(mrml_scene, image())
-    message = refused_without_change(mrml_scene, lambda: CalibSegLogic().run(volume, broken))
+    message = refused_without_change(mrml_scene, lambda: SegmentationRunner().run(volume, broken))
     assert_one_sentence(message, pattern)
 
 
 def test_exploding_bundle_in_the_background_job_publishes_nothing(bundle, mrml_scene, tmp_path):  # noqa: F811
     make, pattern = BROKEN_BUNDLES["exploding weights"]
-    logic = CalibSegLogic()
-    request = logic.prepare(make_volume_node(mrml_scene, image()), make(bundle, tmp_path / "x.calibseg"))
-    job = InferenceJob(logic, request).start()
+    runner = SegmentationRunner()
+    request = runner.prepare(make_volume_node(mrml_scene, image()), make(bundle, tmp_path / "x.calibseg"))
+    job = InferenceJob(runner, request).start()
     assert job.wait(timeout=60)
     assert_one_sentence(refused_without_change(mrml_scene, job.finish), pattern)
 
@@ -87,5 +87,5 @@ def test_nan_voxel_in_the_input_volume_is_refused(bundle, mrml_scene):  # noqa: 
     values = image()
     values[2, 10, 10] = np.nan
     volume = make_volume_node(mrml_scene, values)
-    message = refused_without_change(mrml_scene, lambda: CalibSegLogic().run(volume, bundle))
+    message = refused_without_change(mrml_scene, lambda: SegmentationRunner().run(volume, bundle))
     assert_one_sentence(message, "NaN or infinite")

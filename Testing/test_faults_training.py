@@ -13,7 +13,7 @@ import torch
 from CalibSegLib.bundle import BundleError, save_bundle
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.networks import build_network
-from CalibSegLib.testing import TINY_UNET, make_test_bundle, make_test_metadata
+from tiny_bundles import TINY_UNET, make_test_bundle, make_test_metadata
 from fault_checks import assert_one_sentence, normal_file_mode, tree_snapshot
 from Training import train
 from Training.checkpoint import load_checkpoint, save_checkpoint

@@ -20,7 +20,7 @@ from CalibSegLib.inference import InferenceCancelled, Predictor, confidence_maps
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.sliding_window import SlidingWindow
-from CalibSegLib.testing import make_test_bundle, make_test_metadata
+from tiny_bundles import make_test_bundle, make_test_metadata
 
 SPACING = (8.0, 1.3, 0.7)  # anisotropic, mm
 

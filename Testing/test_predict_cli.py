@@ -16,7 +16,7 @@ import pytest
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.predict import ProgressReport, main, summary_lines
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from conftest import REPO_ROOT
 
 # Anisotropic voxels on an oblique grid (axes swapped and flipped), away from the origin.

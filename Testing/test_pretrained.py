@@ -11,11 +11,12 @@ from CalibSegLib.bundle import load_bundle
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
 from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import pretrained_models, recorded_metrics, resolve_bundle_path
-from Training.data import find_cases, load_cases
-from Training.evaluate import VARIANTS, variant_bundles
+from Datasets.cases import find_cases, load_cases
+from Evaluation.evaluate import variant_bundles
+from Evaluation.summary import VARIANTS
 
 SHIPPED = ("acdc_ce_dice", "acdc_nacl", "acdc_crac")
-# Two volumes of SampleData/ACDC whose patients are test patients of Training/splits/acdc.json.
+# Two volumes of SampleData/ACDC whose patients are test patients of Datasets/splits/acdc.json.
 SAMPLE_CASES = ("patient041_frame01", "patient068_frame01")
 # Same code and weights, so only float summation order may differ between machines: a voxel whose
 # two largest probabilities tie to ~1e-6 can flip. Bounded metrics get 1e-3, HD95 1 % of its value.

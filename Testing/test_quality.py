@@ -26,7 +26,7 @@ from CalibSegLib.quality import (
     summary_columns,
     uncertain_slices,
 )
-from CalibSegLib.testing import make_test_bundle, make_test_metadata
+from tiny_bundles import make_test_bundle, make_test_metadata
 
 CLASS_NAMES = ["background", "class 1", "class 2", "class 3"]
 
@@ -354,10 +354,10 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     from CalibSegLib.inference import Predictor
     from CalibSegLib.quality import fit_quality_model
     from Training import fit_quality
-    from Training.data import find_cases, load_cases
+    from Datasets.cases import find_cases, load_cases
 
     path, weights = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient016"])
-    assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == path
+    assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == 0
     with zipfile.ZipFile(path) as archive:
         assert archive.read("weights.safetensors") == weights  # float16 bytes untouched
     bundle = load_bundle(path)
@@ -391,7 +391,7 @@ def _rows(predicted, measured, review):
 
 
 def test_quality_statistics_against_hand_counts():
-    from Training.quality_report import ALL_STRUCTURES, quality_statistics
+    from Evaluation.quality_report import ALL_STRUCTURES, quality_statistics
 
     predicted = [0.9, 0.85, 0.7, 0.75, 0.6, float("nan")]
     measured = [0.95, 0.7, 0.72, 0.9, 0.5, 0.0]
@@ -413,9 +413,9 @@ def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_i
     import csv
 
     from CalibSegLib.pretrained import resolve_bundle_path
-    from Training.data import find_cases, load_cases
-    from Training.evaluate import evaluate_bundle
-    from Training.quality_report import quality_statistics
+    from Datasets.cases import find_cases, load_cases
+    from Evaluation.evaluate import evaluate_bundle
+    from Evaluation.quality_report import quality_statistics
 
     cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id == "patient041"], 4)
     shipped = load_bundle(resolve_bundle_path("acdc_ce_dice"))
@@ -424,7 +424,8 @@ def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_i
     names = shipped.metadata.class_names
     model = QualityModel({name: falling for name in names[1:]}).to_dict()
     bundle = dataclasses.replace(shipped, metadata=dataclasses.replace(shipped.metadata, quality_model=model))
-    summary = evaluate_bundle(bundle, cases, tmp_path, device="cpu", degradations=("contrast inversion", "noise 10 %"))
+    summary = evaluate_bundle(bundle, cases, tmp_path, device="cpu",
+                              degradations=("contrast inversion", "noise 10 %")).summary
     with (tmp_path / "per_case.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     header = list(rows[0])
@@ -433,7 +434,7 @@ def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_i
               for row in rows if row["variant"] == "scaled"]
     assert all(0 < row["predicted_dice_myocardium"] <= 1 for row in scaled)
     assert all(row["predicted_dice_myocardium"] == "nan" for row in rows if row["variant"] == "uncalibrated")
-    quality = summary["quality"]
+    quality = summary.quality
     expected = quality_statistics(scaled, bundle.metadata.class_names)
     assert quality["clean"]["left ventricle"]["mae"] == pytest.approx(expected["left ventricle"]["mae"])
     assert quality["clean"]["left ventricle"]["cases"] == 2
@@ -442,7 +443,7 @@ def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_i
     assert inverted["poor"] == 6 and inverted["mean_measured"] < 0.2  # the model fails on inverted contrast
     assert json.loads((tmp_path / "summary.json").read_text())["quality"]["review_below"] == 0.8
     # the Markdown tables of the results page, from the written summary
-    from Training.quality_report import main as tables_cli
+    from Reporting.quality_tables import main as tables_cli
 
     lines = tables_cli([str(tmp_path / "summary.json")])
     assert sum(line.startswith("| acdc_ce_dice | ") for line in lines) == 4 + 3  # 3 structures + all; 3 inputs

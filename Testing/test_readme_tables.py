@@ -1,21 +1,16 @@
-"""README.md's measured tables equal what their recorded files give (scripts/readme_tables.py), every
+"""README.md's measured tables equal what their recorded files give (Reporting/readme_tables.py), every
 generated block has a generator, and the generator leaves blocks without a record alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 
 import pytest
 
-from CalibSegLib.testing import make_test_bundle
+from tiny_bundles import make_test_bundle
 from conftest import REPO_ROOT
-
-_SPEC = importlib.util.spec_from_file_location("readme_tables", REPO_ROOT / "scripts" / "readme_tables.py")
-readme_tables = sys.modules.setdefault("readme_tables", importlib.util.module_from_spec(_SPEC))
-_SPEC.loader.exec_module(readme_tables)
+from Reporting import readme_tables
 
 README = (REPO_ROOT / "README.md").read_text()
 
@@ -29,7 +24,7 @@ def test_readme_blocks_equal_what_their_records_give():
     assert "shipped_models" in rebuilt  # the shipped models' metrics files are in the repository
     for name in rebuilt:
         assert _block(README, name) == _block(regenerated, name), (
-            f"README.md's {name} table differs from its records; run python scripts/readme_tables.py")
+            f"README.md's {name} table differs from its records; run python Reporting/readme_tables.py")
     assert set(rebuilt) | set(skipped) == {name for name, _, _ in readme_tables.blocks(README)}
 
 

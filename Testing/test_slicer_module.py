@@ -19,7 +19,7 @@ from mrml_standins import MODULE_DIR, install_standins, mrml_scene  # noqa: F401
 REPO_ROOT = MODULE_DIR.parent
 UI_FILE = MODULE_DIR / "Resources" / "UI" / "CalibSeg.ui"
 # The volume behind Resources/SampleData (scripts/make_slicer_sample_data.py): a test patient of
-# Training/splits/acdc.json, so the shipped models never saw it.
+# Datasets/splits/acdc.json, so the shipped models never saw it.
 SAMPLE_CASE = "patient069_frame01"
 
 install_standins()
@@ -35,17 +35,17 @@ def test_logic_on_a_real_mrml_scene(name, mrml_scene, tmp_path):  # noqa: F811
 
 def test_checks_catch_a_logic_that_drops_the_geometry(mrml_scene, tmp_path, monkeypatch):  # noqa: F811
     """The geometry check fails when outputs are put on a default grid: it can fail, so its pass means something."""
-    import CalibSegLogic.volumes as volumes
+    import CalibSegRunner.volumes as volumes
 
     monkeypatch.setattr(volumes, "add_volume_like", _without_orientation(volumes.add_volume_like))
-    monkeypatch.setattr("CalibSegLogic.nodes.add_volume_like", volumes.add_volume_like)
+    monkeypatch.setattr("CalibSegRunner.nodes.add_volume_like", volumes.add_volume_like)
     with pytest.raises(AssertionError):
         CHECKS["outputs_keep_input_geometry"](mrml_scene, tmp_path)
 
 
 def _without_orientation(add_volume_like):
-    def broken(scene, reference_node, array, name, class_name="vtkMRMLScalarVolumeNode", display=True):
-        node = add_volume_like(scene, reference_node, array, name, class_name, display)
+    def broken(reference_node, array, name, class_name="vtkMRMLScalarVolumeNode"):
+        node = add_volume_like(reference_node, array, name, class_name)
         node.SetSpacing(1.0, 1.0, 1.0)
         return node
 
@@ -56,21 +56,21 @@ def test_offscreen_slice_view_shows_hot_spots_outlines_and_legend(mrml_scene, tm
     import matplotlib.image
     import slicer
 
-    from CalibSegLib.testing import make_test_bundle
-    from CalibSegLogic import CalibSegLogic
+    from tiny_bundles import make_test_bundle
+    from CalibSegRunner import SegmentationRunner
     from CalibSegTesting.checks import _phantom, make_volume_node
-    from CalibSegTesting.render import render_slice_view
+    from scripts.render_slice_view import render_slice_view
 
     image, _ = _phantom()
     volume = make_volume_node(mrml_scene, image)
     volume.CreateDefaultDisplayNodes()
     bundle = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, patch_size=(32, 32))
-    outputs = CalibSegLogic().run(volume, bundle)
+    outputs = SegmentationRunner().run(volume, bundle)
     names = ["background", "class 1", "class 2", "class 3"]
     colors = [(0, 0, 0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0)]
 
     def render(level: float, name: str) -> np.ndarray:
-        CalibSegLogic.setHotSpotLevel(outputs, level)
+        SegmentationRunner.setHotSpotLevel(outputs, level)
         path, blended = render_slice_view(mrml_scene, volume, outputs, names, colors, tmp_path / name, size=300,
                                           slice_index=3)
         picture = matplotlib.image.imread(path)
@@ -146,15 +146,33 @@ def test_cmake_lists_every_module_file():
     assert resources == resource_files
 
 
-def test_cmake_lists_every_library_file_the_module_imports():
+def _cmake_globbed(cmake_file: Path, variable: str) -> set[str]:
+    """The files ``file(GLOB[_RECURSE] <variable> RELATIVE ${REPOSITORY_DIR} ...)`` collects, globbed here as CMake does."""
+    block = re.search(rf"file\((GLOB_RECURSE|GLOB) {variable} RELATIVE \$\{{REPOSITORY_DIR\}} CONFIGURE_DEPENDS\n(.*?)\n\s*\)",
+                      cmake_file.read_text(), re.S)
+    assert block, f"{cmake_file} has no file(GLOB... {variable} ...)"
+    found = set()
+    for line in block.group(2).splitlines():
+        folder, pattern = line.strip().removeprefix("${REPOSITORY_DIR}/").rsplit("/", 1)
+        paths = (REPO_ROOT / folder).rglob(pattern) if block.group(1) == "GLOB_RECURSE" else (REPO_ROOT / folder).glob(pattern)
+        found |= {str(path.relative_to(REPO_ROOT)) for path in paths}
+    return found
+
+
+def test_cmake_ships_the_whole_library_its_models_and_no_test_code():
     cmake = MODULE_DIR / "CMakeLists.txt"
-    library = set(_cmake_listed(cmake, "CALIBSEGLIB_PYTHON_SCRIPTS"))
-    on_disk = {str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "CalibSegLib").rglob("*.py")}
-    assert library == on_disk
-    data_files = set(_cmake_listed(cmake, "CALIBSEGLIB_DATA_FILES"))
+    library = {str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "CalibSegLib").rglob("*.py")}
+    assert _cmake_globbed(cmake, "CALIBSEGLIB_PYTHON_SCRIPTS") == library
     shipped = {str(path.relative_to(REPO_ROOT)) for path in (REPO_ROOT / "CalibSegLib" / "pretrained").iterdir()
                if path.is_file() and path.suffix != ".py"}
-    assert data_files == shipped
+    assert _cmake_globbed(cmake, "CALIBSEGLIB_DATA_FILES") == shipped
+    # the same data files as the Python package's
+    package_data = re.search(r"^CalibSegLib = \[(.*)\]$", (REPO_ROOT / "pyproject.toml").read_text(), re.M)
+    assert {str(path.relative_to(REPO_ROOT)) for pattern in re.findall(r'"([^"]+)"', package_data.group(1))
+            for path in (REPO_ROOT / "CalibSegLib").glob(pattern)} == shipped
+    # nothing in the library (or the module) is there for the tests alone
+    for path in [*(REPO_ROOT / path for path in library), *MODULE_DIR.rglob("*.py")]:
+        assert not re.search(r"^\s*(import pytest|from tiny_bundles)", path.read_text(), re.M), path
 
 
 def test_extension_metadata_is_complete():
@@ -175,7 +193,7 @@ def test_shipped_sample_and_default_model_run_in_the_module(mrml_scene, sample_a
     from CalibSegLib.inference import Predictor
     from CalibSegLib.metrics import dice, ece
     from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path
-    from CalibSegLogic import CalibSegLogic
+    from CalibSegRunner import SegmentationRunner
 
     sample_dir = MODULE_DIR / "Resources" / "SampleData"
     volume = mrml_scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "ACDC patient")
@@ -188,7 +206,7 @@ def test_shipped_sample_and_default_model_run_in_the_module(mrml_scene, sample_a
     assert reference_storage.ReadData(reference)
 
     bundle = resolve_bundle_path(DEFAULT_MODEL)
-    outputs = CalibSegLogic().run(volume, bundle, referenceNode=reference, device="cpu")
+    outputs = SegmentationRunner().run(volume, bundle, referenceNode=reference, device="cpu")
 
     with h5py.File(sample_acdc_dir / f"{SAMPLE_CASE}.h5", "r") as handle:
         image, labels = handle["image"][...], handle["label"][...].astype(np.int64)

@@ -11,13 +11,13 @@ import torch
 
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.losses import LOSSES
-from Training import benchmark as benchmark_cli
-from Training import results as results_cli
-from Training import ship as ship_cli
+from Reporting import benchmark as benchmark_cli
+from Reporting import results as results_cli
+from Reporting import ship as ship_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
-from Training.data import DataError, find_cases, load_cases
-from Training.splits import SPLITS_DIR, load_split
+from Datasets.cases import DataError, find_cases, load_cases
+from Datasets.splits import SPLITS_DIR, load_split
 from Training.trainer import RunSummary, TrainConfig, Trainer
 
 TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
@@ -128,11 +128,10 @@ def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):
 
 def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     out = tmp_path / "run"
-    bundle_path = train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--patch-size",
-                                  "128", "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg",
-                                  "strides=[2]", "--network-arg", "num_res_units=0", "--device", "cpu", "--no-compile",
-                                  "--out", str(out)])
-    assert bundle_path == out / "model.calibseg"
+    assert train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--patch-size", "128",
+                           "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg", "strides=[2]",
+                           "--network-arg", "num_res_units=0", "--device", "cpu", "--no-compile", "--out", str(out)]) == 0
+    bundle_path = out / "model.calibseg"
     bundle = load_bundle(bundle_path)
     assert bundle.metadata.training["method"] == "nacl" and bundle.metadata.temperature > 0
     summary = json.loads((out / "evaluation" / "summary.json").read_text())
@@ -143,7 +142,8 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     with pytest.raises(SystemExit, match="already holds a run"):
         train_cli.main(["--out", str(out), "--epochs", "1"])
     # the papers' table from the finished run: its numbers are the run's own summary means
-    table, table_csv = benchmark_cli.main(["--collect", str(out), "--out", str(tmp_path / "benchmark")])
+    assert benchmark_cli.main(["--collect", str(out), "--out", str(tmp_path / "benchmark")]) == 0
+    table, table_csv = tmp_path / "benchmark" / "benchmark.md", tmp_path / "benchmark" / "benchmark.csv"
     dice_mean = summary["uncalibrated"]["per_metric"]["dice_mean"]["mean"]
     assert f"| nacl | {dice_mean:.3f} |" in table.read_text()
     assert table_csv.read_text().count("nacl") == 2  # one row per temperature variant
@@ -153,15 +153,16 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
     page.write_text(f"# Results\n\nHand-written discussion.\n\n{results_cli.BEGIN_MARKER}\nstale\n{results_cli.END_MARKER}\n")
-    results_cli.main(["--runs", str(out), "--out", str(page)])
+    assert results_cli.main(["--runs", str(out), "--out", str(page)]) == 0
     text = page.read_text()
     assert "Hand-written discussion." in text and "stale" not in text and text.count(results_cli.BEGIN_MARKER) == 1
     assert f"| nacl | {dice_mean:.3f} |" in text and "0.854" in text  # ours beside the paper's NACL DSC
     assert (page.parent / "results" / "results.csv").read_text().count("nacl") == 2
     assert (page.parent / "results" / "reliability_uncalibrated.png").stat().st_size > 1000
     # shipping: a float16 bundle whose recorded metrics come from evaluating that file
-    shipped, = ship_cli.main(["--runs", str(out), "--prefix", "tiny", "--out", str(tmp_path / "models"),
-                              "--data", str(sample_acdc_dir)])
+    assert ship_cli.main(["--runs", str(out), "--prefix", "tiny", "--out", str(tmp_path / "models"),
+                          "--data", str(sample_acdc_dir)]) == 0
+    shipped, = (tmp_path / "models").glob("*.calibseg")
     assert shipped.name == "tiny_nacl.calibseg" and load_bundle(shipped).metadata.weights_dtype == "float16"
     recorded = json.loads((tmp_path / "models" / "tiny_nacl.metrics.json").read_text())
     assert recorded["cases"] == summary["cases"] and len(recorded["per_case"]["scaled"]) == 4

@@ -1,0 +1,6 @@
+"""Training: the command line (``train.py``), the loop (``trainer.py``: validation, the loss's epoch hook,
+the choices made on validation, the bundle and ``run.json``), crops and batches (``batches.py``),
+checkpoints (``checkpoint.py``) and refitting a bundle's quality model (``fit_quality.py``).
+
+Depends on CalibSegLib, Datasets and Evaluation (a finished run is evaluated on its test patients).
+"""

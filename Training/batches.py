@@ -1,6 +1,6 @@
 """Training batches: random crops of the cached volumes, foreground oversampling, augmentation, prefetching.
 
-Every crop is cut from a whole slice on the model's grid (:func:`Training.data.to_model_grid`)
+Every crop is cut from a whole slice on the model's grid (:func:`Datasets.cases.to_model_grid`)
 by one ``grid_sample`` whose sampling grid already holds the augmentation's rotation, mirroring
 and scaling, so cropping and the spatial transform cost one interpolation of the crop's
 ``patch_size`` voxels, whatever the slice's size (nnU-Net's recipe: random crops, a share of
@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from Training.data import DataError, GridVolume
+from Datasets.cases import DataError, GridVolume
 
 __all__ = ["Augmentation", "DEFAULT_AUGMENTATION", "NO_AUGMENTATION", "CropSampler", "BatchPlan", "plan_epoch",
            "assemble", "iterate_batches"]

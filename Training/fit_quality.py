@@ -1,11 +1,11 @@
 """(Re)fit a bundle's quality model on its validation patients and write it into the bundle.
 
-    python Training/fit_quality.py --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
-    python Training/fit_quality.py --bundle acdc_ce_dice --data /path/to/acdc   # → runs/acdc_ce_dice/acdc_ce_dice.calibseg
+    calibseg-fit-quality --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
+    calibseg-fit-quality --bundle acdc_ce_dice --data /path/to/acdc   # → runs/acdc_ce_dice/acdc_ce_dice.calibseg
 
 The validation patients are the ones the bundle records (``bundle.json``: ``data["val"]``),
 read from ``--data`` or the folder of the dataset the bundle records
-(:func:`Training.data.data_folder`). Every validation volume is
+(:func:`Datasets.cases.data_folder`). Every validation volume is
 predicted with the bundle as it is (its temperature), its Dice per structure measured against
 the reference, and :func:`CalibSegLib.quality.fit_quality_model` chooses and fits each
 structure's predicted-Dice model (the rule is in :mod:`CalibSegLib.quality`). The bundle is
@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
-from CalibSegLib.pretrained import BUNDLE_SUFFIX, resolve_bundle_path, shipped_name
+from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from CalibSegLib.quality import QualityModel, QualityModelError, fit_quality_model
-from Training.data import DataError, data_folder, find_cases, load_cases
-from Training.splits import select_patients
+from Datasets.cases import DataError, data_folder, find_cases, load_cases
+from Datasets.splits import select_patients
 
 __all__ = ["refit_bundle", "describe", "main"]
 
@@ -84,9 +80,10 @@ def describe(model: QualityModel) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command line entry point; returns the written bundle's path. Bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python Training/fit_quality.py", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-fit-quality`` command: prints the written bundle's path; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
+    parser = argparse.ArgumentParser(prog="calibseg-fit-quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundle records)")
@@ -103,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
         raise SystemExit(f"error: {error}") from None
     print("\n".join(describe(model)))
     print(f"bundle: {written}")
-    return written
+    return 0
 
 
 if __name__ == "__main__":

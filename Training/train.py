@@ -1,8 +1,8 @@
 """Train a segmentation network with a calibration-aware loss and write a model bundle.
 
-    python Training/train.py                      # CRaC on the shipped ACDC sample, quick CPU schedule
-    python Training/train.py --cpu --data "$CALIBSEG_ACDC" --method ce_dice   # full ACDC on a CPU, ≤ 60 min
-    python Training/train.py --paper --data "$CALIBSEG_ACDC" --method nacl    # the papers' schedule (GPU)
+    calibseg-train                      # CRaC on the shipped ACDC sample, quick CPU schedule
+    calibseg-train --cpu --data "$CALIBSEG_ACDC" --method ce_dice   # full ACDC on a CPU, ≤ 60 min
+    calibseg-train --paper --data "$CALIBSEG_ACDC" --method nacl    # the papers' schedule (GPU)
 
 Every schedule trains on random crops of slices resampled to the model's spacing (1.5 mm
 in-plane by default: ACDC at its native resolution), a third of them centred on foreground,
@@ -17,35 +17,32 @@ Writes into ``--out`` (default: ``runs/<method>`` under the current folder, or t
 ``checkpoint.pt`` (every epoch, atomic), ``history.jsonl``, ``tensorboard/``,
 ``model.calibseg`` (the best validation-Dice weights with the mirroring, temperature and
 post-processing chosen on validation), ``run.json`` (wall time, steps, the choices) and
-``evaluation/`` (3D test metrics, see Training/evaluate.py). The bundle records the data by
+``evaluation/`` (3D test metrics, see calibseg-evaluate). The bundle records the data by
 dataset name (``acdc-sample``, ``acdc`` or the folder's name), the split file by its name when
 it is a shipped one, and the patient lists, never a path of this machine
-(:func:`Training.data.data_folder` finds the data again).
+(:func:`Datasets.cases.data_folder` finds the data again).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.io import check_output_folder, os_error_sentence
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta
-from Training.checkpoint import CheckpointError
-from Training.data import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
+from Datasets.cases import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
                            dataset_name, default_classes, find_cases, load_cases)
-from Training.evaluate import EVALUATION_DIR, evaluate_bundle, print_summary
-from Training.splits import SIDES, default_split_for, load_split, select_patients, split_reference
+from Datasets.splits import SIDES, default_split_for, load_split, select_patients, split_reference
+from Evaluation.evaluate import evaluate_bundle, print_summary
+from Evaluation.summary import EVALUATION_DIR
+from Training.checkpoint import CheckpointError
 from Training.trainer import (BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, LR_SCHEDULES, RUN_SUMMARY_NAME,
                               TEMPERATURE_FITS, TrainConfig, Trainer)
 
@@ -92,7 +89,7 @@ def _key_value(text: str) -> tuple[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python Training/train.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="calibseg-train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--method", default="crac", choices=LOSSES, help="loss (default crac)")
     parser.add_argument("--loss-arg", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                         help="loss hyper-parameter, repeatable (e.g. --loss-arg margin=5 --loss-arg kernel=3)")
@@ -283,7 +280,7 @@ def run(arguments: argparse.Namespace) -> Path:
     files, split_file, split, cases = _load_split_cases(arguments, config.num_classes)
     dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset)
-    # Names, not paths of this machine: readers find the data again with Training.data.data_folder.
+    # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
     print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -299,19 +296,20 @@ def run(arguments: argparse.Namespace) -> Path:
     print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
     print(f"bundle: {result.bundle_path}")
     if not arguments.no_eval and cases["test"]:
-        evaluation_dir = run_dir / "evaluation"
-        summary = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
-                                  device=config.device, batch_size=config.batch_size)
-        print_summary(summary, evaluation_dir)
+        evaluation_dir = run_dir / EVALUATION_DIR
+        evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
+                                     device=config.device, batch_size=config.batch_size)
+        print_summary(evaluation.summary, evaluation_dir)
     return result.bundle_path
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command line entry point; returns the bundle path. Bad input exits with one sentence, no traceback."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-train`` command: prints the bundle's path; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     arguments = _parser().parse_args(argv)
     started = time.perf_counter()
     try:
-        bundle_path = run(arguments)
+        run(arguments)
     except (DataError, CheckpointError, BundleError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
@@ -321,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     except KeyboardInterrupt:
         raise SystemExit("interrupted: the last completed epoch's checkpoint is kept; continue with --resume.") from None
     print(f"total time {time.perf_counter() - started:.0f} s")
-    return bundle_path
+    return 0
 
 
 if __name__ == "__main__":

@@ -31,12 +31,12 @@ from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality import QualityModelError, fit_quality_model
 from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.temperature import apply_temperature, fit_temperature
+from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, to_model_grid
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
 from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
-from Training.data import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, to_model_grid
 
-__all__ = ["TrainConfig", "TrainResult", "RunSummary", "EpochStatistics", "Trainer", "CHECKPOINT_NAME",
-           "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "TEMPERATURE_FITS", "LR_SCHEDULES"]
+__all__ = ["TrainConfig", "TrainResult", "RunSummary", "EpochRecord", "read_history", "EpochStatistics", "Trainer",
+           "CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "TEMPERATURE_FITS", "LR_SCHEDULES"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 BUNDLE_NAME = "model.calibseg"
@@ -129,6 +129,34 @@ class RunSummary:
         if not path.is_file():
             raise ValueError(f"{run_dir} holds no finished run ({RUN_SUMMARY_NAME} is missing); train it to the end.")
         return cls.from_json(json.loads(path.read_text()))
+
+
+@dataclass
+class EpochRecord:
+    """One line of ``history.jsonl``: the epoch (1-based), the optimiser steps taken so far, the scalars logged
+    that epoch (``train/loss``, ``val/dice``, ``time/epoch_s``, the loss's own ...) and the loss's
+    :meth:`~CalibSegLib.losses.SegmentationLoss.state_summary` after it (CRaC: its multipliers)."""
+
+    epoch: int
+    steps: int
+    scalars: dict[str, float]
+    loss_state: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "steps": self.steps, **self.scalars, "loss_state": self.loss_state}
+
+    @classmethod
+    def from_json(cls, values: dict[str, Any]) -> "EpochRecord":
+        scalars = {key: value for key, value in values.items() if key not in ("epoch", "steps", "loss_state")}
+        return cls(int(values["epoch"]), int(values.get("steps", 0)), scalars, dict(values.get("loss_state", {})))
+
+
+def read_history(run_dir: str | Path) -> list[EpochRecord]:
+    """The epochs logged in ``run_dir``'s ``history.jsonl`` (none when it has no history)."""
+    path = Path(run_dir) / HISTORY_NAME
+    if not path.is_file():
+        return []
+    return [EpochRecord.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
 
 
 @dataclass
@@ -390,8 +418,7 @@ class Trainer:
             scalars["time/epoch_s"] = time.perf_counter() - started
             self.training_seconds += scalars["time/epoch_s"]
             self._log(scalars)
-            self.history.append({"epoch": self.epoch + 1, "steps": self.steps, **scalars,
-                                 "loss_state": self.loss.state_summary()})
+            self.history.append(EpochRecord(self.epoch + 1, self.steps, scalars, self.loss.state_summary()).to_json())
             # Rewritten whole from the checkpointed history, so a resumed run never repeats an epoch.
             with atomic_output(self.run_dir / HISTORY_NAME) as temporary:
                 temporary.write_text("".join(json.dumps(row) + "\n" for row in self.history))

@@ -1,9 +1,9 @@
 """Inference speed and memory: CalibSeg's Predictor against the same job written with MONAI on the whole volume.
 
-    python benchmarks/inference.py                # ACDC-sized 10×256×256 volume, CPU (and CUDA when present)
-    python benchmarks/inference.py --ct           # also the CT-sized 300×512×512 volume
-    python benchmarks/inference.py --device cpu --batch-size 16 --repeats 3
-    python benchmarks/inference.py --ct --record docs/records/benchmark_inference.json   # README.md's table
+    python -m benchmarks.inference                # ACDC-sized 10×256×256 volume, CPU (and CUDA when present)
+    python -m benchmarks.inference --ct           # also the CT-sized 300×512×512 volume
+    python -m benchmarks.inference --device cpu --batch-size 16 --repeats 3
+    python -m benchmarks.inference --ct --record docs/records/benchmark_inference.json   # README.md's table
 
 Both pipelines do the same job on the same random int16 volume with the same weights
 (the default 2D UNet, 4 classes, model spacing 1.5 mm, 128×128 windows with overlap 0.5 and
@@ -31,8 +31,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import torch
@@ -158,7 +156,8 @@ def measure_in_subprocess(
 ) -> dict[str, Any]:
     command = [
         sys.executable,
-        __file__,
+        "-m",
+        "benchmarks.inference",
         "--worker",
         pipeline,
         "--case",
@@ -170,7 +169,7 @@ def measure_in_subprocess(
         "--repeats",
         str(repeats),
     ]
-    completed = subprocess.run(command, capture_output=True, text=True)
+    completed = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
     if completed.returncode != 0:
         raise RuntimeError(f"{pipeline} on {case} failed:\n{completed.stderr}")
     return json.loads(completed.stdout.strip().splitlines()[-1])

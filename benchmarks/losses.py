@@ -1,6 +1,6 @@
 """Loss cost: forward+backward time of every loss as a ratio to plain CE, and to a UNet training step.
 
-    python benchmarks/losses.py [--batch 16] [--size 192] [--repeats 3] [--record docs/records/benchmark_losses.json]
+    python -m benchmarks.losses [--batch 16] [--size 192] [--repeats 3] [--record docs/records/benchmark_losses.json]
 
 All timings are taken in one run on the same machine; the issue's target is that the priors
 are vectorised and NACL/CRaC add at most 10 % to a UNet training step on CPU. ``--record``
@@ -10,11 +10,8 @@ writes the numbers as a JSON record (:mod:`benchmarks.record`); README.md's tabl
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

@@ -1,6 +1,6 @@
 """Calibration metric cost on a 4-class, 10-million-voxel volume.
 
-    python benchmarks/metrics.py [--voxels 10000000] [--chunks 40] [--record docs/records/benchmark_metrics.json]
+    python -m benchmarks.metrics [--voxels 10000000] [--chunks 40] [--record docs/records/benchmark_metrics.json]
 
 Times ECE+MCE+CECE+TACE+Brier+NLL in one streaming pass (CalibrationAccumulator fed chunk
 by chunk) as a ratio to ECE alone computed with ``np.histogram`` on the same data, and the
@@ -12,12 +12,9 @@ writes the numbers as a JSON record (:mod:`benchmarks.record`); README.md's tabl
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import tracemalloc
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
@@ -91,7 +88,7 @@ def main() -> None:
     streaming_time = time.perf_counter() - started
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    # np.histogram bins are [a, b), DESIGN.md's are (a, b]: values on a float32 edge may land one bin apart.
+    # np.histogram bins are [a, b), docs/design.md's are (a, b]: values on a float32 edge may land one bin apart.
     assert abs(result.pooled["ece"] - reference) < 1e-4, f"streaming ECE {result.pooled['ece']} disagrees with np.histogram ECE {reference}"
     record = make_record("metrics", {"shape": list(shape), "foreground_voxels": int(result.pooled["voxels"]),
                                      "chunks": depth, "reference_s": reference_time, "streaming_s": streaming_time,

@@ -1,6 +1,6 @@
 """Training throughput (crops/s) of the trainer's own step under the CPU/GPU options, as ratios to fp32.
 
-    python benchmarks/training_throughput.py [--steps 30] [--method ce_dice] [--settings fp32,compile,...]
+    python -m benchmarks.training_throughput [--steps 30] [--method ce_dice] [--settings fp32,compile,...]
         [--record docs/records/benchmark_training_throughput.json]
 
 Runs the real :class:`Training.trainer.Trainer` (its crop sampler, augmentation and step) on
@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if __package__ in (None, ""):
-    sys.path.insert(0, str(ROOT))
 
 import torch
 
@@ -56,8 +54,8 @@ WARMUP_STEPS = 3
 
 def measure(setting: str, steps: int, method: str) -> dict:
     """Crops/s and data-wait share of ``steps`` training steps under ``setting`` (run in this process)."""
-    from Training.data import find_cases, load_cases
-    from Training.splits import SPLITS_DIR, load_split
+    from Datasets.cases import find_cases, load_cases
+    from Datasets.splits import SPLITS_DIR, load_split
     from Training.trainer import TrainConfig, Trainer
 
     options = dict(SETTINGS[setting])
@@ -128,8 +126,9 @@ def main() -> None:
         raise SystemExit(f"error: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}.")
     measured = []
     for setting in ["fp32"] + [name for name in chosen if name != "fp32"]:  # the reference first
-        output = subprocess.run([sys.executable, __file__, "--one", setting, "--steps", str(arguments.steps),
-                                 "--method", arguments.method], capture_output=True, text=True, check=True)
+        output = subprocess.run([sys.executable, "-m", "benchmarks.training_throughput", "--one", setting, "--steps",
+                                 str(arguments.steps), "--method", arguments.method], cwd=ROOT, capture_output=True,
+                                text=True, check=True)
         measured.append(json.loads(output.stdout.strip().splitlines()[-1]))
         print(f"{setting}: {measured[-1]['crops_per_s']:.1f} crops/s", flush=True)
     results = {"method": arguments.method, "steps": arguments.steps,

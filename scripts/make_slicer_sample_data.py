@@ -1,10 +1,13 @@
 """Write the CalibSeg module's sample data and the README's picture (rerun after changing the models).
 
-    .venv/bin/python scripts/make_slicer_sample_data.py [--model acdc_crac] [--picture-only]
+    .venv/bin/python -m scripts.make_slicer_sample_data [--model acdc_crac] [--picture-only]
         [--picture-case hardest|patientNNN_frameMM] [--data SampleData/ACDC]
 
+(from the repository root: it uses the test suite's stand-ins for the Slicer application,
+``Testing/mrml_standins.py``).
+
 Writes into ``CalibSeg/Resources/SampleData/``: the end-diastolic frame of patient069, a test
-patient of both ``Training/splits/acdc.json`` (so the shipped models never saw it) and, as a
+patient of both ``Datasets/splits/acdc.json`` (so the shipped models never saw it) and, as a
 validation patient, of ``acdc_sample.json``, as NIfTI with ACDC's assumed spacing
 (``acdc_patient_image.nii.gz``), its reference labelmap on exactly that grid for the command line's
 ``--reference`` (``acdc_patient_labels.nii.gz``: 0 background, 1 right ventricle, 2 myocardium,
@@ -24,23 +27,19 @@ pipeline in a slicer-core MRML scene. Needs the slicer-core package (installed b
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
+from CalibSegLib.bundle import load_bundle
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import ImageGeometry, atomic_output, write_image
+from CalibSegLib.metrics import dice
+from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path
+from Datasets.cases import Case, find_cases, load_cases
+from Datasets.splits import SPLITS_DIR, load_split, select_patients
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-sys.path.insert(0, str(REPO_ROOT / "Testing"))
-
-from CalibSegLib.bundle import load_bundle  # noqa: E402
-from CalibSegLib.inference import Predictor  # noqa: E402
-from CalibSegLib.io import ImageGeometry, atomic_output, write_image  # noqa: E402
-from CalibSegLib.metrics import dice  # noqa: E402
-from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path  # noqa: E402
-from Training.data import Case, find_cases, load_cases  # noqa: E402
-from Training.splits import SPLITS_DIR, load_split, select_patients  # noqa: E402
-
 SAMPLE_DIR = REPO_ROOT / "CalibSeg" / "Resources" / "SampleData"
 PICTURE = REPO_ROOT / "docs" / "images" / "slice_view.png"
 PICTURE_ZOOM = 2.0  # field of view: twice the predicted heart's extent, so thin hot spots stay visible
@@ -49,7 +48,7 @@ CASE = "patient069_frame01"
 
 def write_reference_segmentation(labels, geometry: ImageGeometry, class_names, class_colors, path: Path) -> None:
     """A .seg.nrrd with one named, coloured segment per foreground class, made with Slicer's own MRML classes."""
-    from mrml_standins import install_standins
+    from Testing.mrml_standins import install_standins
 
     slicer = install_standins()
     scene = slicer.vtkMRMLScene()
@@ -135,18 +134,18 @@ def main() -> None:
 
 def render_readme_picture(bundle_path: Path, metadata, case: Case, score: float) -> Path:
     """The module's outputs for ``case`` (mean Dice ``score``) at its most uncertain slice, as a Slicer slice view shows them."""
-    from mrml_standins import new_scene
+    from Testing.mrml_standins import new_scene
 
     scene = new_scene()
     import slicer
-    from CalibSegLogic import CalibSegLogic, review_text
-    from CalibSegTesting.render import render_slice_view
+    from CalibSegRunner import SegmentationRunner, review_text
+    from scripts.render_slice_view import render_slice_view
 
     volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", case.case_id)
     slicer.util.updateVolumeFromArray(volume, case.image.astype("float32"))
     volume.SetSpacing(*reversed(case.spacing))
     volume.CreateDefaultDisplayNodes()
-    outputs = CalibSegLogic().run(volume, bundle_path, device="cpu")
+    outputs = SegmentationRunner().run(volume, bundle_path, device="cpu")
     slice_index = outputs.summary["uncertain_slices"][0] if outputs.summary["uncertain_slices"] else None
     heading = (f"{case.case_id} (test patient), slice {slice_index} (its most uncertain), {bundle_path.stem}: "
                f"measured Dice {score:.2f}. {review_text(outputs.summary)}")

@@ -17,3 +17,4 @@ fi
 step 3/3 "CalibSeg with its training and test dependencies (MONAI, SimpleITK, h5py, slicer-core, ...)"
 .venv/bin/python -m pip install -e ".[dev]"
 .venv/bin/python -c "import CalibSegLib, torch, monai; print(f'[setup done] CalibSeg {CalibSegLib.__version__}, torch {torch.__version__}, MONAI {monai.__version__}')"
+echo "[setup done] commands: $(cd .venv/bin && echo calibseg-*)"

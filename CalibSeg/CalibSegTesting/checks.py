@@ -2,8 +2,8 @@
 
 Each check takes ``(scene, work_dir)``: an empty ``vtkMRMLScene`` (``slicer.mrmlScene``
 inside Slicer, a fresh scene from the ``slicer-core`` package under pytest) and a writable
-folder, builds its own inputs and a tiny deterministic bundle, and raises ``AssertionError``
-when the module misbehaves. ``Testing/test_slicer_module.py`` runs every entry of
+folder, builds its own inputs and a tiny deterministic bundle (an untrained UNet, made with
+CalibSegLib's public API), and raises ``AssertionError`` when the module misbehaves. ``Testing/test_slicer_module.py`` runs every entry of
 :data:`CHECKS` under pytest; ``CalibSegTest`` runs the same list inside Slicer.
 """
 
@@ -18,8 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from CalibSegLogic import CalibSegLogic, InferenceJob, review_text
-from CalibSegLogic.nodes import LOW_CONFIDENCE_SEGMENT
+from CalibSegRunner import InferenceJob, SegmentationRunner, review_text
+from CalibSegRunner.nodes import LOW_CONFIDENCE_SEGMENT
 
 __all__ = ["CHECKS", "make_volume_node", "scene_snapshot"]
 
@@ -74,10 +74,25 @@ def _phantom(shape=(6, 48, 40), seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _bundle(work_dir: Path, **overrides) -> Path:
-    from CalibSegLib.testing import make_test_bundle
+    """A tiny untrained UNet bundle of :data:`NUM_CLASSES` classes (``class 1`` ...), the same weights every
+    time; ``overrides`` replace metadata fields (e.g. ``quality_model``)."""
+    import torch
 
-    name = "tiny_quality.calibseg" if overrides else "tiny.calibseg"
-    return make_test_bundle(Path(work_dir) / name, num_classes=NUM_CLASSES, patch_size=(32, 32), **overrides)
+    from CalibSegLib.bundle import BundleMetadata, save_bundle
+    from CalibSegLib.networks import build_network
+    from CalibSegLib.sliding_window import SlidingWindow
+
+    metadata = BundleMetadata(**{
+        "network": "unet", "network_kwargs": {"channels": [4, 8], "strides": [2], "num_res_units": 0},
+        "in_channels": 1, "num_classes": NUM_CLASSES, "spatial_dims": 2,
+        "class_names": ["background"] + [f"class {index}" for index in range(1, NUM_CLASSES)],
+        "class_colors": [(0.0, 0.0, 0.0)] + [(index / NUM_CLASSES, 0.5, 1.0 - index / NUM_CLASSES)
+                                             for index in range(1, NUM_CLASSES)],
+        "sliding_window": SlidingWindow(patch_size=(32, 32)), **overrides})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        network = build_network(metadata.network, 1, NUM_CLASSES, 2, **metadata.network_kwargs)
+    return save_bundle(Path(work_dir) / ("tiny_quality.calibseg" if overrides else "tiny.calibseg"), network, metadata)
 
 
 def _quality_model() -> dict:
@@ -115,7 +130,7 @@ def _scene_is_unchanged_after(scene, action: Callable[[], object], message: str)
 def check_outputs_keep_input_geometry(scene, work_dir: Path) -> None:
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
-    outputs = CalibSegLogic().run(volume, _bundle(work_dir))
+    outputs = SegmentationRunner().run(volume, _bundle(work_dir))
     expected = _ijk_to_ras(volume)
     for node in (outputs.confidence, outputs.uncertainty):
         np.testing.assert_allclose(_ijk_to_ras(node), expected, atol=1e-9)
@@ -142,7 +157,7 @@ def check_segments_are_named_and_coloured_from_bundle(scene, work_dir: Path) -> 
     image, _ = _phantom()
     bundle_path = _bundle(work_dir)
     metadata = load_bundle(bundle_path).metadata
-    outputs = CalibSegLogic().run(make_volume_node(scene, image), bundle_path)
+    outputs = SegmentationRunner().run(make_volume_node(scene, image), bundle_path)
     segmentation = outputs.segmentation.GetSegmentation()
     names = [segmentation.GetNthSegment(index).GetName() for index in range(segmentation.GetNumberOfSegments())]
     assert names == list(metadata.class_names[1:]), names
@@ -158,7 +173,7 @@ def check_segments_match_the_predicted_labels(scene, work_dir: Path) -> None:
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
     bundle_path = _bundle(work_dir)
-    outputs = CalibSegLogic().run(volume, bundle_path)
+    outputs = SegmentationRunner().run(volume, bundle_path)
     spacing = tuple(reversed(SPACING_XYZ))
     labels = Predictor(bundle_path, device="cpu").predict(image, spacing).labels
     for label in range(1, NUM_CLASSES):
@@ -177,7 +192,7 @@ def check_metrics_table_equals_calibseglib(scene, work_dir: Path) -> None:
     volume = make_volume_node(scene, image)
     reference_node = make_volume_node(scene, reference, "reference", "vtkMRMLLabelMapVolumeNode")
     bundle_path = _bundle(work_dir)
-    outputs = CalibSegLogic().run(volume, bundle_path, referenceNode=reference_node)
+    outputs = SegmentationRunner().run(volume, bundle_path, referenceNode=reference_node)
 
     spacing = tuple(reversed(SPACING_XYZ))
     prediction = Predictor(bundle_path, device="cpu").predict(image, spacing, keep_probabilities=True)
@@ -203,7 +218,7 @@ def check_reliability_plot_shows_accuracy_diagonal_and_histogram(scene, work_dir
     image, labels = _phantom()
     volume = make_volume_node(scene, image)
     reference = make_volume_node(scene, labels, "reference", "vtkMRMLLabelMapVolumeNode")
-    chart = CalibSegLogic().run(volume, _bundle(work_dir), referenceNode=reference).reliability_chart
+    chart = SegmentationRunner().run(volume, _bundle(work_dir), referenceNode=reference).reliability_chart
     assert chart.IsA("vtkMRMLPlotChartNode") and chart.GetNumberOfPlotSeriesNodes() == 3
     series = [chart.GetNthPlotSeriesNode(index) for index in range(3)]
     assert [node.GetYColumnName() for node in series] == ["accuracy", "perfect calibration", "fraction of voxels"]
@@ -224,8 +239,8 @@ def check_reference_segmentation_node_is_accepted(scene, work_dir: Path) -> None
     for index in range(segmentation.GetSegmentation().GetNumberOfSegments()):
         segmentation.GetSegmentation().GetNthSegment(index).SetName(f"class {index + 1}")
     bundle_path = _bundle(work_dir)
-    from_labelmap = CalibSegLogic().run(volume, bundle_path, referenceNode=labelmap).metrics
-    from_segmentation = CalibSegLogic().run(volume, bundle_path, referenceNode=segmentation).metrics
+    from_labelmap = SegmentationRunner().run(volume, bundle_path, referenceNode=labelmap).metrics
+    from_segmentation = SegmentationRunner().run(volume, bundle_path, referenceNode=segmentation).metrics
     assert from_labelmap.keys() == from_segmentation.keys()
     np.testing.assert_allclose(list(from_segmentation.values()), list(from_labelmap.values()), rtol=1e-9)
 
@@ -235,13 +250,13 @@ def check_low_confidence_segment_follows_the_threshold(scene, work_dir: Path) ->
 
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
-    logic = CalibSegLogic()
-    outputs = logic.run(volume, _bundle(work_dir), lowConfidenceThreshold=0.6)
+    runner = SegmentationRunner()
+    outputs = runner.run(volume, _bundle(work_dir), lowConfidenceThreshold=0.6)
     confidence = slicer.util.arrayFromVolume(outputs.confidence)
     segmentation = outputs.segmentation.GetSegmentation()
     for threshold in (0.6, 0.9):
         if threshold != 0.6:
-            logic.updateLowConfidence(outputs, volume, threshold)
+            runner.updateLowConfidence(outputs, volume, threshold)
         segment_id = segmentation.GetSegmentIdBySegmentName(LOW_CONFIDENCE_SEGMENT)
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, segment_id, volume)
         np.testing.assert_array_equal(mask > 0, confidence < threshold)
@@ -268,7 +283,7 @@ def check_bad_bundles_leave_the_scene_unchanged(scene, work_dir: Path) -> None:
     for path, expected in ((work_dir / "missing.calibseg", "No model bundle"), (not_a_zip, "zip"),
                            (no_metadata, "bundle.json"), ("", "Choose a model bundle"),
                            (malformed_quality, "quality model is malformed")):
-        error = _scene_is_unchanged_after(scene, lambda: CalibSegLogic().run(volume, path), f"bundle {path!s}")
+        error = _scene_is_unchanged_after(scene, lambda: SegmentationRunner().run(volume, path), f"bundle {path!s}")
         assert expected in error, error
 
 
@@ -281,7 +296,7 @@ def check_volumes_that_are_not_3d_scalar_are_refused(scene, work_dir: Path) -> N
 
     slicer.util.updateVolumeFromArray(vector, np.random.default_rng(2).normal(size=(4, 16, 16, 3)).astype(np.float32))
     for node, expected in ((single_slice, "3D volume"), (vector, "components"), (None, "scalar volume")):
-        error = _scene_is_unchanged_after(scene, lambda: CalibSegLogic().run(node, bundle_path), f"input {node}")
+        error = _scene_is_unchanged_after(scene, lambda: SegmentationRunner().run(node, bundle_path), f"input {node}")
         assert expected in error, error
 
 
@@ -293,7 +308,7 @@ def check_reference_on_another_grid_is_refused(scene, work_dir: Path) -> None:
     smaller = make_volume_node(scene, labels[:, :40], "cropped reference", "vtkMRMLLabelMapVolumeNode")
     for reference in (shifted, smaller):
         error = _scene_is_unchanged_after(
-            scene, lambda: CalibSegLogic().run(volume, _bundle(work_dir), referenceNode=reference), "reference grid")
+            scene, lambda: SegmentationRunner().run(volume, _bundle(work_dir), referenceNode=reference), "reference grid")
         assert "not on the input volume's grid" in error, error
 
 
@@ -302,10 +317,10 @@ def check_cancel_leaves_the_scene_unchanged(scene, work_dir: Path) -> None:
 
     image, _ = _phantom(shape=(40, 48, 40))
     volume = make_volume_node(scene, image)
-    logic = CalibSegLogic()
-    request = logic.prepare(volume, _bundle(work_dir))
+    runner = SegmentationRunner()
+    request = runner.prepare(volume, _bundle(work_dir))
     before = scene_snapshot(scene)
-    job = InferenceJob(logic, request)
+    job = InferenceJob(runner, request)
     started = threading.Event()
     original_progress = job._progress
 
@@ -333,11 +348,11 @@ def check_background_job_publishes_what_run_publishes(scene, work_dir: Path) -> 
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
     bundle_path = _bundle(work_dir)
-    logic = CalibSegLogic()
-    job = InferenceJob(logic, logic.prepare(volume, bundle_path)).start()
+    runner = SegmentationRunner()
+    job = InferenceJob(runner, runner.prepare(volume, bundle_path)).start()
     assert job.wait(timeout=120)
     in_background = job.finish()
-    in_foreground = logic.run(volume, bundle_path)
+    in_foreground = runner.run(volume, bundle_path)
     assert job.fraction == 1.0
     np.testing.assert_array_equal(slicer.util.arrayFromVolume(in_background.confidence),
                                   slicer.util.arrayFromVolume(in_foreground.confidence))
@@ -346,11 +361,11 @@ def check_background_job_publishes_what_run_publishes(scene, work_dir: Path) -> 
 def check_a_failure_while_publishing_removes_every_new_node(scene, work_dir: Path) -> None:
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
-    logic = CalibSegLogic()
-    request = logic.prepare(volume, _bundle(work_dir), lowConfidenceThreshold=0.5)
-    computation = logic.compute(request)
+    runner = SegmentationRunner()
+    request = runner.prepare(volume, _bundle(work_dir), lowConfidenceThreshold=0.5)
+    computation = runner.compute(request)
     computation.prediction.entropy = None  # fails after the segmentation and confidence nodes were added
-    _scene_is_unchanged_after(scene, lambda: logic.publish(request, computation), "failed publish")
+    _scene_is_unchanged_after(scene, lambda: runner.publish(request, computation), "failed publish")
 
 
 def check_quality_table_without_a_reference_shows_the_summary(scene, work_dir: Path) -> None:
@@ -362,7 +377,7 @@ def check_quality_table_without_a_reference_shows_the_summary(scene, work_dir: P
     volume = make_volume_node(scene, image)
     spacing = tuple(reversed(SPACING_XYZ))
     for bundle_path in (_bundle(work_dir, quality_model=_quality_model()), _bundle(work_dir)):
-        outputs = CalibSegLogic().run(volume, bundle_path)
+        outputs = SegmentationRunner().run(volume, bundle_path)
         assert outputs.metrics_table is None and outputs.quality_table.IsA("vtkMRMLTableNode")
         metadata = load_bundle(bundle_path).metadata
         expected = quality_summary(Predictor(bundle_path, device="cpu").predict(image, spacing), spacing, metadata)
@@ -405,7 +420,7 @@ def check_quality_table_with_a_reference_puts_measured_beside_predicted_dice(sce
     image, labels = _phantom()
     volume = make_volume_node(scene, image)
     reference = make_volume_node(scene, labels, "reference", "vtkMRMLLabelMapVolumeNode")
-    outputs = CalibSegLogic().run(volume, _bundle(work_dir, quality_model=_quality_model()), referenceNode=reference)
+    outputs = SegmentationRunner().run(volume, _bundle(work_dir, quality_model=_quality_model()), referenceNode=reference)
     columns = _table_columns(outputs.quality_table)
     titles = list(columns)
     assert titles[titles.index("Predicted Dice") + 1] == "Measured Dice"
@@ -425,11 +440,11 @@ def check_uncertainty_is_shown_only_at_its_hot_spots(scene, work_dir: Path) -> N
 
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
-    logic = CalibSegLogic()
-    display = logic.run(volume, _bundle(work_dir)).uncertainty.GetDisplayNode()
+    runner = SegmentationRunner()
+    display = runner.run(volume, _bundle(work_dir)).uncertainty.GetDisplayNode()
     assert display.GetApplyThreshold() and display.GetLowerThreshold() == HOT_SPOT_LEVEL
     assert display.GetUpperThreshold() == 1.0
-    outputs = logic.run(volume, _bundle(work_dir), hotSpotLevel=0.7)
+    outputs = runner.run(volume, _bundle(work_dir), hotSpotLevel=0.7)
     assert outputs.uncertainty.GetDisplayNode().GetLowerThreshold() == 0.7
     import slicer
 
@@ -439,7 +454,7 @@ def check_uncertainty_is_shown_only_at_its_hot_spots(scene, work_dir: Path) -> N
     entropy = slicer.util.arrayFromVolume(outputs.uncertainty)
     assert outputs.summary["hot_spot_level"] == 0.7
     assert outputs.summary["uncertain_slices"] == uncertain_slices(entropy, 0, 0.7)
-    logic.setHotSpotLevel(outputs, 0.25)
+    runner.setHotSpotLevel(outputs, 0.25)
     assert outputs.uncertainty.GetDisplayNode().GetLowerThreshold() == 0.25
     # the colour scale stays the fixed 0–1 one: a hot spot's colour means the same value on every case
     assert (outputs.uncertainty.GetDisplayNode().GetWindow(), outputs.uncertainty.GetDisplayNode().GetLevel()) == (1.0, 0.5)
@@ -450,7 +465,7 @@ def check_jump_to_slice_centres_every_slice_view(scene, work_dir: Path) -> None:
 
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
-    outputs = CalibSegLogic().run(volume, _bundle(work_dir))
+    outputs = SegmentationRunner().run(volume, _bundle(work_dir))
     views = []
     for name, normal, transverse in (("Red", (0, 0, 1), (1, 0, 0)), ("Green", (0, 1, 0), (1, 0, 0))):
         node = slicer.vtkMRMLSliceNode()
@@ -460,14 +475,14 @@ def check_jump_to_slice_centres_every_slice_view(scene, work_dir: Path) -> None:
         views.append(node)
     slices = outputs.summary["uncertain_slices"]
     index = slices[0] if slices else 2
-    ras = CalibSegLogic.jumpToSlice(volume, index, outputs.summary["slice_axis"])
+    ras = SegmentationRunner.jumpToSlice(volume, index, outputs.summary["slice_axis"])
     k_size, j_size, i_size = image.shape
     expected = _ijk_to_ras(volume) @ np.array([(i_size - 1) / 2, (j_size - 1) / 2, index, 1.0])
     np.testing.assert_allclose(ras, expected[:3], atol=1e-9)
     for node in views:
         slice_to_ras = node.GetSliceToRAS()
         np.testing.assert_allclose([slice_to_ras.GetElement(row, 3) for row in range(3)], ras, atol=1e-6)
-    error = _scene_is_unchanged_after(scene, lambda: CalibSegLogic.jumpToSlice(volume, image.shape[0], 0),
+    error = _scene_is_unchanged_after(scene, lambda: SegmentationRunner.jumpToSlice(volume, image.shape[0], 0),
                                       "a slice outside the volume")
     assert "outside the volume" in error, error
 
@@ -475,11 +490,11 @@ def check_jump_to_slice_centres_every_slice_view(scene, work_dir: Path) -> None:
 def check_a_failure_while_adding_the_quality_table_removes_every_new_node(scene, work_dir: Path) -> None:
     image, _ = _phantom()
     volume = make_volume_node(scene, image)
-    logic = CalibSegLogic()
-    request = logic.prepare(volume, _bundle(work_dir))
-    computation = logic.compute(request)
+    runner = SegmentationRunner()
+    request = runner.prepare(volume, _bundle(work_dir))
+    computation = runner.compute(request)
     computation.summary = {"structures": {"class 1": {}}}  # fails after the segmentation and overlays were added
-    _scene_is_unchanged_after(scene, lambda: logic.publish(request, computation), "failed quality table")
+    _scene_is_unchanged_after(scene, lambda: runner.publish(request, computation), "failed quality table")
 
 
 CHECKS: dict[str, Callable[[object, Path], None]] = {

@@ -1,6 +1,6 @@
 """Calibration metrics of voxel-wise class probabilities: ECE, MCE, CECE, TACE, Brier, NLL.
 
-Definitions (one place for the whole project; ``../shared/DESIGN.md``):
+Definitions (one place for the whole project; ``docs/design.md``):
 
 - Inputs: ``probs (C, *spatial)`` float summing to 1 over C, ``target (*spatial)`` int labels,
   optional ``mask (*spatial)`` bool, default ``target > 0`` (ground-truth foreground, as the

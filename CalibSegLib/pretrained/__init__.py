@@ -1,9 +1,9 @@
 """Ready-to-use model bundles shipped with CalibSeg, and their recorded test metrics.
 
 Each ``<name>.calibseg`` here (float16 weights) has a ``<name>.metrics.json`` beside it, written by
-``Training/ship.py`` from an evaluation of that very file on the test patients of its split:
+``Reporting/ship.py`` from an evaluation of that very file on the test patients of its split:
 per-case rows (both temperature variants), their summary, the run it came from. Anywhere a
-bundle path is asked for (``python -m CalibSegLib.predict --bundle``, the Slicer module), the
+bundle path is asked for (``calibseg-predict --bundle``, the Slicer module), the
 name alone (``acdc_crac``) picks the shipped file. Tools that write files about a shipped model
 write them under the current folder (``runs/<name>/``), never into this package folder
 (:func:`shipped_name` tells them when a bundle is a shipped one).
@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["PRETRAINED_DIR", "BUNDLE_SUFFIX", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_models",
+from CalibSegLib import BUNDLE_SUFFIX
+
+__all__ = ["PRETRAINED_DIR", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_models",
            "resolve_bundle_path", "shipped_name", "recorded_metrics"]
 
 PRETRAINED_DIR = Path(__file__).resolve().parent
-BUNDLE_SUFFIX = ".calibseg"
 METRICS_SUFFIX = ".metrics.json"
 # The model the Slicer module preselects: the best of the shipped ones on our own test numbers
 # (docs/results.md, "Shipped models").

@@ -1,20 +1,5 @@
-"""Model bundles: one ``*.calibseg`` file (a zip) that says everything needed to run a model.
-
-Members (nothing else is allowed):
-
-- ``bundle.json`` — :class:`BundleMetadata`: schema version, network name and kwargs, input
-  channels, classes with names and colours, preprocessing, training method and
-  hyper-parameters (incl. CRaC multipliers), temperature, data and split, validation and
-  test metrics, the optional quality model (:mod:`CalibSegLib.quality`), library version,
-  weights dtype and SHA-256 checksum.
-- ``weights.safetensors`` — the state dict as plain tensors. Bundles never contain pickles,
-  so loading one can never run code.
-
-:func:`load_bundle` checks all of it and raises :class:`BundleError` with one sentence on
-anything missing, corrupt or incompatible. Bundles are untrusted input: the loader bounds what
-one can make it spend (member sizes from the zip directory, the network's size computed on
-torch's meta device, weights streamed in pieces) before spending it, and refuses weights
-holding NaN or infinite values.
+"""The bundle file: a zip of ``bundle.json`` and ``weights.safetensors``, written atomically and read
+within fixed resource limits (see :func:`load_bundle`).
 """
 
 from __future__ import annotations
@@ -27,7 +12,7 @@ import os
 import struct
 import zipfile
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,40 +21,21 @@ import torch
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
-from CalibSegLib import __version__, networks
+from CalibSegLib import BUNDLE_SUFFIX, __version__
+from CalibSegLib.bundle.model import Bundle, build_declared_network, check_weights_fit
+from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, STORED_FLOAT_DTYPES, BundleError,
+                                       BundleMetadata, is_int, parse_metadata)
 from CalibSegLib.io import atomic_output
-from CalibSegLib.postprocessing import Postprocessing
-from CalibSegLib.preprocessing import Preprocessing
-from CalibSegLib.sliding_window import SlidingWindow
-from CalibSegLib.quality import QualityModel, QualityModelError
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "BUNDLE_SUFFIX",
-    "BundleError",
-    "BundleMetadata",
-    "Bundle",
-    "save_bundle",
-    "load_bundle",
-]
+__all__ = ["WEIGHTS_MEMBER", "save_bundle", "load_bundle"]
 
-SCHEMA_VERSION = 2
-# Schema 1 bundles resized every slice to a fixed size instead of resampling by spacing; their
-# networks expect inputs this CalibSeg no longer produces.
-OLDEST_SCHEMA_VERSION = 2
-BUNDLE_SUFFIX = ".calibseg"
-METADATA_MEMBER = "bundle.json"
 WEIGHTS_MEMBER = "weights.safetensors"
-_MAX_CLASSES = 256  # labels are written as uint8
 
 # Limits on what an untrusted bundle may make the loader spend; all are checked before the
 # memory they bound is allocated. Shipped bundles are well under 1 MB.
 _MAX_METADATA_BYTES = 1 << 20  # bundle.json: a few KB in practice
-# Weights up to 2 GiB (the largest zip member without zip64 extensions) and networks up to 500 M
-# parameters (2 GB as float32 once loaded): far above any segmentation network we know (MONAI's
-# 3D DynUNet has 11 M), far below what would exhaust a workstation.
+# Weights up to 2 GiB, the largest zip member without zip64 extensions (networks: model.MAX_PARAMETERS).
 _MAX_WEIGHTS_BYTES = (1 << 31) - 1
-_MAX_PARAMETERS = 500_000_000
 _MEMBER_LIMITS = {METADATA_MEMBER: _MAX_METADATA_BYTES, WEIGHTS_MEMBER: _MAX_WEIGHTS_BYTES}
 _MAX_ZIP_ENTRIES = 64  # a bundle has 2; a few more still get the "contains ..." sentence
 _MAX_ZIP_DIRECTORY_BYTES = 64 << 10
@@ -78,12 +44,6 @@ _END_RECORD_SEARCH_BYTES = 22 + 0xFFFF  # the end record plus the longest zip co
 _HEADER_BASE_BYTES = 64 << 10
 _HEADER_BYTES_PER_TENSOR = 1 << 10
 _READ_CHUNK_BYTES = 1 << 20  # weights are hashed and checked in pieces of this size
-# network_kwargs are a few lists of sizes, strides and names: bounded so even the meta-device
-# build that sizes the network stays small and shallow (no recursion blow-up, no huge ints).
-_MAX_KWARGS_ITEMS = 64
-_MAX_KWARGS_DEPTH = 4
-_MAX_KWARGS_INTEGER = 1 << 31
-_STORED_FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 # torch dtype → (safetensors dtype code, little-endian NumPy dtype) for every dtype a bundle may hold.
 _SAFETENSORS_CODES: dict[torch.dtype, tuple[str, str]] = {
     torch.float32: ("F32", "<f4"),
@@ -97,277 +57,12 @@ _SAFETENSORS_CODES: dict[torch.dtype, tuple[str, str]] = {
 _PICKLE_SIGNATURES = (b"PK\x03\x04", b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
 
-class BundleError(ValueError):
-    """A model bundle is missing, corrupt or incompatible; the message says which and what to do."""
-
-
-_SECTIONS: dict[str, type] = {
-    "preprocessing": Preprocessing, "sliding_window": SlidingWindow, "postprocessing": Postprocessing,
-}
-
-
-def _section(name: str, section_class: type, values: Any) -> Any:
-    """One settings section of ``bundle.json`` as its dataclass; :class:`BundleError` on a wrong shape or field."""
-    if not isinstance(values, dict):
-        raise BundleError(f"{METADATA_MEMBER}'s {name} must be an object, got {values!r}.")
-    unknown = sorted(set(values) - {item.name for item in dataclasses.fields(section_class)})
-    if unknown:
-        raise BundleError(f"{METADATA_MEMBER}'s {name} has unknown field(s) {', '.join(unknown)}.")
-    return section_class(**values)
-
-
-@dataclass
-class BundleMetadata:
-    """Everything ``bundle.json`` records (see the module docstring).
-
-    ``class_colors`` are RGB in [0, 1]; ``temperature`` is one positive number or one per
-    class; ``training`` holds method, loss hyper-parameters, epochs, lr, batch size, seed and
-    (for CRaC) the multipliers; ``data`` the dataset, split file and case ids;
-    ``quality_model`` the predicted-Dice model fitted on the validation cases
-    (:meth:`CalibSegLib.quality.QualityModel.to_dict`), None in bundles without one. The library
-    version, weights dtype and checksum are filled in by :func:`save_bundle`.
-    """
-
-    network: str
-    network_kwargs: dict[str, Any]
-    in_channels: int
-    num_classes: int
-    spatial_dims: int
-    class_names: list[str]
-    class_colors: list[tuple[float, float, float]]
-    preprocessing: Preprocessing = field(default_factory=Preprocessing)
-    sliding_window: SlidingWindow = field(default_factory=SlidingWindow)
-    postprocessing: Postprocessing = field(default_factory=Postprocessing)
-    training: dict[str, Any] = field(default_factory=dict)
-    temperature: float | list[float] = 1.0
-    data: dict[str, Any] = field(default_factory=dict)
-    validation_metrics: dict[str, Any] = field(default_factory=dict)
-    test_metrics: dict[str, Any] = field(default_factory=dict)
-    quality_model: dict[str, Any] | None = None
-    schema_version: int = SCHEMA_VERSION
-    library_version: str = __version__
-    weights_dtype: str = "float32"
-    weights_sha256: str = ""
-
-    def to_json(self) -> str:
-        """``bundle.json`` text; tensors, arrays and tuples in the free-form sections become lists."""
-        return json.dumps(_plain(dataclasses.asdict(self)), indent=2, sort_keys=True)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "BundleMetadata":
-        """Metadata from parsed ``bundle.json``; unknown keys (from newer minor writers) are ignored."""
-        required = [
-            item.name
-            for item in dataclasses.fields(cls)
-            if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
-        ]
-        missing = [name for name in required if name not in values]
-        if missing:
-            raise BundleError(
-                f"{METADATA_MEMBER} lacks the required field(s) {', '.join(missing)}; re-export the bundle."
-            )
-        known = {item.name: values[item.name] for item in dataclasses.fields(cls) if item.name in values}
-        for section, section_class in _SECTIONS.items():
-            if section in known:
-                known[section] = _section(section, section_class, known[section])
-        if isinstance(known["class_colors"], list):
-            known["class_colors"] = [
-                tuple(color) if isinstance(color, list) else color for color in known["class_colors"]
-            ]
-        return cls(**known)
-
-    def validate(self) -> None:
-        """Raise :class:`BundleError` when a field has the wrong type or contradicts another."""
-        _check_schema_version(self.schema_version, "The bundle")
-        if not isinstance(self.network, str) or not isinstance(self.network_kwargs, dict):
-            raise BundleError("The bundle's network must be a name and its network_kwargs an object.")
-        for name in ("in_channels", "num_classes", "spatial_dims"):
-            if not _is_int(getattr(self, name)):
-                raise BundleError(f"The bundle's {name} must be an integer, got {getattr(self, name)!r}.")
-        if (
-            self.in_channels < 1
-            or not 2 <= self.num_classes <= _MAX_CLASSES
-            or self.spatial_dims not in (2, 3)
-        ):
-            raise BundleError(
-                f"The bundle declares in_channels={self.in_channels}, num_classes={self.num_classes}, "
-                f"spatial_dims={self.spatial_dims}; need >= 1, 2..{_MAX_CLASSES} and 2 or 3."
-            )
-        if (
-            not isinstance(self.class_names, (list, tuple))
-            or not isinstance(self.class_colors, (list, tuple))
-            or len(self.class_names) != self.num_classes
-            or len(self.class_colors) != self.num_classes
-        ):
-            raise BundleError(
-                f"The bundle declares {self.num_classes} classes but not one name and one colour for each."
-            )
-        if not all(isinstance(name, str) for name in self.class_names):
-            raise BundleError(f"The bundle's class_names must be strings, got {self.class_names!r}.")
-        if not all(
-            isinstance(color, (list, tuple))
-            and len(color) == 3
-            and all(_is_number(value) and 0 <= value <= 1 for value in color)
-            for color in self.class_colors
-        ):
-            raise BundleError(
-                f"The bundle's class_colors must be RGB triples in [0, 1], got {self.class_colors!r}."
-            )
-        for section, section_class in _SECTIONS.items():
-            value = getattr(self, section)
-            if not isinstance(value, section_class):
-                raise BundleError(f"The bundle's {section} must be a {section_class.__name__} object.")
-            try:
-                value.validate()
-            except ValueError as error:
-                raise BundleError(f"The bundle's {section} is invalid: {error}") from None
-        if any(class_id >= self.num_classes for class_id in self.postprocessing.largest_component):
-            raise BundleError(
-                f"The bundle's postprocessing names class {max(self.postprocessing.largest_component)}, but the "
-                f"model has {self.num_classes} classes."
-            )
-        temperatures = self.temperature if isinstance(self.temperature, (list, tuple)) else [self.temperature]
-        if len(temperatures) not in (1, self.num_classes) or not all(
-            _is_number(value) and math.isfinite(value) and value > 0 for value in temperatures
-        ):
-            raise BundleError(
-                f"The bundle's temperature must be one positive number or one per class, "
-                f"got {self.temperature!r}."
-            )
-        if self.quality_model is not None:
-            try:
-                QualityModel.from_dict(self.quality_model, self.class_names)
-            except QualityModelError as error:
-                raise BundleError(
-                    f"The bundle's quality model is malformed ({error}); refit it with Training/fit_quality.py."
-                ) from None
-
-
-@dataclass
-class Bundle:
-    """A loaded (or freshly trained) bundle: metadata plus float32 weights.
-
-    ``path`` is the file it was loaded from, None when built in memory.
-    """
-
-    metadata: BundleMetadata
-    state_dict: dict[str, torch.Tensor]
-    path: Path | None = None
-
-    def build_model(self) -> nn.Module:
-        """The network with the bundle's weights, in eval mode, on the CPU."""
-        model = _build_network(self.metadata)
-        model.load_state_dict(self.state_dict)
-        return model.eval()
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _plain(value: Any) -> Any:
-    """``value`` made JSON-ready: tensors, arrays, tuples → lists; paths → str; NumPy scalars → numbers."""
-    if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
-    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
-        return _plain(value.tolist())
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
 def _size_text(size: int) -> str:
     """``size`` bytes in the largest binary unit that keeps it >= 1 (``4.0 GiB``)."""
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= factor:
             return f"{size / factor:.1f} {unit}"
     return f"{size} bytes"
-
-
-def _check_network_kwargs(value: Any, where: str = "network_kwargs", depth: int = 0) -> None:
-    """Raise :class:`BundleError` unless ``value`` is plain, small JSON: at most :data:`_MAX_KWARGS_ITEMS`
-    items per list or object, :data:`_MAX_KWARGS_DEPTH` levels, finite numbers, integers within
-    ±:data:`_MAX_KWARGS_INTEGER` — so even building the network on the meta device stays cheap."""
-    if depth > _MAX_KWARGS_DEPTH:
-        raise BundleError(
-            f"The bundle's {where} nests deeper than {_MAX_KWARGS_DEPTH} levels; re-export the bundle."
-        )
-    if isinstance(value, (dict, list, tuple)) and len(value) > _MAX_KWARGS_ITEMS:
-        raise BundleError(
-            f"The bundle's {where} has {len(value)} items, more than the {_MAX_KWARGS_ITEMS} "
-            "any network option needs."
-        )
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _check_network_kwargs(item, f"{where}.{key}", depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _check_network_kwargs(item, f"{where}[{index}]", depth + 1)
-    elif _is_int(value) and abs(value) > _MAX_KWARGS_INTEGER:
-        raise BundleError(
-            f"The bundle's {where} is {value}, beyond ±{_MAX_KWARGS_INTEGER:,}; "
-            "no network option is that large."
-        )
-    elif _is_number(value) and not math.isfinite(value):
-        raise BundleError(f"The bundle's {where} is {value}; network options must be finite numbers.")
-
-
-def _build_network(metadata: BundleMetadata, device: str = "cpu") -> nn.Module:
-    """The declared network with random weights; :class:`BundleError` when it cannot be built.
-
-    It is first built on torch's meta device (shapes only, no memory) and refused when it has
-    more than :data:`_MAX_PARAMETERS` numbers; only then, unless ``device="meta"``, for real.
-    """
-    _check_network_kwargs(metadata.network_kwargs)
-    declaration = (metadata.network, metadata.in_channels, metadata.num_classes, metadata.spatial_dims)
-    try:
-        skeleton = networks.build_network_on_meta(*declaration, **metadata.network_kwargs)
-    except KeyError:
-        raise BundleError(
-            f"The bundle names an unknown network {metadata.network!r}; this CalibSeg knows "
-            f"{', '.join(networks.NETWORKS)}."
-        ) from None
-    except networks.NetworkOptionsError as error:
-        raise BundleError(
-            f"The bundle's network {metadata.network!r} cannot be built from its network_kwargs "
-            f"({error.reason})."
-        ) from None
-    count = sum(tensor.numel() for tensor in skeleton.state_dict().values())
-    if count > _MAX_PARAMETERS:
-        raise BundleError(
-            f"The bundle's network {metadata.network!r} would have {count:,} parameters, more than the "
-            f"{_MAX_PARAMETERS:,} CalibSeg loads; check its network_kwargs."
-        )
-    return skeleton if device == "meta" else networks.build_network(*declaration, **metadata.network_kwargs)
-
-
-def _check_weights_fit(
-    network: str, expected: dict[str, tuple[int, ...]], shapes: dict[str, tuple[int, ...]]
-) -> None:
-    """Raise :class:`BundleError` unless ``shapes`` (weight name → shape) are exactly the ``expected``
-    keys and shapes of the declared ``network``."""
-    missing = [name for name in expected if name not in shapes]
-    unexpected = [name for name in shapes if name not in expected]
-    mismatched = [
-        f"{name} {tuple(shapes[name])} vs {expected[name]}"
-        for name in expected
-        if name in shapes and tuple(shapes[name]) != expected[name]
-    ]
-    problems = [
-        f"{label} {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", mismatched))
-        if names
-    ]
-    if problems:
-        raise BundleError(
-            f"The bundle's weights do not fit the declared network {network!r} ({'; '.join(problems)})."
-        )
 
 
 def _first_non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
@@ -427,8 +122,8 @@ def save_bundle(
         weights_sha256=hashlib.sha256(weights).hexdigest(),
     )
     metadata.validate()
-    declared = _build_network(metadata, "meta").state_dict()
-    _check_weights_fit(
+    declared = build_declared_network(metadata, "meta").state_dict()
+    check_weights_fit(
         metadata.network,
         {name: tuple(tensor.shape) for name, tensor in declared.items()},
         {name: tuple(tensor.shape) for name, tensor in tensors.items()},
@@ -499,51 +194,6 @@ def _read_members(name: str, archive: zipfile.ZipFile) -> dict[str, zipfile.ZipI
     return members
 
 
-def _check_schema_version(version: Any, name: str) -> None:
-    """Raise :class:`BundleError` unless ``version`` is a schema this CalibSeg reads (``name`` starts the sentence)."""
-    if not _is_int(version):
-        raise BundleError(f"{name}'s schema_version must be an integer, got {version!r}.")
-    if version < OLDEST_SCHEMA_VERSION:
-        readable = " to ".join(dict.fromkeys(map(str, (OLDEST_SCHEMA_VERSION, SCHEMA_VERSION))))
-        raise BundleError(
-            f"{name} uses bundle schema version {version}, from a CalibSeg that resized slices to a fixed size; "
-            f"this CalibSeg ({__version__}) resamples by spacing and reads schema {readable}: retrain the model "
-            "with Training/train.py."
-        )
-    if version > SCHEMA_VERSION:
-        raise BundleError(
-            f"{name} uses bundle schema version {version}, newer than this CalibSeg ({__version__}) reads "
-            f"({SCHEMA_VERSION}); update CalibSeg."
-        )
-
-
-def _parse_metadata(name: str, raw: bytes) -> BundleMetadata:
-    """Checked :class:`BundleMetadata` from ``bundle.json`` bytes (bounded by :data:`_MAX_METADATA_BYTES`)."""
-    try:
-        values = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as error:  # ValueError: also over-long integers
-        raise BundleError(
-            f"{name}'s {METADATA_MEMBER} is not valid JSON ({error}); re-export the bundle."
-        ) from None
-    if not isinstance(values, dict):
-        raise BundleError(f"{name}'s {METADATA_MEMBER} must be a JSON object; re-export the bundle.")
-    for required in ("schema_version", "weights_sha256"):
-        if required not in values:
-            raise BundleError(
-                f"{name}'s {METADATA_MEMBER} lacks the required field {required}; re-export the bundle."
-            )
-    # Before the fields are read: another schema's fields would only give a confusing message.
-    _check_schema_version(values["schema_version"], name)
-    metadata = BundleMetadata.from_dict(values)
-    metadata.validate()
-    if metadata.weights_dtype not in _STORED_FLOAT_DTYPES:
-        raise BundleError(
-            f"{name}'s weights_dtype {metadata.weights_dtype!r} is not one CalibSeg stores "
-            f"({', '.join(_STORED_FLOAT_DTYPES)}); re-export the bundle."
-        )
-    return metadata
-
-
 @dataclass(frozen=True)
 class _StoredTensor:
     """One tensor of the weights member as the declared network needs it: name, shape and stored dtype."""
@@ -567,9 +217,9 @@ class _StoredTensor:
 
 def _declared_tensors(metadata: BundleMetadata) -> dict[str, _StoredTensor]:
     """What the weights member must hold for the declared network (built on the meta device)."""
-    stored = _STORED_FLOAT_DTYPES[metadata.weights_dtype]
+    stored = STORED_FLOAT_DTYPES[metadata.weights_dtype]
     tensors = {}
-    for name, tensor in _build_network(metadata, "meta").state_dict().items():
+    for name, tensor in build_declared_network(metadata, "meta").state_dict().items():
         dtype = stored if tensor.is_floating_point() else tensor.dtype
         if dtype not in _SAFETENSORS_CODES:
             raise BundleError(f"The bundle's network has a {dtype} tensor {name}, which bundles cannot hold.")
@@ -601,10 +251,10 @@ def _parse_weights(name: str, header: bytes, metadata: BundleMetadata,
     shapes = {}
     for key, entry in entries.items():
         shape = entry.get("shape") if isinstance(entry, dict) else None
-        if not isinstance(shape, list) or not all(_is_int(size) and size >= 0 for size in shape):
+        if not isinstance(shape, list) or not all(is_int(size) and size >= 0 for size in shape):
             raise BundleError(f"{name}'s weight {key} has no valid shape; re-export the bundle.")
         shapes[key] = tuple(shape)
-    _check_weights_fit(metadata.network, {key: tensor.shape for key, tensor in tensors.items()}, shapes)
+    check_weights_fit(metadata.network, {key: tensor.shape for key, tensor in tensors.items()}, shapes)
     ranges = []
     for key, entry in entries.items():
         expected = tensors[key]
@@ -614,7 +264,7 @@ def _parse_weights(name: str, header: bytes, metadata: BundleMetadata,
                 f"{expected.code} ({metadata.weights_dtype} weights); re-export the bundle."
             )
         offsets = entry.get("data_offsets")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(value) for value in offsets)):
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(value) for value in offsets)):
             raise BundleError(f"{name}'s weight {key} has no valid data_offsets; re-export the bundle.")
         ranges.append((offsets[0], offsets[1], expected))
     ranges.sort(key=lambda item: item[:2])
@@ -726,7 +376,7 @@ def load_bundle(path: str | Path) -> Bundle:
         with zipfile.ZipFile(path) as archive:
             members = _read_members(path.name, archive)
             with archive.open(members[METADATA_MEMBER]) as stream:
-                metadata = _parse_metadata(path.name, stream.read(_MAX_METADATA_BYTES + 1))
+                metadata = parse_metadata(path.name, stream.read(_MAX_METADATA_BYTES + 1))
             weights, tensors = members[WEIGHTS_MEMBER], _declared_tensors(metadata)
             # First pass keeps nothing, so a bad bundle is refused with one piece in memory.
             digest, non_finite, _ = _stream_weights(

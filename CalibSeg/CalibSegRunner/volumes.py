@@ -3,6 +3,10 @@
 Arrays are (k, j, i) = (z, y, x) as ``slicer.util.arrayFromVolume`` returns them; spacing is
 given in the same (z, y, x) order in mm. Output nodes copy the input's IJK-to-RAS matrix
 (spacing, origin and direction), so they overlay the input voxel for voxel.
+
+Arrays go in and out of nodes through ``slicer.util`` (``arrayFromVolume``, ``addVolumeFromArray``,
+``arrayFromSegmentBinaryLabelmap``), which work in the application's scene, ``slicer.mrmlScene``:
+the scene of the nodes given here.
 """
 
 from __future__ import annotations
@@ -80,18 +84,15 @@ def same_grid(first, second, tolerance: float = 1e-4) -> bool:
                for r in range(4) for c in range(4))
 
 
-def add_volume_like(scene, reference_node, array: np.ndarray, name: str, class_name: str = "vtkMRMLScalarVolumeNode",
-                    display: bool = True):
-    """Add a new volume node holding ``array`` (z, y, x) on ``reference_node``'s exact grid.
+def add_volume_like(reference_node, array: np.ndarray, name: str, class_name: str = "vtkMRMLScalarVolumeNode"):
+    """Add a new volume node holding ``array`` (z, y, x) on ``reference_node``'s exact grid (its IJK-to-RAS
+    matrix), with display nodes, to the scene (``slicer.util.addVolumeFromArray``)."""
+    import vtk
 
-    ``display=False`` for short-lived helper volumes that are never shown.
-    """
-    node = scene.AddNewNodeByClass(class_name, scene.GenerateUniqueName(name))
-    node.CopyOrientation(reference_node)
-    _util().updateVolumeFromArray(node, np.ascontiguousarray(array))
-    if display:
-        node.CreateDefaultDisplayNodes()
-    return node
+    matrix = vtk.vtkMatrix4x4()
+    reference_node.GetIJKToRASMatrix(matrix)
+    scene = reference_node.GetScene()
+    return _util().addVolumeFromArray(np.ascontiguousarray(array), matrix, scene.GenerateUniqueName(name), class_name)
 
 
 def reference_label_array(reference_node, input_node, class_names: list[str]) -> np.ndarray:
@@ -116,25 +117,14 @@ def reference_label_array(reference_node, input_node, class_names: list[str]) ->
 
 
 def _segmentation_labels(segmentation_node, input_node, class_names: list[str]) -> np.ndarray:
-    import slicer
-    import vtk
-
     segmentation = segmentation_node.GetSegmentation()
     lowered = [name.lower() for name in class_names]
     labels = np.zeros(tuple(reversed(input_node.GetImageData().GetDimensions())), dtype=np.int64)
-    scene = segmentation_node.GetScene()
     for order in range(segmentation.GetNumberOfSegments()):
         segment_id = segmentation.GetNthSegmentID(order)
         name = segmentation.GetSegment(segment_id).GetName().lower()
         label = lowered.index(name) if name in lowered else order + 1
-        # Exported into a labelmap off the scene's node list, then dropped.
-        labelmap = slicer.vtkMRMLLabelMapVolumeNode()
-        scene.AddNode(labelmap)
-        try:
-            ids = vtk.vtkStringArray()
-            ids.InsertNextValue(segment_id)
-            slicer.vtkSlicerSegmentationsModuleLogic.ExportSegmentsToLabelmapNode(segmentation_node, ids, labelmap, input_node)
-            labels[np.array(_util().arrayFromVolume(labelmap)) > 0] = label
-        finally:
-            scene.RemoveNode(labelmap)
+        # Exported onto the input's grid through a labelmap that the helper adds and removes again.
+        mask = _util().arrayFromSegmentBinaryLabelmap(segmentation_node, segment_id, input_node)
+        labels[np.array(mask) > 0] = label
     return labels

@@ -1,6 +1,6 @@
 """Ship trained runs as ready-to-use models: float16 bundles plus the metrics of that very file.
 
-    python Training/ship.py --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
+    calibseg-ship --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
 
 For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
 (default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is
@@ -8,42 +8,34 @@ evaluated in 3D on the test patients of its split, so the recorded numbers are t
 model's own, not the float32 run's. ``<prefix>_<method>.metrics.json`` beside it holds every test
 case's metric row for both temperature variants, their summary, the run it came from, the
 dataset's name and the machine. Shipping is the one tool that writes into the package folder,
-on purpose; ``scripts/readme_tables.py`` then regenerates README.md's table of shipped models. Both files are written under temporary names and renamed only when the evaluation
+on purpose; ``Reporting/readme_tables.py`` then regenerates README.md's table of shipped models. Both files are written under temporary names and renamed only when the evaluation
 succeeded, so a failed ship leaves any earlier model in place.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
 from CalibSegLib.io import write_json_atomic
-from CalibSegLib.pretrained import BUNDLE_SUFFIX, METRICS_SUFFIX, PRETRAINED_DIR
-from Training.data import DataError, data_folder, find_cases, load_cases, recorded_dataset
-from Training.evaluate import CASES_NAME, VARIANTS, evaluate_bundle
-from Training.splits import recorded_split, select_patients
+from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
+from Datasets.cases import DataError, data_folder, find_cases, load_cases, recorded_dataset
+from Datasets.splits import recorded_split, select_patients
+from Evaluation.evaluate import evaluate_bundle
+from Evaluation.summary import VARIANTS
 from Training.trainer import BUNDLE_NAME
 
 __all__ = ["ship_run", "main"]
 
 
-def _per_case(csv_path: Path) -> dict[str, dict[str, dict[str, float]]]:
-    """``{variant: {case: {metric: value}}}`` from an evaluation's ``per_case.csv``."""
-    rows: dict[str, dict[str, dict[str, float]]] = {variant: {} for variant in VARIANTS}
-    with csv_path.open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            variant, case = row.pop("variant"), row.pop("case")
-            rows[variant][case] = {key: float(value) for key, value in row.items()}
-    return rows
+def _per_case(rows: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, float]]]:
+    """``{variant: {case: {metric: value}}}`` from :attr:`EvaluationResult.per_case`."""
+    return {variant: {row["case"]: {key: float(value) for key, value in row.items() if key != "case"}
+                      for row in variant_rows} for variant, variant_rows in rows.items()}
 
 
 def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | Path | None = None,
@@ -64,7 +56,8 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
         staged = save_bundle(Path(staging) / bundle_path.name, bundle.state_dict, bundle.metadata, half=True)
         shipped = load_bundle(staged)
-        summary = evaluate_bundle(shipped, cases, Path(staging) / "evaluation", device)
+        evaluation = evaluate_bundle(shipped, cases, Path(staging) / "evaluation", device)
+        summary = evaluation.summary
         metrics = {
             "model": name,
             "source_run": str(run_dir),
@@ -72,22 +65,24 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
             "weights_dtype": shipped.metadata.weights_dtype,
             "temperature": shipped.metadata.temperature,
             "data": recorded_dataset(recorded),
-            "cases": summary["cases"],
-            "environment": summary["environment"],
-            "summary": {variant: {key: statistics["mean"] for key, statistics in summary[variant]["per_metric"].items()}
+            "cases": summary.cases,
+            "environment": summary.environment,
+            "summary": {variant: {key: statistics["mean"] for key, statistics in summary.variants[variant].per_metric.items()}
                         for variant in VARIANTS},
-            "spearman_entropy_vs_dice": {variant: summary[variant]["spearman_entropy_vs_dice"] for variant in VARIANTS},
-            "quality": summary["quality"],
-            "per_case": _per_case(Path(staging) / "evaluation" / CASES_NAME),
+            "spearman_entropy_vs_dice": {variant: summary.variants[variant].spearman_entropy_vs_dice
+                                         for variant in VARIANTS},
+            "quality": summary.quality,
+            "per_case": _per_case(evaluation.per_case),
         }
         os.replace(staged, bundle_path)
     write_json_atomic(metrics_path, metrics)
     return bundle_path, metrics_path
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Command line entry point; returns the shipped bundle paths. Bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python Training/ship.py", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-ship`` command: prints each shipped file; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
+    parser = argparse.ArgumentParser(prog="calibseg-ship", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", nargs="+", type=Path, required=True, metavar="RUN_DIR", help="finished run folders")
     parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
     parser.add_argument("--out", type=Path, default=PRETRAINED_DIR, help=f"default {PRETRAINED_DIR}")
@@ -104,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
             shipped.append(bundle_path)
     except (BundleError, DataError, ValueError, OSError) as error:
         raise SystemExit(f"error: {error}") from None
-    return shipped
+    return 0
 
 
 if __name__ == "__main__":

@@ -55,16 +55,22 @@ class NodeTransaction:
 
 
 def _import_mask(segmentation_node, reference_node, mask: np.ndarray, name: str, color) -> str:
-    """Add one segment holding ``mask`` (z, y, x); an empty mask becomes an empty segment."""
+    """Add one segment holding ``mask`` (z, y, x) on ``reference_node``'s grid; an empty mask becomes an empty segment.
+
+    Through a temporary labelmap without display nodes, removed again: ``slicer.util``'s
+    ``updateSegmentBinaryLabelmapFromArray`` does the same, but leaves its temporary labelmap's display
+    node in the scene.
+    """
     import slicer
 
     segmentation = segmentation_node.GetSegmentation()
     if not mask.any():
         return segmentation.AddEmptySegment(name, name, list(color))
     scene = segmentation_node.GetScene()
-    labelmap = add_volume_like(scene, reference_node, mask.astype(np.uint8), "__CalibSeg_mask",
-                               "vtkMRMLLabelMapVolumeNode", display=False)
+    labelmap = scene.AddNewNodeByClass("vtkMRMLLabelMapVolumeNode", scene.GenerateUniqueName("__CalibSeg_mask"))
     try:
+        labelmap.CopyOrientation(reference_node)
+        slicer.util.updateVolumeFromArray(labelmap, mask.astype(np.uint8))
         before = {segmentation.GetNthSegmentID(i) for i in range(segmentation.GetNumberOfSegments())}
         slicer.vtkSlicerSegmentationsModuleLogic.ImportLabelmapToSegmentationNode(labelmap, segmentation_node)
         added = [segmentation.GetNthSegmentID(i) for i in range(segmentation.GetNumberOfSegments())
@@ -90,7 +96,7 @@ def add_segmentation(scene, reference_node, labels: np.ndarray, class_names: Seq
 
 def add_overlay(scene, reference_node, array: np.ndarray, name: str, colormap: str):
     """A float volume on the input grid, coloured with a CalibSeg table over the fixed range [0, 1]."""
-    node = add_volume_like(scene, reference_node, array.astype(np.float32), name)
+    node = add_volume_like(reference_node, array.astype(np.float32), name)
     display = node.GetDisplayNode()
     display.SetAndObserveColorNodeID(color_table_node(scene, colormap).GetID())
     display.SetAutoWindowLevel(False)
@@ -117,6 +123,8 @@ def set_low_confidence_segment(segmentation_node, reference_node, confidence: np
 
 
 def _table(scene, name: str, columns: dict[str, list]):
+    """A table node with one column per entry, text or numbers. Filled here: ``slicer.util.updateTableFromArray``
+    takes NumPy arrays of numbers only (Slicer 5.6 and older also store them as float32)."""
     import vtk
 
     node = scene.AddNewNodeByClass("vtkMRMLTableNode", scene.GenerateUniqueName(name))
@@ -177,16 +185,19 @@ CALIBRATION_METRICS = (("ece", "ECE"), ("cece", "CECE"), ("tace", "TACE"), ("bri
 def metrics_rows(evaluation, class_names: Sequence[str]) -> list[tuple[str, float, str]]:
     """``(label, value, unit)`` rows of one case: Dice/HD95/ASD per class and mean, then calibration.
 
-    Undefined values (e.g. HD95 when only one of the two masks is empty) stay NaN.
+    The values are those of :func:`CalibSegLib.evaluation.case_metrics_row` (the CLI's and
+    evaluate.py's flat row), labelled for the table; undefined ones (e.g. HD95 when only one of
+    the two masks is empty) stay NaN.
     """
+    from CalibSegLib.evaluation import case_metrics_row
+    from CalibSegLib.quality import structure_key
+
+    row = case_metrics_row(evaluation, class_names)
     rows = []
     for key, label, unit in SEGMENTATION_METRICS:
-        values = np.asarray(evaluation.segmentation[key], dtype=float)
-        rows += [(f"{label} {name}", float(value), unit) for name, value in zip(class_names[1:], values)]
-        defined = values[~np.isnan(values)]
-        rows.append((f"{label} mean", float(defined.mean()) if defined.size else math.nan, unit))
-    scores = {**evaluation.calibration, **evaluation.confidence}
-    rows += [(label, float(scores[key]), "") for key, label in CALIBRATION_METRICS]
+        rows += [(f"{label} {name}", row[f"{key}_{structure_key(name)}"], unit) for name in class_names[1:]]
+        rows.append((f"{label} mean", row[f"{key}_mean"], unit))
+    rows += [(label, row[key], "") for key, label in CALIBRATION_METRICS]
     return rows
 
 

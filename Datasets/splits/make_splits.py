@@ -1,6 +1,6 @@
 """Writes CalibSeg's fixed, patient-level ACDC splits (stratified by diagnostic group).
 
-    python Training/splits/make_splits.py /path/to/acdc SampleData/ACDC
+    python Datasets/splits/make_splits.py /path/to/acdc SampleData/ACDC
 
 ACDC numbers patients in five diagnostic groups of 20 consecutive ids (001–020 DCM,
 021–040 HCM, 041–060 MINF, 061–080 NOR, 081–100 RV). Each group's patients present in the

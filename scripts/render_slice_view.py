@@ -5,6 +5,9 @@ input as background, the uncertainty hot spots as foreground (normalised entropy
 inferno table, transparent below the hot-spot level through the display node's threshold) and
 the predicted segmentation as a label layer drawn as outlines. Matplotlib adds the colour legend
 (the hot-spot part of the uncertainty scale and the class colours) around that image.
+
+Used by ``make_slicer_sample_data.py`` for README's picture and by ``Testing/test_slicer_module.py``;
+it needs the module's ``CalibSegRunner`` importable (``Testing/mrml_standins.install_standins``).
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from CalibSegLogic.colors import colormap_table
-from CalibSegLogic.display import FOREGROUND_OPACITY
-from CalibSegLogic.volumes import ijk_to_ras
+from CalibSegRunner.colors import colormap_table
+from CalibSegRunner.display import FOREGROUND_OPACITY
+from CalibSegRunner.volumes import ijk_to_ras
 
 __all__ = ["render_slice_view"]
 
@@ -104,14 +107,14 @@ def render_slice_view(scene, input_node, outputs, class_names, class_colors, pat
     from matplotlib.patches import Patch
     import slicer
 
-    from CalibSegLogic.volumes import add_volume_like
+    from CalibSegRunner.volumes import add_volume_like
 
     labels = np.zeros(slicer.util.arrayFromVolume(input_node).shape, dtype=np.uint8)
     for order in range(1, len(class_names)):
         segment_id = outputs.segmentation.GetSegmentation().GetSegmentIdBySegmentName(class_names[order])
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, segment_id, input_node)
         labels[mask > 0] = order
-    labelmap = add_volume_like(scene, input_node, labels, "CalibSeg snapshot labels", "vtkMRMLLabelMapVolumeNode")
+    labelmap = add_volume_like(input_node, labels, "CalibSeg snapshot labels", "vtkMRMLLabelMapVolumeNode")
     labelmap.GetDisplayNode().SetAndObserveColorNodeID(_label_color_table(scene, class_names, class_colors).GetID())
     if slice_index is None:
         uncertain = outputs.summary["uncertain_slices"]

@@ -1,7 +1,7 @@
-"""Convert the official ACDC NIfTI release into a folder ``Training/train.py --data`` reads.
+"""Convert the official ACDC NIfTI release into a folder ``calibseg-train --data`` reads.
 
-    python Training/convert_acdc.py --source /path/to/ACDC/database --out data/acdc
-    python Training/train.py --cpu --data data/acdc --method crac
+    calibseg-convert-acdc --source /path/to/ACDC/database --out data/acdc
+    calibseg-train --cpu --data data/acdc --method crac
 
 The ACDC challenge (https://www.creatis.insa-lyon.fr/Challenge/acdc/) publishes one folder per
 patient: ``patientNNN/patientNNN_frameXX.nii.gz`` (a cine-MRI frame), ``patientNNN_frameXX_gt.nii.gz``
@@ -14,7 +14,7 @@ folders alike).
 For each patient and each of its ED and ES frames this writes ``patientNNN_frameXX_image.nii.gz``
 and ``patientNNN_frameXX_label.nii.gz`` into ``--out``: the image's voxels and geometry
 unchanged (the real spacing, origin and direction of the release, unlike the HDF5 copy, which
-has none), the label as uint8 on the same grid. :func:`Training.data.find_cases` reads that
+has none), the label as uint8 on the same grid. :func:`Datasets.cases.find_cases` reads that
 folder as image/label pairs grouped by patient (``patientNNN``), so both frames of a patient stay
 on one side of a split and the shipped split files apply; bundles trained on it record the
 dataset as ``acdc``. Intensities are left as acquired: the bundle's preprocessing normalises
@@ -30,18 +30,14 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import numpy as np
 
 from CalibSegLib.io import ImageGeometry, OutputSet, check_output_folder, os_error_sentence, read_image, write_image
-from Training.data import ACDC_CLASS_NAMES, DataError
+from Datasets.cases import ACDC_CLASS_NAMES, DataError
 
 __all__ = ["AcdcFrame", "INFO_NAME", "find_frames", "convert", "main"]
 
@@ -159,9 +155,10 @@ def convert(source: str | Path, out: str | Path, patients: Sequence[str] | None 
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Command line entry point; returns the written image paths. Bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python Training/convert_acdc.py", description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-convert-acdc`` command: prints how many volumes went where; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
+    parser = argparse.ArgumentParser(prog="calibseg-convert-acdc", description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", type=Path, required=True,
                         help="the official ACDC NIfTI release (folder holding training/ and testing/ or patientNNN/)")
     parser.add_argument("--out", type=Path, required=True, help="folder for the <case>_image/<case>_label pairs")
@@ -176,8 +173,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
     count = len({path.name.split("_")[0] for path in written})
     print(f"wrote {len(written)} volumes of {count} patients (image + label pairs, real spacing) to {arguments.out}")
-    print(f"train on them: python Training/train.py --data {arguments.out}   (or set CALIBSEG_ACDC={arguments.out})")
-    return written
+    print(f"train on them: calibseg-train --data {arguments.out}   (or set CALIBSEG_ACDC={arguments.out})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """3D evaluation of a model bundle on the test patients of a split.
 
-    python Training/evaluate.py --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
-    python Training/evaluate.py --bundle acdc_ce_dice --data /path/to/acdc   # a shipped model (or set CALIBSEG_ACDC)
+    calibseg-evaluate --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
+    calibseg-evaluate --bundle acdc_ce_dice --data /path/to/acdc   # a shipped model (or set CALIBSEG_ACDC)
 
-The data are found from what the bundle records (:func:`Training.data.data_folder`: ``--data``,
+The data are found from what the bundle records (:func:`Datasets.cases.data_folder`: ``--data``,
 the shipped sample, ``$CALIBSEG_ACDC`` for full ACDC), the patients from its recorded split or
 ``--split-file``. Patients the bundle was trained or validated on are refused (one sentence
 naming them) unless ``--force``: numbers on them would overstate the model.
@@ -25,7 +25,7 @@ current folder, never inside the installed package), each file atomically:
   per-case mean foreground entropy and Dice (does uncertainty flag bad cases?); the machine
   (CPU/GPU, torch version) and the evaluation's wall time; ``quality``: how well the bundle's
   quality model predicts Dice and flags poor structures, on the test volumes and on
-  deliberately degraded copies of them (:mod:`Training.quality_report`; null without a model);
+  deliberately degraded copies of them (:mod:`Evaluation.quality_report`; null without a model);
 - ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1), pooled
   over all volumes, with the pooled ECE in the title.
 
@@ -40,38 +40,31 @@ import csv
 import dataclasses
 import io
 import math
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 from scipy.stats import spearmanr
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
-from CalibSegLib.evaluation import case_metrics_row, evaluate_variants
 from CalibSegLib.device import environment
+from CalibSegLib.evaluation import case_metrics_row, evaluate_variants
 from CalibSegLib.inference import Predictor
-from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence, write_json_atomic
+from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence
 from CalibSegLib.metrics import summarize
-from CalibSegLib.metrics.calibration import CalibrationStatistics, Reliability
+from CalibSegLib.metrics.calibration import CalibrationStatistics
 from CalibSegLib.metrics.plots import reliability_figure
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from CalibSegLib.quality import quality_summary, with_predicted_dice
-from Training.data import DATASETS, Case, DataError, data_folder, find_cases, load_cases
-from Training.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
-from Training.splits import recorded_split, select_patients
+from Datasets.cases import DATASETS, Case, DataError, data_folder, find_cases, load_cases
+from Datasets.splits import recorded_split, select_patients
+from Evaluation.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
+from Evaluation.summary import CASES_NAME, EVALUATION_DIR, SUMMARY_NAME, EvaluationSummary, VariantSummary
 
-__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "variant_bundles", "reliability_to_dict",
-           "reliability_from_dict", "evaluate_bundle", "print_summary", "seen_patients", "main"]
+__all__ = ["EvaluationResult", "variant_bundles", "evaluate_bundle", "print_summary", "seen_patients", "main"]
 
-EVALUATION_DIR = "evaluation"
-SUMMARY_NAME = "summary.json"
-CASES_NAME = "per_case.csv"
-VARIANTS: tuple[str, ...] = ("scaled", "uncalibrated")
 RELIABILITY_NAMES = {"scaled": "reliability.png", "uncalibrated": "reliability_uncalibrated.png"}
 
 
@@ -93,24 +86,6 @@ def _spearman(entropy: Sequence[float], dice_mean: Sequence[float]) -> float:
     return float(spearmanr(*zip(*defined)).statistic)
 
 
-def reliability_to_dict(reliability: Reliability) -> dict[str, list[float]]:
-    """JSON-ready reliability bins (NaN for empty bins becomes null)."""
-    def listed(values: np.ndarray) -> list:
-        return [None if math.isnan(value) else float(value) for value in np.asarray(values, dtype=float)]
-
-    return {"edges": listed(reliability.edges), "counts": [int(count) for count in reliability.counts],
-            "mean_confidence": listed(reliability.mean_confidence), "accuracy": listed(reliability.accuracy)}
-
-
-def reliability_from_dict(values: dict[str, list]) -> Reliability:
-    """Inverse of :func:`reliability_to_dict`."""
-    def array(key: str) -> np.ndarray:
-        return np.array([np.nan if value is None else value for value in values[key]], dtype=float)
-
-    return Reliability(counts=np.asarray(values["counts"], dtype=np.int64), mean_confidence=array("mean_confidence"),
-                       accuracy=array("accuracy"), edges=array("edges"))
-
-
 def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch_size: int
                        ) -> dict[str, tuple[list[dict], CalibrationStatistics]]:
     """Per variant: per-case metric rows and pooled calibration statistics, from one network pass per case."""
@@ -130,13 +105,22 @@ def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch
     return results
 
 
+@dataclass
+class EvaluationResult:
+    """What :func:`evaluate_bundle` wrote: ``summary`` is ``summary.json``, ``per_case`` the rows of
+    ``per_case.csv`` per variant (``{variant: [{"case": id, column: value, ...}]}``)."""
+
+    summary: EvaluationSummary
+    per_case: dict[str, list[dict]]
+
+
 def evaluate_bundle(
     bundle: Bundle, cases: Sequence[Case], out_dir: str | Path, device: str = "auto", batch_size: int = 16,
     degradations: Sequence[str] = tuple(DEGRADATIONS),
-) -> dict:
-    """Evaluate ``bundle`` on ``cases`` (3D) and write CSV, JSON and PNGs into ``out_dir``; returns the summary.
+) -> EvaluationResult:
+    """Evaluate ``bundle`` on ``cases`` (3D) and write CSV, JSON and PNGs into ``out_dir``; returns what it wrote.
 
-    ``degradations`` (names of :data:`Training.quality_report.DEGRADATIONS`) are the degraded
+    ``degradations`` (names of :data:`Evaluation.quality_report.DEGRADATIONS`) are the degraded
     copies of ``cases`` the quality report is also measured on; each costs one more prediction
     per case.
 
@@ -147,68 +131,67 @@ def evaluate_bundle(
         raise DataError("No cases to evaluate; the split side is empty.")
     out_dir = Path(out_dir)
     started = time.perf_counter()
-    summary: dict = {"cases": [case.case_id for case in cases],
-                     "patients": sorted({case.patient_id for case in cases}), "bundle": str(bundle.path or ""),
-                     "temperature": bundle.metadata.temperature, "environment": environment(device)}
-    rows: list[dict] = []
+    summary = EvaluationSummary(cases=[case.case_id for case in cases], variants={},
+                                patients=sorted({case.patient_id for case in cases}), bundle=str(bundle.path or ""),
+                                temperature=bundle.metadata.temperature, environment=environment(device))
+    per_case = {}
     for variant, (variant_rows, pooled) in _evaluate_variants(bundle, cases, device, batch_size).items():
-        rows += [{"variant": variant, **row} for row in variant_rows]
+        per_case[variant] = variant_rows
         if variant == "scaled":
-            summary["quality"] = quality_report(bundle, variant_rows, cases, degradations, device, batch_size)
+            summary.quality = quality_report(bundle, variant_rows, cases, degradations, device, batch_size)
         columns = [key for key in variant_rows[0] if key != "case"]
-        summary[variant] = {
-            "per_metric": {column: summarize([row[column] for row in variant_rows]) for column in columns},
-            "pooled_calibration": pooled.metrics(),
-            "reliability": reliability_to_dict(pooled.reliability()),
-            "spearman_entropy_vs_dice": _spearman([row["mean_foreground_entropy"] for row in variant_rows],
-                                                  [row["dice_mean"] for row in variant_rows]),
-        }
+        summary.variants[variant] = VariantSummary(
+            per_metric={column: summarize([row[column] for row in variant_rows]) for column in columns},
+            pooled_calibration=pooled.metrics(),
+            reliability=pooled.reliability(),
+            spearman_entropy_vs_dice=_spearman([row["mean_foreground_entropy"] for row in variant_rows],
+                                               [row["dice_mean"] for row in variant_rows]),
+        )
         title = _temperature_text(bundle.metadata.temperature) if variant == "scaled" else "T = 1"
         figure = reliability_figure(pooled.reliability(), title=f"Reliability, {title}, {len(cases)} volumes pooled",
                                     ece=pooled.ece())
         with atomic_output(out_dir / RELIABILITY_NAMES[variant]) as temporary:
             figure.savefig(temporary, bbox_inches="tight", format="png")
+    rows = [{"variant": variant, **row} for variant, variant_rows in per_case.items() for row in variant_rows]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=["case", "variant"] + [key for key in rows[0] if key not in ("case", "variant")])
     writer.writeheader()
     writer.writerows(rows)
     with atomic_output(out_dir / CASES_NAME) as temporary:
         temporary.write_text(buffer.getvalue())
-    summary["wall_s"] = time.perf_counter() - started
-    write_json_atomic(out_dir / SUMMARY_NAME, summary)
-    return summary
+    summary.wall_s = time.perf_counter() - started
+    summary.write(out_dir / SUMMARY_NAME)
+    return EvaluationResult(summary, per_case)
 
 
 def _temperature_text(temperature: float | Sequence[float]) -> str:
     return f"T = {temperature:.2f}" if isinstance(temperature, (int, float)) else "T per class"
 
 
-def print_summary(summary: dict, out_dir: Path) -> None:
+def print_summary(summary: EvaluationSummary, out_dir: Path) -> None:
     """A few lines: test Dice/HD95 and calibration before/after temperature scaling, and where the files are.
 
     Every number is the mean over the test volumes, except the one labelled pooled (all volumes'
     voxels together, as in the reliability diagram's title).
     """
-    scaled, raw = summary["scaled"]["per_metric"], summary["uncalibrated"]["per_metric"]
-    temperature = summary["temperature"]
+    scaled, raw = summary.variants["scaled"], summary.variants["uncalibrated"]
+    temperature = summary.temperature
     temperature_text = f"{temperature:.2f}" if isinstance(temperature, (int, float)) else "per class"
-    patients = summary.get("patients")
-    of_patients = f" of {len(patients)} patients" if patients else ""
-    print(f"test, {len(summary['cases'])} volumes{of_patients} (means over the volumes): Dice "
-          f"{scaled['dice_mean']['mean']:.3f}  HD95 {scaled['hd95_mean']['mean']:.2f} mm  "
-          f"ASD {scaled['asd_mean']['mean']:.2f} mm")
-    for label, variant, metrics in (("T = 1   ", "uncalibrated", raw), (f"T = {temperature_text}", "scaled", scaled)):
-        pooled = summary[variant]["pooled_calibration"]["ece"]
-        print(f"  {label}  ECE {metrics['ece']['mean']:.3f} (pooled {pooled:.3f})  CECE {metrics['cece']['mean']:.3f}  "
-              f"TACE {metrics['tace']['mean']:.3f}  Brier {metrics['brier']['mean']:.3f}  NLL {metrics['nll']['mean']:.3f}")
-    quality = summary.get("quality")
-    if quality:
-        for label, report in (("test", quality["clean"]), *quality["degraded"].items()):
+    of_patients = f" of {len(summary.patients)} patients" if summary.patients else ""
+    print(f"test, {len(summary.cases)} volumes{of_patients} (means over the volumes): Dice "
+          f"{scaled.value('dice_mean'):.3f}  HD95 {scaled.value('hd95_mean'):.2f} mm  "
+          f"ASD {scaled.value('asd_mean'):.2f} mm")
+    for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text}", scaled)):
+        pooled = metrics.pooled_calibration["ece"]
+        print(f"  {label}  ECE {metrics.value('ece'):.3f} (pooled {pooled:.3f})  CECE {metrics.value('cece'):.3f}  "
+              f"TACE {metrics.value('tace'):.3f}  Brier {metrics.value('brier'):.3f}  NLL {metrics.value('nll'):.3f}")
+    if summary.quality:
+        for label, report in (("test", summary.quality["clean"]), *summary.quality["degraded"].items()):
             pooled = report[ALL_STRUCTURES]
             print(f"  predicted Dice, {label}: ρ {pooled['spearman']:.2f}  MAE {pooled['mae']:.3f}  review flag "
                   f"AUROC {pooled['review_auroc']:.2f} ({pooled['flagged_poor']} of {pooled['poor']} poor flagged, "
                   f"{pooled['flagged']} flagged in all)")
-    undefined = scaled["hd95_mean"]["undefined"]
+    undefined = int(scaled.value("hd95_mean", "undefined"))
     if undefined:
         print(f"  HD95 undefined in {undefined} volume(s) (a class in only one of prediction and reference)")
     print(f"metrics: {out_dir / SUMMARY_NAME} (per case: {out_dir / CASES_NAME})")
@@ -216,7 +199,7 @@ def print_summary(summary: dict, out_dir: Path) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python Training/evaluate.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="calibseg-evaluate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundle records: the shipped sample, "
@@ -246,8 +229,9 @@ def _check_unseen(patients: Sequence[str], data: dict) -> None:
                         "overstate it; evaluate other patients (its recorded test split by default) or pass --force.")
 
 
-def main(argv: Sequence[str] | None = None) -> Path:
-    """Command line entry point; returns the summary JSON path. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-evaluate`` command: prints where the summary went; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     arguments = _parser().parse_args(argv)
     try:
         bundle_path = resolve_bundle_path(arguments.bundle)
@@ -263,13 +247,13 @@ def main(argv: Sequence[str] | None = None) -> Path:
             _check_unseen(patients, recorded)
         files = select_patients(find_cases(data_folder(recorded, arguments.data), arguments.dataset), patients)
         cases = load_cases(files, bundle.metadata.num_classes)
-        summary = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size)
+        result = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size)
     except (BundleError, DataError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
-    print_summary(summary, out)
-    return out / SUMMARY_NAME
+    print_summary(result.summary, out)
+    return 0
 
 
 if __name__ == "__main__":

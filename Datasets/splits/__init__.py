@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from Training.data import CaseFile, DataError
+from Datasets.cases import CaseFile, DataError
 
 __all__ = ["SPLITS_DIR", "SIDES", "load_split", "select_patients", "default_split_for", "split_reference",
            "recorded_split"]

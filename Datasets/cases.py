@@ -14,7 +14,7 @@ Folder layouts (:func:`find_cases`):
   id is ``patientNNN`` (both frames of a patient always stay on one side of a split).
 - Pairs: ``<case>_image.<ext>`` + ``<case>_label.<ext>`` in one folder (ext: nii.gz, nii,
   nrrd, mha); the patient id is ``<case>``, or ``<patient>`` for a case named
-  ``<patient>_frameNN`` (so the ``patientNNN_frameMM`` pairs that ``Training/convert_acdc.py``
+  ``<patient>_frameNN`` (so the ``patientNNN_frameMM`` pairs that ``Datasets/convert_acdc.py``
   writes from the official ACDC release group by patient, as the HDF5 files do, and the
   shipped split files apply to them).
 - Medical Segmentation Decathlon: ``imagesTr/<case>_0000.nii.gz`` (or ``<case>.nii.gz``) +
@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.io import read_image
+from CalibSegLib.io import WRITE_SUFFIXES, read_image
 from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
                                        resample_slices)
 
@@ -81,7 +81,6 @@ ACDC_DATASET = "acdc"
 # Where readers of a bundle trained on full ACDC look for the data when no --data is given.
 ACDC_ENVIRONMENT = "CALIBSEG_ACDC"
 
-_IMAGE_EXTENSIONS = (".nii.gz", ".nii", ".nrrd", ".mha")
 _ACDC_NAME = re.compile(r"^(patient\d+)_frame\d+\.h5$")
 # A pair-folder case of one frame of a patient (ACDC: end-diastole and end-systole): grouped by patient.
 _FRAME_CASE = re.compile(r"^(.+)_frame\d+$")
@@ -119,7 +118,7 @@ class Case:
 
 
 def _strip_extension(name: str) -> str | None:
-    for extension in _IMAGE_EXTENSIONS:
+    for extension in WRITE_SUFFIXES:  # single-file formats: an image and its label are one file each
         if name.endswith(extension):
             return name[: -len(extension)]
     return None
@@ -193,7 +192,7 @@ def dataset_name(folder: str | Path, files: Sequence[CaseFile]) -> str:
     """The name a bundle records for the data in ``folder`` (whose volumes are ``files``).
 
     ``acdc-sample`` for the shipped sample, ``acdc`` for ACDC HDF5 files or ``patientNNN_frameMM``
-    pairs (the official release after ``Training/convert_acdc.py``), else the folder's own name.
+    pairs (the official release after ``Datasets/convert_acdc.py``), else the folder's own name.
     """
     folder = Path(folder).resolve()
     if folder == SAMPLE_DATA:

@@ -1,14 +1,14 @@
 """How well a bundle's quality model works on test cases: predicted against measured Dice, and the
 review flag as a detector of poor structures — on the clean volumes and on deliberately degraded ones.
 
-:func:`Training.evaluate.evaluate_bundle` puts :func:`quality_report` into ``summary.json``
+:func:`Evaluation.evaluate.evaluate_bundle` puts :func:`quality_report` into ``summary.json``
 (``"quality"``), so every evaluation has it; for a shipped model::
 
-    python Training/evaluate.py --bundle acdc_ce_dice --data "$CALIBSEG_ACDC"   # → runs/acdc_ce_dice/evaluation/
-    python Training/quality_report.py runs/acdc_*/evaluation/summary.json         # the tables, as Markdown
+    calibseg-evaluate --bundle acdc_ce_dice --data "$CALIBSEG_ACDC"   # → runs/acdc_ce_dice/evaluation/
+    python -m Reporting.quality_tables runs/acdc_*/evaluation/summary.json         # the tables, as Markdown
 
-:func:`quality_tables` makes those tables; the results page (``Training/results.py``) uses it
-for every run whose bundle has a quality model.
+:mod:`Reporting.quality_tables` makes those tables; the results page (``Reporting/results.py``)
+shows them for every run whose bundle has a quality model.
 
 Per structure and pooled over structures (``"all structures"``), over the cases where both
 numbers exist: Spearman ρ and mean absolute error between predicted and measured Dice, their
@@ -25,14 +25,7 @@ on its own and all of them pooled (``"degraded (all)"``), never mixed with the c
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
 from typing import Callable, Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -41,10 +34,9 @@ from CalibSegLib.bundle import Bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import dice, error_detection_auroc
 from CalibSegLib.quality import REVIEW_BELOW, quality_model_of, quality_summary, structure_key, summary_columns
-from Training.data import Case
+from Datasets.cases import Case
 
-__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "quality_statistics", "degraded_rows", "quality_report", "quality_tables",
-           "main"]
+__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "quality_statistics", "degraded_rows", "quality_report"]
 
 ALL_STRUCTURES = "all structures"
 NOISE_SEED = 2024
@@ -168,56 +160,3 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
     if len(degradations) > 1:
         report["degraded"]["degraded (all)"] = quality_statistics(pooled, names, model.review_below)
     return report
-
-
-def _cell(value: float, digits: int = 2, signed: bool = False) -> str:
-    if value != value:  # NaN
-        return "n/a"
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
-
-
-def quality_tables(reports: dict[str, dict]) -> list[str]:
-    """Markdown lines: per model and structure on the test volumes, then per model and degraded input
-    pooled over structures. ``reports`` maps a model's label to its :func:`quality_report`."""
-    from Training.benchmark import markdown_table  # here, not at the top: benchmark imports evaluate, which imports us
-
-    def cells(statistics: dict) -> list[str]:
-        return [_cell(statistics["spearman"], signed=True), _cell(statistics["mae"], 3),
-                f"{_cell(statistics['mean_predicted'], 3)} / {_cell(statistics['mean_measured'], 3)}",
-                f"{statistics['flagged_poor']} / {statistics['poor']}", str(statistics["flagged"] - statistics["flagged_poor"]),
-                _cell(statistics["review_auroc"]), _cell(statistics["predicted_dice_auroc"])]
-
-    common = ["ρ predicted–measured", "MAE", "mean predicted / measured", "poor flagged / poor", "good flagged",
-              "flag AUROC", "predicted-Dice AUROC"]
-    clean = [[label, structure, str(statistics["cases"]), *cells(statistics), _cell(statistics["interval_coverage"])]
-             for label, report in reports.items() for structure, statistics in report["clean"].items()]
-    degraded = [[label, name, str(report["degraded"][name][ALL_STRUCTURES]["cases"]),
-                 *cells(report["degraded"][name][ALL_STRUCTURES])]
-                for label, report in reports.items() for name in report["degraded"]]
-    lines = markdown_table(["Model", "Structure", "n predicted", *common, "interval coverage"], clean)
-    if degraded:
-        lines += ["", *markdown_table(["Model", "Degraded input (all structures)", "n predicted", *common], degraded)]
-    return lines
-
-
-def main(argv: Sequence[str] | None = None) -> list[str]:
-    """Print the quality tables of evaluation summaries (``summary.json`` files written by Training/evaluate.py)."""
-    parser = argparse.ArgumentParser(prog="python Training/quality_report.py", description=main.__doc__)
-    parser.add_argument("summaries", nargs="+", type=Path, metavar="SUMMARY_JSON")
-    arguments = parser.parse_args(argv)
-    reports = {}
-    for path in arguments.summaries:
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise SystemExit(f"error: cannot read {path} ({error}).") from None
-        if not summary.get("quality"):
-            raise SystemExit(f"error: {path} has no quality report; its bundle has no quality model.")
-        reports[Path(summary.get("bundle") or path.parent.parent.name).stem] = summary["quality"]
-    lines = quality_tables(reports)
-    print("\n".join(lines))
-    return lines
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Train and evaluate several methods alike, then write the papers' comparison table with ranks.
 
-    python Training/benchmark.py --methods ce_dice,nacl,crac --epochs 30 --data "$CALIBSEG_ACDC" --out runs/benchmark
-    python Training/benchmark.py --collect runs/benchmark/* --out runs/benchmark
+    calibseg-benchmark --methods ce_dice,nacl,crac --epochs 30 --data "$CALIBSEG_ACDC" --out runs/benchmark
+    calibseg-benchmark --collect runs/benchmark/* --out runs/benchmark
 
 Every method is trained by ``Training/train.py`` into ``<out>/<method>`` with the same data,
 split, schedule and seed; flags this script does not know (``--paper``, ``--image-size``,
@@ -24,25 +24,21 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
 from CalibSegLib.io import atomic_output
 from CalibSegLib.losses import LOSSES
 from CalibSegLib.metrics import RankTable, rank_methods
-from Training.data import recorded_dataset
-from Training.evaluate import EVALUATION_DIR, SUMMARY_NAME, VARIANTS
-from Training.trainer import BUNDLE_NAME, CHECKPOINT_NAME
+from Datasets.cases import recorded_dataset
+from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, VARIANTS, EvaluationSummary
+from Reporting.formatting import format_value, markdown_table
+from Training.trainer import BUNDLE_NAME, CHECKPOINT_NAME, RUN_SUMMARY_NAME, RunSummary
 
-__all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "markdown_table",
-           "format_value", "ranked_table", "table_caption", "benchmark_csv", "write_benchmark", "main"]
+__all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "ranked_table",
+           "table_caption", "benchmark_csv", "write_benchmark", "main"]
 
 
 @dataclass(frozen=True)
@@ -75,20 +71,22 @@ VARIANT_TITLES = {
 
 @dataclass
 class RunResult:
-    """One finished run: its method, dataset, test summary (``summary.json``), folder and bundle metadata."""
+    """One finished run: its method, dataset, test summary (``evaluation/summary.json``), folder, bundle
+    metadata and, for runs that wrote one, its run summary (``run.json``)."""
 
     run_dir: Path
     method: str
     dataset: str
-    summary: dict
+    summary: EvaluationSummary
     metadata: BundleMetadata
+    run: RunSummary | None = None
 
     def value(self, variant: str, key: str, statistic: str = "mean") -> float:
-        return float(self.summary[variant]["per_metric"][key][statistic])
+        return self.summary.variants[variant].value(key, statistic)
 
 
 def collect_run(run_dir: str | Path) -> RunResult:
-    """Read a finished run folder (bundle + ``evaluation/summary.json``).
+    """Read a finished run folder (bundle, ``evaluation/summary.json``, and ``run.json`` when there is one).
 
     Raises:
         ValueError: the folder has no bundle or no evaluation (one sentence naming it).
@@ -97,12 +95,13 @@ def collect_run(run_dir: str | Path) -> RunResult:
     summary_path = run_dir / EVALUATION_DIR / SUMMARY_NAME
     if not summary_path.is_file():
         raise ValueError(
-            f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; train it to the end or run Training/evaluate.py on its bundle."
+            f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; train it to the end or run calibseg-evaluate on its bundle."
         )
     metadata = load_bundle(run_dir / BUNDLE_NAME).metadata
-    summary = json.loads(summary_path.read_text())
+    summary = EvaluationSummary.read(summary_path)
+    run = RunSummary.read(run_dir) if (run_dir / RUN_SUMMARY_NAME).is_file() else None
     return RunResult(run_dir, metadata.training.get("method", run_dir.name), recorded_dataset(metadata.data), summary,
-                     metadata)
+                     metadata, run)
 
 
 def _labels(runs: Sequence[RunResult]) -> list[str]:
@@ -129,18 +128,6 @@ def benchmark_tables(runs: Sequence[RunResult], variant: str) -> tuple[dict[str,
     return table, rank_methods(ranked, direction)
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """Lines of a Markdown table."""
-    return ["| " + " | ".join(cells) + " |" for cells in (header, ["---"] * len(header), *rows)]
-
-
-def format_value(value: float, key: str) -> str:
-    """A metric mean as the tables print it: HD95 with 2 decimals, the rest with 3, NaN as n/a."""
-    if value != value:  # NaN
-        return "n/a"
-    return f"{value:.2f}" if key == "hd95_mean" else f"{value:.3f}"
-
-
 def ranked_table(runs: Sequence[RunResult], variant: str) -> list[str]:
     """Markdown lines of one temperature variant's table, best Friedman rank first, with HD95 caveats."""
     datasets = sorted({run.dataset for run in runs})
@@ -156,8 +143,8 @@ def ranked_table(runs: Sequence[RunResult], variant: str) -> list[str]:
                  for dataset in datasets for metric in METRICS]
         rows.append([label, *cells, f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}", str(ranks.final[index])])
     lines = markdown_table(header, rows)
-    undefined = {run.run_dir.name: run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]
-                 for run in runs if run.summary[variant]["per_metric"]["hd95_mean"]["undefined"]}
+    undefined = {run.run_dir.name: int(run.value(variant, "hd95_mean", "undefined"))
+                 for run in runs if run.value(variant, "hd95_mean", "undefined")}
     if undefined:
         lines += ["", "HD95 undefined (a class present in only one of prediction and reference) in: "
                   + ", ".join(f"{name} ({count} cases)" for name, count in undefined.items()) + "."]
@@ -167,7 +154,7 @@ def ranked_table(runs: Sequence[RunResult], variant: str) -> list[str]:
 def table_caption(runs: Sequence[RunResult]) -> str:
     """What the table's numbers are: which test cases, which ranking."""
     datasets = sorted({run.dataset for run in runs})
-    cases = {run.dataset: len(run.summary.get("cases", [])) for run in runs}
+    cases = {run.dataset: len(run.summary.cases) for run in runs}
     return ("Mean over the test cases of " + ", ".join(f"{name} ({cases[name]} volumes)" for name in datasets) + ". "
             "Friedman rank = mean rank over " + ", ".join(m.label for m in METRICS if m.key in RANKED_METRICS)
             + " of every dataset (the papers' ranking; 1 = best, ties share the best rank); "
@@ -193,7 +180,7 @@ def benchmark_csv(runs: Sequence[RunResult]) -> str:
         _, ranks = benchmark_tables(runs, variant)
         for label, run in zip(_labels(runs), runs):
             index = ranks.methods.index(label)
-            writer.writerow([label, run.dataset, variant, str(run.run_dir), len(run.summary.get("cases", [])),
+            writer.writerow([label, run.dataset, variant, str(run.run_dir), len(run.summary.cases),
                              f"{ranks.friedman[index]:.4f}", f"{ranks.rank_sum[index]:.0f}"]
                             + [run.value(variant, metric.key, statistic) for metric in METRICS for statistic in statistics])
     return buffer.getvalue()
@@ -221,13 +208,13 @@ def train_method(method: str, run_dir: Path, train_arguments: Sequence[str]) -> 
     argv = ["--method", method, "--out", str(run_dir), *train_arguments]
     if (run_dir / CHECKPOINT_NAME).is_file():
         argv.append("--resume")
-    print(f"== {method}: python Training/train.py {' '.join(argv)}", flush=True)
+    print(f"== {method}: calibseg-train {' '.join(argv)}", flush=True)
     train_main(argv)
     return run_dir
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python Training/benchmark.py", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="calibseg-benchmark", description=__doc__.split("\n\n")[0],
                                      epilog="Unknown flags are passed on to Training/train.py.")
     parser.add_argument("--methods", default=",".join(LOSSES),
                         help=f"comma-separated losses to train (default: all of {', '.join(LOSSES)})")
@@ -239,8 +226,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
-    """Run the benchmark; returns the Markdown and CSV paths. Bad input exits with one sentence."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-benchmark`` command: prints the table and where it went; returns the exit status 0. Bad input
+    exits with one sentence, no traceback."""
     arguments, train_arguments = _parser().parse_known_args(argv)
     for flag, value in (("--epochs", arguments.epochs), ("--data", arguments.data)):
         if value is not None:
@@ -259,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> tuple[Path, Path]:
         raise SystemExit(f"error: {error}") from None
     print(paths[0].read_text())
     print(f"table: {paths[0]}\ncsv: {paths[1]}")
-    return paths
+    return 0
 
 
 if __name__ == "__main__":

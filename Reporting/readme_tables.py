@@ -1,8 +1,8 @@
 """README.md's measured tables, regenerated from recorded files so that its numbers cannot drift.
 
-    python scripts/readme_tables.py            # rewrite every block whose record exists
-    python scripts/readme_tables.py --check    # exit 1 if README.md and the records disagree
-    python scripts/readme_tables.py --record-quick-start runs/crac --command "Training/train.py" [--wall-s 282]
+    python -m Reporting.readme_tables            # rewrite every block whose record exists
+    python -m Reporting.readme_tables --check    # exit 1 if README.md and the records disagree
+    python -m Reporting.readme_tables --record-quick-start runs/crac --command "calibseg-train" [--wall-s 282]
 
 Every measured table of README.md sits between ``<!-- generated:NAME begin -->`` and
 ``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made
@@ -12,7 +12,7 @@ differs from what its records give, or when a marker pair has no entry here.
 
 Records (each written by the tool that measured it):
 
-- ``shipped_models``: ``CalibSegLib/pretrained/<name>.metrics.json`` (``Training/ship.py``) and
+- ``shipped_models``: ``CalibSegLib/pretrained/<name>.metrics.json`` (``Reporting/ship.py``) and
   the ``bundle.json`` inside ``<name>.calibseg`` beside it;
 - ``quick_start``: ``docs/records/quick_start.json``, one entry per README command, written by
   ``--record-quick-start RUN_DIR`` from the run's ``run.json`` and ``evaluation/summary.json``
@@ -28,6 +28,7 @@ import argparse
 import datetime
 import importlib
 import json
+import math
 import re
 import sys
 import zipfile
@@ -36,10 +37,10 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
 
-from CalibSegLib.io import atomic_output, write_json_atomic  # noqa: E402
+from CalibSegLib import BUNDLE_SUFFIX
+from CalibSegLib.io import atomic_output, write_json_atomic
+from CalibSegLib.pretrained import METRICS_SUFFIX
 
 __all__ = ["Table", "TABLES", "MARKER", "README", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json",
            "shipped_models_table", "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
@@ -74,11 +75,11 @@ def bundle_json(path: Path) -> dict:
 
 
 def shipped_models_table(paths: list[Path]) -> list[str]:
-    """Table of the shipped models from their ``<name>.metrics.json`` files (``Training/ship.py``)."""
+    """Table of the shipped models from their ``<name>.metrics.json`` files (``Reporting/ship.py``)."""
     rows, volumes, sizes, splits = [], set(), [], set()
     for path in sorted(paths):
         metrics = json.loads(path.read_text())
-        bundle_path = path.with_name(path.name.removesuffix(".metrics.json") + ".calibseg")
+        bundle_path = path.with_name(path.name.removesuffix(METRICS_SUFFIX) + BUNDLE_SUFFIX)
         recorded = bundle_json(bundle_path)
         summary = metrics["summary"]
         temperature = metrics.get("temperature", recorded["temperature"])
@@ -118,7 +119,7 @@ def quick_start_entry(run_dir: str | Path, command: str, wall_s: float | None = 
     Raises:
         ValueError: the folder holds no finished, evaluated run (one sentence).
     """
-    from Training.evaluate import EVALUATION_DIR, SUMMARY_NAME
+    from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, EvaluationSummary
     from Training.trainer import BUNDLE_NAME, RunSummary
 
     run_dir = Path(run_dir)
@@ -126,12 +127,12 @@ def quick_start_entry(run_dir: str | Path, command: str, wall_s: float | None = 
     summary_path = run_dir / EVALUATION_DIR / SUMMARY_NAME
     if not summary_path.is_file():
         raise ValueError(f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; record a run that was evaluated.")
-    summary = json.loads(summary_path.read_text())
-    logged = run.training_wall_s + run.finish_wall_s + float(summary.get("wall_s", 0.0))
+    summary = EvaluationSummary.read(summary_path)
+    logged = run.training_wall_s + run.finish_wall_s + (0.0 if math.isnan(summary.wall_s) else summary.wall_s)
 
     def test(variant: str) -> dict[str, float]:
-        means = {key: summary[variant]["per_metric"][key]["mean"] for key in ("dice_mean", "hd95_mean", "ece")}
-        return {**means, "pooled_ece": summary[variant]["pooled_calibration"]["ece"]}
+        means = {key: summary.variants[variant].value(key) for key in ("dice_mean", "hd95_mean", "ece")}
+        return {**means, "pooled_ece": summary.variants[variant].pooled_calibration["ece"]}
 
     return {
         "command": command,
@@ -142,9 +143,9 @@ def quick_start_entry(run_dir: str | Path, command: str, wall_s: float | None = 
         "epochs": run.epochs,
         "best_epoch": run.best_epoch,
         "best_validation_dice": run.best_validation_dice,
-        "temperature": summary["temperature"],
-        "test_volumes": len(summary["cases"]),
-        "test_patients": len(summary.get("patients") or bundle_json(run_dir / BUNDLE_NAME).get("data", {}).get("test", [])),
+        "temperature": summary.temperature,
+        "test_volumes": len(summary.cases),
+        "test_patients": len(summary.patients or bundle_json(run_dir / BUNDLE_NAME).get("data", {}).get("test", [])),
         "test": {variant: test(variant) for variant in ("scaled", "uncalibrated")},
         "environment": run.environment,
         "recorded": datetime.date.today().isoformat(),
@@ -157,7 +158,7 @@ def record_quick_start(run_dir: str | Path, command: str, wall_s: float | None =
     entry = quick_start_entry(run_dir, command, wall_s)
     runs = json.loads(record.read_text())["runs"] if record.is_file() else []
     runs = [run for run in runs if run["command"] != command] + [entry]
-    return write_json_atomic(record, {"about": "README.md's quick-start table (scripts/readme_tables.py)", "runs": runs})
+    return write_json_atomic(record, {"about": "README.md's quick-start table (Reporting/readme_tables.py)", "runs": runs})
 
 
 def quick_start_table(paths: list[Path]) -> list[str]:
@@ -243,7 +244,7 @@ def regenerate(text: str, root: Path = REPO_ROOT, tables: dict[str, Table] | Non
     pieces, position, rebuilt, skipped = [], 0, [], []
     for name, start, end in blocks(text):
         if name not in tables:
-            raise ValueError(f"README block {name!r} has no generator; add it to TABLES in scripts/readme_tables.py.")
+            raise ValueError(f"README block {name!r} has no generator; add it to TABLES in Reporting/readme_tables.py.")
         paths = _sources(tables[name], root)
         if not paths:
             skipped.append(name)
@@ -256,7 +257,7 @@ def regenerate(text: str, root: Path = REPO_ROOT, tables: dict[str, Table] | Non
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status (1: ``--check`` found a difference)."""
-    parser = argparse.ArgumentParser(prog="python scripts/readme_tables.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m Reporting.readme_tables", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if README.md is out of date")
     parser.add_argument("--record-quick-start", type=Path, metavar="RUN_DIR",
                         help="record this finished run as the quick-start row of --command, then regenerate")
@@ -277,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no record yet, left as they are: {', '.join(skipped)}")
     if arguments.check:
         if new_text != text:
-            print(f"README.md differs from its records; run python scripts/readme_tables.py ({', '.join(rebuilt)}).")
+            print(f"README.md differs from its records; run python -m Reporting.readme_tables ({', '.join(rebuilt)}).")
             return 1
         print(f"README.md matches its records ({', '.join(rebuilt)}).")
         return 0

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import threading
 
-from .logic import CalibSegLogic, CalibSegOutputs, CalibSegRequest
+from .runner import CalibSegOutputs, CalibSegRequest, SegmentationRunner
 
 __all__ = ["InferenceJob"]
 
 
 class InferenceJob:
-    """One run of :meth:`CalibSegLogic.compute` in a daemon thread, with progress and cancel."""
+    """One run of :meth:`SegmentationRunner.compute` in a daemon thread, with progress and cancel."""
 
-    def __init__(self, logic: CalibSegLogic, request: CalibSegRequest) -> None:
-        self.logic = logic
+    def __init__(self, runner: SegmentationRunner, request: CalibSegRequest) -> None:
+        self.runner = runner
         self.request = request
         self.fraction = 0.0
         self.error: BaseException | None = None
@@ -31,7 +31,7 @@ class InferenceJob:
 
     def _work(self) -> None:
         try:
-            self._computation = self.logic.compute(self.request, self._progress, self._cancel)
+            self._computation = self.runner.compute(self.request, self._progress, self._cancel)
         except BaseException as error:  # reported to the main thread by finish()
             self.error = error
 
@@ -56,4 +56,4 @@ class InferenceJob:
             raise RuntimeError("The inference job is still running; wait for done() first.")
         if self.error is not None:
             raise self.error
-        return self.logic.publish(self.request, self._computation)
+        return self.runner.publish(self.request, self._computation)

@@ -1,22 +1,22 @@
-"""CalibSegLogic: run a bundle on a volume node and publish the results as MRML nodes.
+"""SegmentationRunner: run a bundle on a volume node and publish the results as MRML nodes, without Qt.
 
-Callable from Slicer's Python console with explicit arguments::
+The module's ``CalibSegLogic`` (``CalibSeg.py``) hands every run to it; without the GUI::
 
-    from CalibSegLogic import CalibSegLogic
-    outputs = CalibSegLogic().run(slicer.util.getNode("patient016_frame01"), "/path/model.calibseg",
-                                  referenceNode=slicer.util.getNode("patient016_frame01 reference"))
+    from CalibSegRunner import SegmentationRunner
+    outputs = SegmentationRunner().run(slicer.util.getNode("patient016_frame01"), "/path/model.calibseg",
+                                       referenceNode=slicer.util.getNode("patient016_frame01 reference"))
 
-Work is split so the GUI never freezes: :meth:`CalibSegLogic.prepare` reads the scene (main
-thread), :meth:`CalibSegLogic.compute` runs the network, the quality summary and the metrics on
-arrays only (any thread, see :class:`~CalibSegLogic.job.InferenceJob`), and
-:meth:`CalibSegLogic.publish` adds all output nodes at once (main thread), removing them
+Work is split so the GUI never freezes: :meth:`SegmentationRunner.prepare` reads the scene (main
+thread), :meth:`SegmentationRunner.compute` runs the network, the quality summary and the metrics
+on arrays only (any thread, see :class:`~CalibSegRunner.job.InferenceJob`), and
+:meth:`SegmentationRunner.publish` adds all output nodes at once (main thread), removing them
 again if anything fails — so an error or a cancel leaves the scene as it was.
 
 Without a reference the outputs already say what to check: the quality table (per structure:
 review marker, predicted Dice and interval, volume, mean confidence and entropy), the
 uncertainty volume shown only at its hot spots, and the most uncertain slices
-(``outputs.summary["uncertain_slices"]``), which :meth:`CalibSegLogic.jumpToSlice` brings into
-the slice views.
+(``outputs.summary["uncertain_slices"]``), which :meth:`SegmentationRunner.jumpToSlice` brings
+into the slice views.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from .nodes import (
 )
 from .volumes import reference_label_array, slice_center_ras, volume_array, volume_spacing
 
-__all__ = ["CalibSegRequest", "CalibSegComputation", "CalibSegOutputs", "CalibSegLogic", "review_text"]
+__all__ = ["CalibSegRequest", "CalibSegComputation", "CalibSegOutputs", "SegmentationRunner", "review_text"]
 
 
 @dataclass
@@ -103,8 +103,9 @@ def review_text(summary: dict) -> str:
     return library_review_text(summary)
 
 
-class CalibSegLogic:
-    """Qt-free logic of the CalibSeg module."""
+class SegmentationRunner:
+    """Runs a bundle on a volume node: prepare (reads the scene), compute (arrays only), publish (adds the
+    nodes); also the follow-ups on a run's outputs (low-confidence segment, hot-spot level, jump to a slice)."""
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
                 lowConfidenceThreshold: float | None = None,

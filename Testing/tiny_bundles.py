@@ -1,6 +1,6 @@
-"""Small, deterministic model bundles for tests: pytest, benchmarks and the Slicer self-test.
+"""Small, deterministic model bundles for the tests (the Slicer checks build their own with the public API).
 
-    from CalibSegLib.testing import make_test_bundle
+    from tiny_bundles import make_test_bundle
     path = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, patch_size=(64, 64))
 
 The network is a two-level MONAI UNet with a few thousand weights drawn from ``seed``, so

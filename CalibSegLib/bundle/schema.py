@@ -1,0 +1,252 @@
+"""``bundle.json``: :class:`BundleMetadata`, its settings sections and its checks.
+
+:func:`parse_metadata` reads the member's bytes once on load — JSON, the schema version (before
+any field is read), the fields, their consistency (:meth:`BundleMetadata.validate`) and the
+weights dtype — and raises :class:`BundleError` with one sentence on the first problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from CalibSegLib import __version__
+from CalibSegLib.postprocessing import Postprocessing
+from CalibSegLib.preprocessing import Preprocessing
+from CalibSegLib.quality.model import QualityModel, QualityModelError
+from CalibSegLib.sliding_window import SlidingWindow
+
+__all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError",
+           "BundleMetadata", "check_schema_version", "parse_metadata", "is_int", "is_number"]
+
+SCHEMA_VERSION = 2
+# Schema 1 bundles resized every slice to a fixed size instead of resampling by spacing; their
+# networks expect inputs this CalibSeg no longer produces.
+OLDEST_SCHEMA_VERSION = 2
+METADATA_MEMBER = "bundle.json"
+_MAX_CLASSES = 256  # labels are written as uint8
+STORED_FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+class BundleError(ValueError):
+    """A model bundle is missing, corrupt or incompatible; the message says which and what to do."""
+
+
+_SECTIONS: dict[str, type] = {
+    "preprocessing": Preprocessing, "sliding_window": SlidingWindow, "postprocessing": Postprocessing,
+}
+
+
+def _section(name: str, section_class: type, values: Any) -> Any:
+    """One settings section of ``bundle.json`` as its dataclass; :class:`BundleError` on a wrong shape or field."""
+    if not isinstance(values, dict):
+        raise BundleError(f"{METADATA_MEMBER}'s {name} must be an object, got {values!r}.")
+    unknown = sorted(set(values) - {item.name for item in dataclasses.fields(section_class)})
+    if unknown:
+        raise BundleError(f"{METADATA_MEMBER}'s {name} has unknown field(s) {', '.join(unknown)}.")
+    return section_class(**values)
+
+
+@dataclass
+class BundleMetadata:
+    """Everything ``bundle.json`` records (see the module docstring).
+
+    ``class_colors`` are RGB in [0, 1]; ``temperature`` is one positive number or one per
+    class; ``training`` holds method, loss hyper-parameters, epochs, lr, batch size, seed and
+    (for CRaC) the multipliers; ``data`` the dataset, split file and case ids;
+    ``quality_model`` the predicted-Dice model fitted on the validation cases
+    (:meth:`CalibSegLib.quality.QualityModel.to_dict`), None in bundles without one. The library
+    version, weights dtype and checksum are filled in by :func:`save_bundle`.
+    """
+
+    network: str
+    network_kwargs: dict[str, Any]
+    in_channels: int
+    num_classes: int
+    spatial_dims: int
+    class_names: list[str]
+    class_colors: list[tuple[float, float, float]]
+    preprocessing: Preprocessing = field(default_factory=Preprocessing)
+    sliding_window: SlidingWindow = field(default_factory=SlidingWindow)
+    postprocessing: Postprocessing = field(default_factory=Postprocessing)
+    training: dict[str, Any] = field(default_factory=dict)
+    temperature: float | list[float] = 1.0
+    data: dict[str, Any] = field(default_factory=dict)
+    validation_metrics: dict[str, Any] = field(default_factory=dict)
+    test_metrics: dict[str, Any] = field(default_factory=dict)
+    quality_model: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+    library_version: str = __version__
+    weights_dtype: str = "float32"
+    weights_sha256: str = ""
+
+    def to_json(self) -> str:
+        """``bundle.json`` text; tensors, arrays and tuples in the free-form sections become lists."""
+        return json.dumps(_plain(dataclasses.asdict(self)), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "BundleMetadata":
+        """Metadata from parsed ``bundle.json``; unknown keys (from newer minor writers) are ignored."""
+        required = [
+            item.name
+            for item in dataclasses.fields(cls)
+            if item.default is dataclasses.MISSING and item.default_factory is dataclasses.MISSING
+        ]
+        missing = [name for name in required if name not in values]
+        if missing:
+            raise BundleError(
+                f"{METADATA_MEMBER} lacks the required field(s) {', '.join(missing)}; re-export the bundle."
+            )
+        known = {item.name: values[item.name] for item in dataclasses.fields(cls) if item.name in values}
+        for section, section_class in _SECTIONS.items():
+            if section in known:
+                known[section] = _section(section, section_class, known[section])
+        if isinstance(known["class_colors"], list):
+            known["class_colors"] = [
+                tuple(color) if isinstance(color, list) else color for color in known["class_colors"]
+            ]
+        return cls(**known)
+
+    def validate(self) -> None:
+        """Raise :class:`BundleError` when a field has the wrong type or contradicts another.
+
+        The schema version is not checked here: :func:`parse_metadata` checks it once, before any
+        field is read, and :func:`~CalibSegLib.bundle.save_bundle` writes the current one.
+        """
+        if not isinstance(self.network, str) or not isinstance(self.network_kwargs, dict):
+            raise BundleError("The bundle's network must be a name and its network_kwargs an object.")
+        for name in ("in_channels", "num_classes", "spatial_dims"):
+            if not is_int(getattr(self, name)):
+                raise BundleError(f"The bundle's {name} must be an integer, got {getattr(self, name)!r}.")
+        if (
+            self.in_channels < 1
+            or not 2 <= self.num_classes <= _MAX_CLASSES
+            or self.spatial_dims not in (2, 3)
+        ):
+            raise BundleError(
+                f"The bundle declares in_channels={self.in_channels}, num_classes={self.num_classes}, "
+                f"spatial_dims={self.spatial_dims}; need >= 1, 2..{_MAX_CLASSES} and 2 or 3."
+            )
+        if (
+            not isinstance(self.class_names, (list, tuple))
+            or not isinstance(self.class_colors, (list, tuple))
+            or len(self.class_names) != self.num_classes
+            or len(self.class_colors) != self.num_classes
+        ):
+            raise BundleError(
+                f"The bundle declares {self.num_classes} classes but not one name and one colour for each."
+            )
+        if not all(isinstance(name, str) for name in self.class_names):
+            raise BundleError(f"The bundle's class_names must be strings, got {self.class_names!r}.")
+        if not all(
+            isinstance(color, (list, tuple))
+            and len(color) == 3
+            and all(is_number(value) and 0 <= value <= 1 for value in color)
+            for color in self.class_colors
+        ):
+            raise BundleError(
+                f"The bundle's class_colors must be RGB triples in [0, 1], got {self.class_colors!r}."
+            )
+        for section, section_class in _SECTIONS.items():
+            value = getattr(self, section)
+            if not isinstance(value, section_class):
+                raise BundleError(f"The bundle's {section} must be a {section_class.__name__} object.")
+            try:
+                value.validate()
+            except ValueError as error:
+                raise BundleError(f"The bundle's {section} is invalid: {error}") from None
+        if any(class_id >= self.num_classes for class_id in self.postprocessing.largest_component):
+            raise BundleError(
+                f"The bundle's postprocessing names class {max(self.postprocessing.largest_component)}, but the "
+                f"model has {self.num_classes} classes."
+            )
+        temperatures = self.temperature if isinstance(self.temperature, (list, tuple)) else [self.temperature]
+        if len(temperatures) not in (1, self.num_classes) or not all(
+            is_number(value) and math.isfinite(value) and value > 0 for value in temperatures
+        ):
+            raise BundleError(
+                f"The bundle's temperature must be one positive number or one per class, "
+                f"got {self.temperature!r}."
+            )
+        if self.quality_model is not None:
+            try:
+                QualityModel.from_dict(self.quality_model, self.class_names)
+            except QualityModelError as error:
+                raise BundleError(
+                    f"The bundle's quality model is malformed ({error}); refit it with calibseg-fit-quality."
+                ) from None
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` made JSON-ready: tensors, arrays, tuples → lists; paths → str; NumPy scalars → numbers."""
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+        return _plain(value.tolist())
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def check_schema_version(version: Any, name: str) -> None:
+    """Raise :class:`BundleError` unless ``version`` is a schema this CalibSeg reads (``name`` starts the sentence)."""
+    if not is_int(version):
+        raise BundleError(f"{name}'s schema_version must be an integer, got {version!r}.")
+    if version < OLDEST_SCHEMA_VERSION:
+        readable = " to ".join(dict.fromkeys(map(str, (OLDEST_SCHEMA_VERSION, SCHEMA_VERSION))))
+        raise BundleError(
+            f"{name} uses bundle schema version {version}, from a CalibSeg that resized slices to a fixed size; "
+            f"this CalibSeg ({__version__}) resamples by spacing and reads schema {readable}: retrain the model "
+            "with calibseg-train."
+        )
+    if version > SCHEMA_VERSION:
+        raise BundleError(
+            f"{name} uses bundle schema version {version}, newer than this CalibSeg ({__version__}) reads "
+            f"({SCHEMA_VERSION}); update CalibSeg."
+        )
+
+
+def parse_metadata(name: str, raw: bytes) -> BundleMetadata:
+    """Checked :class:`BundleMetadata` from ``bundle.json`` bytes (bounded by :data:`_MAX_METADATA_BYTES`)."""
+    try:
+        values = json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:  # ValueError: also over-long integers
+        raise BundleError(
+            f"{name}'s {METADATA_MEMBER} is not valid JSON ({error}); re-export the bundle."
+        ) from None
+    if not isinstance(values, dict):
+        raise BundleError(f"{name}'s {METADATA_MEMBER} must be a JSON object; re-export the bundle.")
+    for required in ("schema_version", "weights_sha256"):
+        if required not in values:
+            raise BundleError(
+                f"{name}'s {METADATA_MEMBER} lacks the required field {required}; re-export the bundle."
+            )
+    # Before the fields are read: another schema's fields would only give a confusing message.
+    check_schema_version(values["schema_version"], name)
+    metadata = BundleMetadata.from_dict(values)
+    metadata.validate()
+    if metadata.weights_dtype not in STORED_FLOAT_DTYPES:
+        raise BundleError(
+            f"{name}'s weights_dtype {metadata.weights_dtype!r} is not one CalibSeg stores "
+            f"({', '.join(STORED_FLOAT_DTYPES)}); re-export the bundle."
+        )
+    return metadata
+
+

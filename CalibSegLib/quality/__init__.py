@@ -1,0 +1,51 @@
+"""Case-level quality from uncertainty: what a reader can act on when there is no reference.
+
+Three parts, one concept:
+
+- **Features** (``features.py``): per predicted structure, from the labels, confidence and
+  normalised entropy of a :class:`~CalibSegLib.inference.Prediction`; the most uncertain slices.
+- **Quality model** (``model.py``, its schema; ``fitting.py``): per structure, a predicted Dice
+  from one of those features — monotone, fitted on validation cases (:func:`fit_quality_model`),
+  stored as plain numbers in ``bundle.json`` (``BundleMetadata.quality_model``) — with an
+  interval and a review threshold.
+- **Summary** (``summary.py``, which defines every number a reader sees): the per-structure
+  table the CLI writes as ``<case>_summary.json`` and the Slicer module shows.
+
+The model's schema imports neither the bundle nor the predictor: ``CalibSegLib.bundle`` validates a
+stored model with it, and the summary and the fitting, which read bundles and run predictors, sit above.
+"""
+
+from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
+from CalibSegLib.quality.fitting import (QualityCase, fit_from_observations, fit_quality_model, isotonic_fit,
+                                         observe_case)
+from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
+                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality)
+from CalibSegLib.quality.summary import (quality_model_of, quality_summary, review_text, structure_key,
+                                         summary_columns, with_predicted_dice)
+
+__all__ = [
+    "LOW_CONFIDENCE_THRESHOLD",
+    "HOT_SPOT_LEVEL",
+    "REVIEW_BELOW",
+    "INTERVAL_COVERAGE",
+    "BOUNDARY_RING",
+    "MAX_UNCERTAIN_SLICES",
+    "FEATURES",
+    "FORMS",
+    "QualityModelError",
+    "StructureQuality",
+    "QualityModel",
+    "QualityCase",
+    "structure_key",
+    "structure_features",
+    "uncertain_slices",
+    "isotonic_fit",
+    "quality_model_of",
+    "quality_summary",
+    "summary_columns",
+    "with_predicted_dice",
+    "review_text",
+    "observe_case",
+    "fit_from_observations",
+    "fit_quality_model",
+]

@@ -1,0 +1,94 @@
+"""Uncertainty features of a predicted volume: per structure (:func:`structure_features`) and per slice
+(:func:`uncertain_slices`), from the labels, confidence and normalised entropy of a
+:class:`~CalibSegLib.inference.Prediction`. Definitions: :mod:`CalibSegLib.quality.summary`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from scipy import ndimage
+
+from CalibSegLib.quality.model import BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD
+
+if TYPE_CHECKING:
+    from CalibSegLib.inference import Prediction
+
+__all__ = ["HOT_SPOT_LEVEL", "MAX_UNCERTAIN_SLICES", "structure_features", "uncertain_slices"]
+
+# Normalised entropy of a 75/25 split between two of four classes: the second class is a real option.
+HOT_SPOT_LEVEL = 0.4
+MAX_UNCERTAIN_SLICES = 10
+_CHUNK_SLICES = 32  # slabs of the first axis per bincount, so no float64 copy of a whole volume is made
+
+
+def _class_sums(labels: np.ndarray, values: np.ndarray | None, num_classes: int) -> np.ndarray:
+    """Per-label sums of ``values`` (counts when None) in float64, ``(num_classes,)``."""
+    totals = np.zeros(num_classes)
+    for start in range(0, labels.shape[0], _CHUNK_SLICES):
+        chunk = labels[start:start + _CHUNK_SLICES].ravel()
+        weights = None if values is None else values[start:start + _CHUNK_SLICES].ravel().astype(np.float64)
+        totals += np.bincount(chunk, weights=weights, minlength=num_classes)[:num_classes]
+    return totals
+
+
+def structure_features(
+    prediction: "Prediction",
+    num_classes: int,
+    low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
+    boundary_ring: int = BOUNDARY_RING,
+) -> list[dict[str, float] | None]:
+    """Uncertainty features of each foreground class of one predicted volume.
+
+    Args:
+        prediction: ``labels`` uint8, ``confidence`` and ``entropy`` float32, all ``(z, y, x)``.
+        num_classes: C, background included.
+        low_confidence_threshold: confidence below this counts as low, in [0, 1].
+        boundary_ring: face-neighbour steps around a structure included in ``boundary_entropy_ratio``.
+
+    Returns:
+        C-1 entries, class 1 first: ``{"voxels", "mean_confidence", "mean_entropy",
+        "low_confidence_fraction", "boundary_entropy_ratio"}``, or None for a class predicted nowhere.
+    """
+    labels = prediction.labels
+    counts = _class_sums(labels, None, num_classes)
+    confidence = _class_sums(labels, prediction.confidence, num_classes)
+    entropy = _class_sums(labels, prediction.entropy, num_classes)
+    low = _class_sums(labels, prediction.confidence < low_confidence_threshold, num_classes)
+    boxes = ndimage.find_objects(labels, max_label=num_classes - 1)
+    cross = ndimage.generate_binary_structure(3, 1)
+    features: list[dict[str, float] | None] = []
+    for label in range(1, num_classes):
+        count = counts[label]
+        if count == 0:
+            features.append(None)
+            continue
+        # The ring only reaches `boundary_ring` voxels beyond the structure's box: crop to that.
+        box = tuple(slice(max(item.start - boundary_ring, 0), item.stop + boundary_ring) for item in boxes[label - 1])
+        around = labels[box] == label
+        if boundary_ring > 0:
+            around = ndimage.binary_dilation(around, structure=cross, iterations=boundary_ring)
+        features.append({
+            "voxels": float(count),
+            "mean_confidence": float(confidence[label] / count),
+            "mean_entropy": float(entropy[label] / count),
+            "low_confidence_fraction": float(low[label] / count),
+            "boundary_entropy_ratio": float(prediction.entropy[box][around].sum(dtype=np.float64) / count),
+        })
+    return features
+
+
+def uncertain_slices(
+    entropy: np.ndarray, slice_axis: int = 0, level: float = HOT_SPOT_LEVEL, limit: int = MAX_UNCERTAIN_SLICES
+) -> list[int]:
+    """Slice indices along ``slice_axis`` by hot-spot uncertainty (Σ entropy ≥ ``level``), most first.
+
+    ``entropy`` is the ``(z, y, x)`` normalised entropy; slices without a voxel at or above
+    ``level`` are left out; equal scores keep slice order; at most ``limit`` indices.
+    """
+    slices = np.moveaxis(entropy, slice_axis, 0)
+    scores = np.array([np.where(plane >= level, plane, 0).sum(dtype=np.float64) for plane in slices])
+    order = np.argsort(-scores, kind="stable")
+    return [int(index) for index in order[scores[order] > 0][:limit]]
+

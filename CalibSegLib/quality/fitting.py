@@ -1,0 +1,194 @@
+"""Fitting the quality model on validation cases.
+
+The fitting rule (:func:`fit_from_observations`): for each structure, every candidate pair of
+feature (:data:`FEATURES`) and form (``linear``: least squares, slope forced to the feature's
+monotone direction, clipped to [0, 1]; ``isotonic``: pool-adjacent-violators) is scored by its
+mean absolute error in leave-one-patient-out cross-validation on the validation cases (both
+frames of a patient leave together; without patient ids, leave-one-case-out); the lowest error
+wins, ties to the earlier candidate (linear before isotonic, features in :data:`FEATURES` order).
+The interval adds split-conformal order statistics of those held-out residuals (measured −
+predicted) to the prediction, clipped to [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+import numpy as np
+
+from CalibSegLib.metrics import dice as dice_scores
+from CalibSegLib.quality.features import structure_features
+from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
+                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality, evaluate_form)
+
+if TYPE_CHECKING:
+    from CalibSegLib.inference import Predictor
+
+__all__ = ["MIN_FIT_CASES", "QualityCase", "isotonic_fit", "observe_case", "fit_from_observations",
+           "fit_quality_model"]
+
+MIN_FIT_CASES = 3
+
+
+def isotonic_fit(x: Sequence[float], y: Sequence[float], increasing: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares monotone fit by pool-adjacent-violators.
+
+    Equal ``x`` values are pooled first (their mean ``y``, weighted by how many there are).
+
+    Returns:
+        ``(knots_x, knots_y)``: the distinct ``x`` in increasing order and the fitted values
+        there, non-decreasing when ``increasing`` else non-increasing. Between knots the model is
+        their linear interpolation, outside them the end value (``numpy.interp``).
+    """
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    knots, inverse = np.unique(x, return_inverse=True)
+    weights = np.bincount(inverse).astype(np.float64)
+    means = np.bincount(inverse, weights=y if increasing else -y) / weights
+    # Blocks of pooled knots: mean, weight, number of knots; merged while a violation remains.
+    blocks: list[list[float]] = []
+    for mean, weight in zip(means, weights):
+        blocks.append([mean, weight, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            last = blocks.pop()
+            previous = blocks[-1]
+            total = previous[1] + last[1]
+            blocks[-1] = [(previous[0] * previous[1] + last[0] * last[1]) / total, total, previous[2] + last[2]]
+    fitted = np.repeat([block[0] for block in blocks], [int(block[2]) for block in blocks])
+    return knots, fitted if increasing else -fitted
+
+
+class QualityCase(Protocol):
+    """A validation case: ``image`` and ``label`` ``(z, y, x)``, ``spacing`` ``(z, y, x)`` mm.
+
+    ``Datasets.cases.Case`` is one; an optional ``patient_id`` groups cases for leave-one-out.
+    """
+
+    image: np.ndarray
+    label: np.ndarray
+    spacing: tuple[float, float, float]
+
+
+def observe_case(predictor: "Predictor", image: np.ndarray, label: np.ndarray, spacing: Sequence[float],
+                 low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD, boundary_ring: int = BOUNDARY_RING,
+                 ) -> tuple[list[dict[str, float] | None], np.ndarray]:
+    """Predict one case; return its :func:`structure_features` and measured Dice ``(C-1,)``."""
+    metadata = predictor.metadata
+    prediction = predictor.predict(image, spacing)
+    features = structure_features(prediction, metadata.num_classes, low_confidence_threshold, boundary_ring)
+    return features, dice_scores(prediction.labels, np.asarray(label).astype(np.int64), metadata.num_classes)
+
+
+def _fit(form: str, x: np.ndarray, y: np.ndarray, direction: int) -> dict[str, Any]:
+    """Parameters of one form fitted to ``(x, y)``; monotone in ``direction``."""
+    if form == "isotonic":
+        knots, fitted = isotonic_fit(x, y, increasing=direction > 0)
+        return {"x": knots.tolist(), "y": np.clip(fitted, 0.0, 1.0).tolist()}
+    slope = 0.0
+    if np.ptp(x) > 0:
+        slope = float(np.polyfit(x, y, 1)[0])
+        slope = slope if slope * direction > 0 else 0.0  # a wrong-signed trend is no trend
+    return {"intercept": float(y.mean() - slope * x.mean()), "slope": slope}
+
+
+def _held_out_residuals(form: str | None, x: np.ndarray, y: np.ndarray, groups: np.ndarray,
+                        direction: int) -> np.ndarray:
+    """Measured − predicted for each case, predicted by a fit on the other groups (None: the mean)."""
+    residuals = np.empty_like(y)
+    for group in np.unique(groups):
+        held = groups == group
+        if form is None:
+            residuals[held] = y[held] - y[~held].mean()
+        else:
+            residuals[held] = y[held] - evaluate_form(form, _fit(form, x[~held], y[~held], direction), x[held])
+    return residuals
+
+
+def _conformal_offsets(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
+    """Split-conformal order statistics of held-out residuals for a two-sided ``coverage`` interval."""
+    ordered = np.sort(residuals)
+    count, tail = len(ordered), (1.0 - coverage) / 2.0
+    # The 1e-9 keeps float rounding of e.g. 20 × 0.1 = 1.9999999999999996 from moving a rank.
+    low = max(math.floor((count + 1) * tail + 1e-9), 1)
+    high = min(math.ceil((count + 1) * (1.0 - tail) - 1e-9), count)
+    return float(ordered[low - 1]), float(ordered[high - 1])
+
+
+def fit_from_observations(
+    features: Sequence[Sequence[dict[str, float] | None]],
+    dice: np.ndarray,
+    class_names: Sequence[str],
+    groups: Sequence[str] | None = None,
+    review_below: float = REVIEW_BELOW,
+    interval_coverage: float = INTERVAL_COVERAGE,
+    low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
+    boundary_ring: int = BOUNDARY_RING,
+) -> QualityModel:
+    """Choose and fit each structure's predicted-Dice model (the rule is in the module docstring).
+
+    Args:
+        features: per case, :func:`structure_features` (C-1 entries, None where predicted nowhere).
+        dice: measured Dice ``(cases, C-1)``.
+        class_names: C names, background first.
+        groups: per case, the patient id; cases of one patient are held out together. None:
+            every case is its own group.
+        review_below, interval_coverage: stored in the model (see :class:`QualityModel`).
+        low_confidence_threshold, boundary_ring: the settings ``features`` were computed with.
+
+    Raises:
+        QualityModelError: fewer than 3 cases predict a structure, or they come from one group.
+    """
+    dice = np.asarray(dice, dtype=np.float64)
+    groups = np.asarray(groups if groups is not None else [str(index) for index in range(len(features))])
+    if dice.shape != (len(features), len(class_names) - 1) or len(groups) != len(features):
+        raise QualityModelError(f"Fitting needs one feature list, one Dice per structure and one group per case; "
+                                f"got {len(features)} feature lists, Dice {dice.shape} and {len(groups)} groups.")
+    structures = {}
+    for index, name in enumerate(class_names[1:]):
+        present = np.array([case[index] is not None for case in features], dtype=bool)
+        y, held_groups = dice[present, index], groups[present]
+        if present.sum() < MIN_FIT_CASES or len(np.unique(held_groups)) < 2:
+            raise QualityModelError(f"Only {int(present.sum())} validation case(s) of "
+                                    f"{len(np.unique(held_groups))} patient(s) predict {name!r}; at least "
+                                    f"{MIN_FIT_CASES} cases of 2 patients are needed to fit and check a model.")
+        best = None
+        for feature, direction in FEATURES.items():
+            x = np.array([case[index][feature] for case, keep in zip(features, present) if keep])
+            for form in FORMS:
+                residuals = _held_out_residuals(form, x, y, held_groups, direction)
+                error = float(np.abs(residuals).mean())
+                if best is None or error < best[0] - 1e-12:
+                    best = (error, feature, form, x, residuals)
+        error, feature, form, x, residuals = best
+        baseline = float(np.abs(_held_out_residuals(None, x, y, held_groups, 0)).mean())
+        structures[name] = StructureQuality(feature, form, _fit(form, x, y, FEATURES[feature]),
+                                            _conformal_offsets(residuals, interval_coverage), error, baseline,
+                                            int(present.sum()))
+    validation = {"cases": len(features), "patients": len(np.unique(groups)),
+                  "scheme": "leave-one-patient-out" if len(np.unique(groups)) < len(features) else "leave-one-case-out"}
+    return QualityModel(structures, review_below, interval_coverage, low_confidence_threshold, boundary_ring,
+                        validation)
+
+
+def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], class_names: Sequence[str] | None = None,
+                      review_below: float = REVIEW_BELOW) -> QualityModel:
+    """Predict every validation case, measure its Dice per structure and fit the quality model.
+
+    Args:
+        predictor: the model to describe, at the temperature it will be used with.
+        cases: validation cases (never training or test ones): ``image``, ``label``, ``spacing``
+            and optionally ``patient_id`` (``Datasets.cases.Case`` works as it is).
+        class_names: C names, background first (default: the predictor's bundle's).
+        review_below: predicted Dice under which a structure is flagged.
+
+    Returns:
+        The model; store it with ``dataclasses.replace(metadata, quality_model=model.to_dict())``.
+
+    Raises:
+        QualityModelError: too few cases predict some structure (see :func:`fit_from_observations`).
+    """
+    class_names = list(class_names or predictor.metadata.class_names)
+    observed = [observe_case(predictor, case.image, case.label, case.spacing) for case in cases]
+    groups = [str(getattr(case, "patient_id", None) or index) for index, case in enumerate(cases)]
+    dice = np.array([scores for _, scores in observed]).reshape(len(cases), len(class_names) - 1)
+    return fit_from_observations([features for features, _ in observed], dice, class_names, groups, review_below)

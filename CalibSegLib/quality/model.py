@@ -1,0 +1,200 @@
+"""The quality model: per structure, a predicted Dice from one uncertainty feature, its interval and the
+review rule — the schema stored as plain numbers in ``bundle.json`` (``BundleMetadata.quality_model``).
+
+Reading and checking it (:meth:`QualityModel.from_dict`) needs neither the bundle nor the predictor,
+so the bundle schema validates it without importing them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
+           "FEATURES", "FORMS", "QualityModelError", "StructureQuality", "QualityModel", "evaluate_form"]
+
+QUALITY_MODEL_VERSION = 1
+LOW_CONFIDENCE_THRESHOLD = 0.6  # the Slicer module's default low-confidence slider
+REVIEW_BELOW = 0.80  # the issue's default: a structure predicted below Dice 0.80 goes to review
+INTERVAL_COVERAGE = 0.8
+BOUNDARY_RING = 2  # face-neighbour steps around a structure counted by boundary_entropy_ratio
+# Feature -> the direction Dice moves when the feature grows (+1 up, -1 down).
+FEATURES: dict[str, int] = {
+    "mean_entropy": -1,
+    "mean_confidence": 1,
+    "low_confidence_fraction": -1,
+    "boundary_entropy_ratio": -1,
+}
+FORMS: tuple[str, ...] = ("linear", "isotonic")
+
+
+class QualityModelError(ValueError):
+    """A quality model cannot be read or fitted.
+
+    Reading (:meth:`QualityModel.from_dict`) says why in a phrase that ``load_bundle`` wraps in
+    its one-sentence ``BundleError``; fitting says why in one sentence.
+    """
+
+
+def evaluate_form(form: str, parameters: dict[str, Any], values: np.ndarray) -> np.ndarray:
+    """Predicted Dice of one form at feature ``values`` (any shape), in [0, 1]."""
+    if form == "linear":
+        return np.clip(parameters["intercept"] + parameters["slope"] * values, 0.0, 1.0)
+    return np.interp(values, parameters["x"], parameters["y"])
+
+
+@dataclass(frozen=True)
+class StructureQuality:
+    """Predicted Dice of one structure from one feature.
+
+    ``parameters``: ``{"intercept", "slope"}`` for ``form == "linear"`` (clipped to [0, 1]),
+    ``{"x", "y"}`` knots for ``"isotonic"`` (``x`` increasing, ``y`` monotone in the feature's
+    direction, in [0, 1]). ``interval``: offsets (measured − predicted) added to the prediction
+    for its interval. ``loo_mae``: the held-out mean absolute error that chose it;
+    ``constant_loo_mae``: the same for always predicting the mean validation Dice (the baseline
+    the feature has to beat); ``cases``: validation cases it was fitted on.
+    """
+
+    feature: str
+    form: str
+    parameters: dict[str, Any]
+    interval: tuple[float, float]
+    loo_mae: float
+    constant_loo_mae: float
+    cases: int
+
+    def predict(self, value: float) -> float:
+        """Predicted Dice in [0, 1] for a feature value."""
+        return float(evaluate_form(self.form, self.parameters, np.float64(value)))
+
+    def predict_interval(self, dice: float) -> tuple[float, float]:
+        """The interval around a predicted Dice, clipped to [0, 1]."""
+        low, high = self.interval
+        return float(min(max(dice + low, 0.0), 1.0)), float(min(max(dice + high, 0.0), 1.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"feature": self.feature, "form": self.form, **self.parameters, "interval": list(self.interval),
+                "loo_mae": self.loo_mae, "constant_loo_mae": self.constant_loo_mae, "cases": self.cases}
+
+
+@dataclass(frozen=True)
+class QualityModel:
+    """Per-structure predicted Dice, its interval and the review rule; stored in ``bundle.json``.
+
+    ``structures`` maps every foreground class name to its :class:`StructureQuality`.
+    ``review_below``: a predicted Dice below it flags the structure. ``interval_coverage``: the
+    nominal coverage of the intervals. ``low_confidence_threshold`` and ``boundary_ring``: the
+    feature settings it was fitted with (applied again at prediction). ``validation``: what it
+    was fitted on (cases, patients, scheme), for the record.
+    """
+
+    structures: dict[str, StructureQuality]
+    review_below: float = REVIEW_BELOW
+    interval_coverage: float = INTERVAL_COVERAGE
+    low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD
+    boundary_ring: int = BOUNDARY_RING
+    validation: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON numbers and strings, as stored in ``bundle.json``."""
+        return {
+            "version": QUALITY_MODEL_VERSION,
+            "review_below": self.review_below,
+            "interval_coverage": self.interval_coverage,
+            "low_confidence_threshold": self.low_confidence_threshold,
+            "boundary_ring": self.boundary_ring,
+            "validation": dict(self.validation),
+            "structures": {name: structure.to_dict() for name, structure in self.structures.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, values: Any, class_names: Sequence[str] | None = None) -> "QualityModel":
+        """Parse and check a stored model; ``class_names`` (background first) must match its structures.
+
+        Raises:
+            QualityModelError: one phrase naming the first malformed entry.
+        """
+        if not isinstance(values, dict):
+            raise QualityModelError(f"it must be an object, got {type(values).__name__}")
+        if values.get("version") != QUALITY_MODEL_VERSION:
+            raise QualityModelError(f"its version is {values.get('version')!r}, this CalibSeg reads "
+                                    f"{QUALITY_MODEL_VERSION}")
+        review_below = _number(values, "review_below", 0.0, 1.0)
+        coverage = _number(values, "interval_coverage", 0.0, 1.0)
+        threshold = _number(values, "low_confidence_threshold", 0.0, 1.0)
+        ring = values.get("boundary_ring")
+        if not _is_int(ring) or ring < 0:
+            raise QualityModelError(f"boundary_ring must be a non-negative integer, got {ring!r}")
+        validation = values.get("validation", {})
+        structures = values.get("structures")
+        if not isinstance(validation, dict) or not isinstance(structures, dict) or not structures:
+            raise QualityModelError("validation and structures must be objects, structures not empty")
+        if class_names is not None and set(structures) != set(class_names[1:]):
+            raise QualityModelError(f"its structures {sorted(structures)} are not the foreground classes "
+                                    f"{list(class_names[1:])}")
+        parsed = {name: _structure_from_dict(name, entry) for name, entry in structures.items()}
+        return cls(parsed, review_below, coverage, threshold, int(ring), dict(validation))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _number(values: dict, key: str, low: float, high: float, where: str = "") -> float:
+    """``values[key]`` as a float in [low, high], else :class:`QualityModelError`."""
+    value = values.get(key)
+    if not _is_number(value) or not low <= value <= high:
+        raise QualityModelError(f"{where}{key} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def _numbers(values: dict, key: str, where: str, low: float = -math.inf, high: float = math.inf) -> list[float]:
+    """``values[key]`` as a non-empty list of finite numbers in [low, high]."""
+    items = values.get(key)
+    if not isinstance(items, list) or not items or not all(_is_number(v) and low <= v <= high for v in items):
+        raise QualityModelError(f"{where}{key} must be a non-empty list of numbers in [{low:g}, {high:g}], "
+                                f"got {items!r}")
+    return [float(v) for v in items]
+
+
+def _structure_from_dict(name: str, entry: Any) -> StructureQuality:
+    where = f"structure {name!r}: "
+    if not isinstance(entry, dict):
+        raise QualityModelError(f"{where}must be an object, got {type(entry).__name__}")
+    feature, form = entry.get("feature"), entry.get("form")
+    if feature not in FEATURES or form not in FORMS:
+        raise QualityModelError(f"{where}feature {feature!r} / form {form!r} is not one of "
+                                f"{', '.join(FEATURES)} / {', '.join(FORMS)}")
+    direction = FEATURES[feature]
+    if form == "linear":
+        intercept = _number(entry, "intercept", -1e6, 1e6, where)
+        slope = _number(entry, "slope", -1e6, 1e6, where)
+        if slope * direction < 0:
+            raise QualityModelError(f"{where}slope {slope} runs against {feature}'s direction")
+        parameters: dict[str, Any] = {"intercept": intercept, "slope": slope}
+    else:
+        x, y = _numbers(entry, "x", where), _numbers(entry, "y", where, 0.0, 1.0)
+        steps = np.diff(y) * direction
+        if len(x) != len(y) or np.any(np.diff(x) <= 0) or np.any(steps < 0):
+            raise QualityModelError(f"{where}knots need as many x as y, x increasing and y monotone "
+                                    f"in {feature}'s direction")
+        parameters = {"x": x, "y": y}
+    interval = _numbers(entry, "interval", where, -1.0, 1.0)
+    if len(interval) != 2 or interval[0] > interval[1]:
+        raise QualityModelError(f"{where}interval must be [low, high] with low <= high, got {interval}")
+    cases = entry.get("cases")
+    if not _is_int(cases) or cases < 1:
+        raise QualityModelError(f"{where}cases must be a positive integer, got {cases!r}")
+    return StructureQuality(feature, form, parameters, (interval[0], interval[1]),
+                            _number(entry, "loo_mae", 0.0, 1.0, where),
+                            _number(entry, "constant_loo_mae", 0.0, 1.0, where), int(cases))
+
+

@@ -1,0 +1,175 @@
+"""The per-structure quality summary of one predicted volume, without a reference: what a reader can act on.
+
+Definitions (every number a reader sees is one of these):
+
+- ``volume_ml``: predicted voxel count × voxel volume (product of the spacing, mm³) / 1000.
+- ``mean_confidence`` / ``mean_entropy``: means of the max probability / the entropy divided by
+  log C, over the voxels predicted as the structure.
+- ``low_confidence_fraction``: share of those voxels with confidence below the model's
+  ``low_confidence_threshold`` (:data:`LOW_CONFIDENCE_THRESHOLD` without a model).
+- ``boundary_entropy_ratio`` (a model feature, not shown): Σ normalised entropy over the
+  structure and the voxels within :data:`BOUNDARY_RING` face-neighbour steps of it (city-block
+  distance in voxels, the neighbouring slices included: a structure that goes on, or stops,
+  one slice further is where 2D models most often err), divided by the structure's voxel
+  count — roughly the share of the structure the model is unsure about, counting tissue it
+  may have missed just outside.
+- ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
+  uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
+  slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is
+  the one the Slicer hot-spot overlay shows, so the list points where the overlay lights up.
+- ``review``: the structure is absent from the prediction, or its predicted Dice is below the
+  model's ``review_below`` (:data:`REVIEW_BELOW`). Without a quality model the predicted Dice
+  and the review flag of a present structure are null — never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, uncertain_slices
+from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
+                                       StructureQuality)
+
+if TYPE_CHECKING:
+    from CalibSegLib.bundle import BundleMetadata
+    from CalibSegLib.inference import Prediction
+
+__all__ = ["structure_key", "quality_model_of", "quality_summary", "review_text", "summary_columns",
+           "with_predicted_dice"]
+
+_SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")  # in the summary as they are
+
+
+def structure_key(name: str) -> str:
+    """A class name as it appears in flat metric keys (``right ventricle`` → ``right_ventricle``)."""
+    return name.replace(" ", "_")
+
+
+def quality_model_of(metadata: "BundleMetadata") -> QualityModel | None:
+    """The bundle's quality model, or None for a bundle without one (e.g. written before it existed)."""
+    if metadata.quality_model is None:
+        return None
+    return QualityModel.from_dict(metadata.quality_model, metadata.class_names)
+
+
+
+def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
+                       model: StructureQuality | None, review_below: float) -> dict[str, Any]:
+    if features is None:  # predicted nowhere: nothing to average, and a reader must look
+        return {"volume_ml": 0.0, "mean_confidence": None, "mean_entropy": None, "low_confidence_fraction": None,
+                "predicted_dice": None, "predicted_dice_interval": None, "review": True}
+    summary: dict[str, Any] = {"volume_ml": features["voxels"] * voxel_mm3 / 1000.0,
+                               **{key: features[key] for key in _SHOWN_FEATURES}}
+    if model is None:
+        return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
+    dice = model.predict(features[model.feature])
+    return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
+            "review": dice < review_below}
+
+
+def _case_review(flags: Sequence[bool | None]) -> bool | None:
+    """True when any structure is flagged; None when none is but some are unknown; else False."""
+    if any(flag is True for flag in flags):
+        return True
+    return None if any(flag is None for flag in flags) else False
+
+
+def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata: "BundleMetadata",
+                    hot_spot_level: float = HOT_SPOT_LEVEL) -> dict[str, Any]:
+    """The per-structure quality summary of one predicted volume, without a reference.
+
+    Args:
+        prediction: the bundle's prediction, all arrays ``(z, y, x)``.
+        spacing: the volume's voxel size ``(z, y, x)`` in mm (volumes are in mL from it).
+        metadata: the bundle's metadata: class names, slice axis and its quality model (if any).
+        hot_spot_level: normalised entropy from which a voxel counts for ``uncertain_slices``.
+
+    Returns:
+        ``{"structures": {name: {"volume_ml", "mean_confidence", "mean_entropy",
+        "low_confidence_fraction", "predicted_dice", "predicted_dice_interval": [lo, hi],
+        "review"}}, "review", "uncertain_slices", "slice_axis", "hot_spot_level",
+        "quality_model", "note"}`` — JSON-ready; undefined values are None (see the module
+        docstring for every definition).
+    """
+    model = quality_model_of(metadata)
+    threshold = model.low_confidence_threshold if model else LOW_CONFIDENCE_THRESHOLD
+    ring = model.boundary_ring if model else BOUNDARY_RING
+    axis = metadata.preprocessing.slice_axis
+    features = structure_features(prediction, metadata.num_classes, threshold, ring)
+    voxel_mm3 = float(np.prod([float(value) for value in spacing]))
+    review_below = model.review_below if model else REVIEW_BELOW
+    structures = {
+        name: _structure_summary(values, voxel_mm3, model.structures[name] if model else None, review_below)
+        for name, values in zip(metadata.class_names[1:], features)
+    }
+    if model is None:
+        described = None
+        note = ("no quality model: this bundle has none, so predicted Dice and the review flag of a present "
+                "structure are null (a structure predicted nowhere is still flagged); fit one with "
+                "calibseg-fit-quality --bundle <bundle>")
+    else:
+        described = {"review_below": model.review_below, "interval_coverage": model.interval_coverage,
+                     "validation": model.validation}
+        note = (f"review: predicted Dice below {model.review_below:.2f} or the structure predicted nowhere; "
+                f"predicted Dice from uncertainty, fitted on validation cases; intervals of nominal "
+                f"{model.interval_coverage:.0%} coverage")
+    return {
+        "structures": structures,
+        "review": _case_review([entry["review"] for entry in structures.values()]),
+        "uncertain_slices": uncertain_slices(prediction.entropy, axis, hot_spot_level),
+        "slice_axis": axis,
+        "hot_spot_level": hot_spot_level,
+        "quality_model": described,
+        "note": note,
+    }
+
+
+def review_text(summary: dict[str, Any]) -> str:
+    """One sentence for the reader on a :func:`quality_summary`: which structures to review and why
+    (the Slicer module, the command line and the README picture show it)."""
+    flagged = [(name, entry) for name, entry in summary["structures"].items() if entry["review"]]
+    if flagged:
+        reasons = [f"{name} (predicted nowhere)" if entry["predicted_dice"] is None
+                   else f"{name} (predicted Dice {entry['predicted_dice']:.2f})" for name, entry in flagged]
+        return f"Review: {', '.join(reasons)}."
+    if summary["review"] is None:
+        return ("This bundle has no quality model, so no predicted Dice; "
+                "check the hot spots and uncertain slices.")
+    review_below = summary["quality_model"]["review_below"]
+    return f"No structure flagged: every predicted Dice is {review_below:.2f} or more."
+
+
+def _structure_columns(name: str, entry: dict[str, Any]) -> dict[str, float]:
+    key = structure_key(name)
+    low, high = entry["predicted_dice_interval"] or (None, None)
+    return {column: math.nan if value is None else float(value)
+            for column, value in ((f"predicted_dice_{key}", entry["predicted_dice"]),
+                                  (f"predicted_dice_low_{key}", low), (f"predicted_dice_high_{key}", high),
+                                  (f"review_{key}", entry["review"]))}
+
+
+def summary_columns(summary: dict[str, Any]) -> dict[str, float]:
+    """Flat per-structure columns of a summary for metric rows and CSV files.
+
+    ``predicted_dice_<structure>``, ``predicted_dice_low_<structure>``,
+    ``predicted_dice_high_<structure>`` and ``review_<structure>`` (1.0 / 0.0); NaN where null.
+    """
+    return {column: value for name, entry in summary["structures"].items()
+            for column, value in _structure_columns(name, entry).items()}
+
+
+def with_predicted_dice(row: dict[str, float], summary: dict[str, Any]) -> dict[str, float]:
+    """A flat metrics ``row`` with each structure's :func:`summary_columns` right after its measured
+    ``dice_<structure>`` (appended at the end for a structure the row has no Dice of)."""
+    groups = {f"dice_{structure_key(name)}": _structure_columns(name, entry)
+              for name, entry in summary["structures"].items()}
+    merged: dict[str, float] = {}
+    for key, value in row.items():
+        merged[key] = value
+        merged.update(groups.pop(key, {}))
+    for columns in groups.values():
+        merged.update(columns)
+    return merged
