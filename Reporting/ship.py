@@ -8,14 +8,18 @@ evaluated in 3D on the test patients of its split, so the recorded numbers are t
 model's own, not the float32 run's. ``<prefix>_<method>.metrics.json`` beside it holds every test
 case's metric row for both temperature variants, their summary, the run it came from, the
 dataset's name and the machine. Shipping is the one tool that writes into the package folder,
-on purpose; ``Reporting/readme_tables.py`` then regenerates README.md's table of shipped models. Both files are written under temporary names and renamed only when the evaluation
-succeeded, so a failed ship leaves any earlier model in place.
+on purpose; ``Reporting/readme_tables.py`` then regenerates README.md's table of shipped models.
+The float16 file's evaluation (summary.json, per_case.csv, reliability diagrams) also replaces
+the run folder's ``evaluation/``, so the results page (``calibseg-results``) reports the shipped
+model itself. Everything is written under temporary names and renamed only when the evaluation
+succeeded, so a failed ship leaves any earlier model and evaluation in place.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
@@ -26,7 +30,7 @@ from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
 from Datasets.cases import DataError, data_folder, find_cases, load_cases, recorded_dataset
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.evaluate import evaluate_bundle
-from Evaluation.summary import VARIANTS
+from Evaluation.summary import EVALUATION_DIR, VARIANTS
 from Training.trainer import BUNDLE_NAME
 
 __all__ = ["ship_run", "main"]
@@ -75,8 +79,19 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
             "per_case": _per_case(evaluation.per_case),
         }
         os.replace(staged, bundle_path)
+        _replace_folder(Path(staging) / "evaluation", run_dir / EVALUATION_DIR)
     write_json_atomic(metrics_path, metrics)
     return bundle_path, metrics_path
+
+
+def _replace_folder(new: Path, destination: Path) -> None:
+    """Put ``new`` in place of ``destination`` with renames only (the old folder is removed last)."""
+    retired = destination.with_name(f".{destination.name}.replaced")
+    shutil.rmtree(retired, ignore_errors=True)
+    if destination.exists():
+        os.replace(destination, retired)
+    os.replace(new, destination)
+    shutil.rmtree(retired, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
