@@ -83,6 +83,23 @@ def test_shipped_models_table_from_metrics_and_bundle(tmp_path):
     assert "2 test volumes (1 test patients of `acdc.json`)" in lines[0]
 
 
+def test_shipped_quality_table_from_the_recorded_quality_report(tmp_path):
+    def statistics(spearman, mae, poor, flagged, flagged_poor):
+        return {"spearman": spearman, "mae": mae, "poor": poor, "flagged": flagged, "flagged_poor": flagged_poor}
+
+    clean = {"right ventricle": statistics(0.71, 0.051, 3, 2, 2), "myocardium": statistics(0.6, 0.04, 5, 4, 3),
+             "all structures": statistics(0.8, 0.045, 8, 6, 5)}
+    degraded = {"all structures": statistics(0.5, 0.2, 40, 38, 37)}
+    record = {**_metrics_record("tiny"), "quality": {"review_below": 0.8, "clean": clean,
+                                                     "degraded": {"gamma 3": degraded, "degraded (all)": degraded}}}
+    (tmp_path / "tiny.metrics.json").write_text(json.dumps(record))
+    lines = readme_tables.shipped_quality_table([tmp_path / "tiny.metrics.json"])
+    assert lines[0] == ("| Model | right ventricle: ρ / MAE | myocardium: ρ / MAE | flagged, test volumes | "
+                        "flagged, degraded copies |")
+    assert lines[2] == "| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 5 of 8 poor, 1 good | 37 of 40 poor, 1 good |"
+    assert "below 0.80" in lines[-1]
+
+
 def _finished_run(folder, wall_s=100.0):
     """A run folder with the run.json and evaluation/summary.json a finished quick-start run writes."""
     from Training.trainer import RunSummary
