@@ -21,11 +21,13 @@ import torch
 from monai.inferers import sliding_window_inference
 from torch import nn
 
-__all__ = ["SlidingWindow", "MAX_PATCH", "window_logits"]
+__all__ = ["SlidingWindow", "MAX_PATCH", "MAX_VOXELS_PER_PASS", "window_logits"]
 
-# Largest accepted window side: a 2D network's activations for a 2048² window already take
-# gigabytes, so anything larger in a bundle is a mistake or an attack.
+# Largest accepted window side, and voxels per forward pass (window × windows per pass): a 2D
+# network's activations take tens of bytes per voxel and channel, so anything larger in a bundle is
+# a mistake or an attack (the default, 32 windows of 128², is a quarter of the budget).
 MAX_PATCH = 2048
+MAX_VOXELS_PER_PASS = 1 << 21
 
 
 def _is_int(value: Any) -> bool:
@@ -73,6 +75,11 @@ class SlidingWindow:
             raise ValueError(f"mirror_axes must be distinct in-plane axes 0 (y) and/or 1 (x), got {axes!r}.")
         if not _is_int(self.batch_size) or not 1 <= self.batch_size <= 1024:
             raise ValueError(f"batch_size must be an integer in 1..1024, got {self.batch_size!r}.")
+        if size[0] * size[1] * self.batch_size > MAX_VOXELS_PER_PASS:
+            raise ValueError(
+                f"{self.batch_size} windows of {size[0]}×{size[1]} per pass exceed {MAX_VOXELS_PER_PASS:,} voxels; "
+                "lower batch_size or patch_size."
+            )
 
     def windows_per_slice(self, shape: Sequence[int]) -> int:
         """Number of windows covering a ``(y, x)`` slice (MONAI's placement), times the mirrorings."""

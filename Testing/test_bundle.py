@@ -260,6 +260,11 @@ BAD_BUNDLES = {
         lambda g, f: rewritten(g, f / "win.calibseg", lambda m: m["sliding_window"].update(patch_size=[40000, 40000])),
         "patch_size must be two integers in 8..2048",
     ),
+    "window batch too large": (
+        lambda g, f: rewritten(g, f / "wb.calibseg",
+                               lambda m: m["sliding_window"].update(patch_size=[1024, 1024], batch_size=64)),
+        "per pass exceed",
+    ),
     "bad mirror axis": (
         lambda g, f: rewritten(g, f / "mir.calibseg", lambda m: m["sliding_window"].update(mirror_axes=[2])),
         "mirror_axes",
