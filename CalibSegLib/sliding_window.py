@@ -21,7 +21,7 @@ import torch
 from monai.inferers import sliding_window_inference
 from torch import nn
 
-__all__ = ["SlidingWindow", "MAX_PATCH", "MAX_VOXELS_PER_PASS", "window_logits"]
+__all__ = ["SlidingWindow", "MAX_PATCH", "MAX_VOXELS_PER_PASS", "windows_per_pass", "window_logits"]
 
 # Largest accepted window side, and voxels per forward pass (window × windows per pass): a 2D
 # network's activations take tens of bytes per voxel and channel, so anything larger in a bundle is
@@ -32,6 +32,13 @@ MAX_VOXELS_PER_PASS = 1 << 21
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def windows_per_pass(patch_size: tuple[int, int], preferred: int = 32) -> int:
+    """Windows of ``patch_size`` (y, x voxels) per forward pass: ``preferred``, fewer where that would exceed
+    :data:`MAX_VOXELS_PER_PASS` (at least 1), so a trainer with a large crop still writes a valid bundle."""
+    voxels = math.prod(patch_size) if all(_is_int(side) and side > 0 for side in patch_size) else 1
+    return max(1, min(preferred, MAX_VOXELS_PER_PASS // voxels))
 
 
 @dataclass

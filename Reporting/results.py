@@ -218,11 +218,14 @@ def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
     metadata = runs[0].metadata
     training, data = metadata.training, metadata.data
     environment = runs[0].summary.environment
+    # Runs may differ in length only (a method that validates every epoch fits the same hour with fewer).
+    epochs = sorted({run.metadata.training.get("epochs") for run in runs}, key=str)
+    epochs_text = f"{epochs[0]} epochs" if len(epochs) == 1 else "epochs (per run in the table below)"
     lines = [
         f"- Data: `{recorded_dataset(data)}`, split `{Path(data.get('split_file', '?')).name}`: "
         f"{len(data.get('train', []))} training, {len(data.get('val', []))} validation and "
         f"{len(data.get('test', []))} test patients ({len(runs[0].summary.cases)} test volumes, evaluated in 3D).",
-        f"- Schedule (every run alike): {training.get('epochs')} epochs of {training.get('iterations_per_epoch')} "
+        f"- Schedule (every run alike): {epochs_text} of {training.get('iterations_per_epoch')} "
         f"batches of {training.get('batch_size')} crops of {'×'.join(map(str, training.get('patch_size', [])))} "
         f"voxels at {'×'.join(f'{value:g}' for value in metadata.preprocessing.target_spacing)} mm "
         f"({100 * training.get('foreground_share', 0):.0f} % centred on foreground), "
@@ -240,10 +243,10 @@ def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
     for run in runs:
         temperature = run.summary.temperature
         temperature_text = f"{temperature:.2f}" if isinstance(temperature, (int, float)) else "per class"
-        rows.append([f"`{run.run_dir.name}`", run.method, str(_seed(run)),
+        rows.append([f"`{run.run_dir.name}`", run.method, str(_seed(run)), str(run.metadata.training.get("epochs", "?")),
                      str(run.metadata.training.get("best_epoch", "?")), f"{training_wall_seconds(run) / 60:.1f} min",
                      f"{run.summary.wall_s:.0f} s", temperature_text])
-    header = ["Run", "Method", "Seed", "Best epoch", "Training wall time", "Test evaluation wall time", "Temperature"]
+    header = ["Run", "Method", "Seed", "Epochs", "Best epoch", "Training wall time", "Test evaluation wall time", "Temperature"]
     choices = _choices_table(runs)
     return lines + ["", *markdown_table(header, rows), *(["", "What validation chose at the end of each run:", "",
                                                           *choices] if choices else [])]

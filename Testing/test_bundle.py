@@ -17,6 +17,7 @@ from safetensors.torch import save as save_safetensors
 from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import build_network
+from CalibSegLib.sliding_window import MAX_VOXELS_PER_PASS, SlidingWindow, windows_per_pass
 from tiny_bundles import TINY_UNET, make_test_bundle, make_test_metadata
 
 
@@ -294,6 +295,14 @@ def test_bad_bundle_is_refused_with_one_sentence(good, tmp_path, case):
         load_bundle(make(good, tmp_path))
     text = str(caught.value)
     assert "\n" not in text and text.endswith(".")
+
+
+@pytest.mark.parametrize("patch_size, expected", [((128, 128), 32), ((512, 512), 8), ((1024, 1024), 2), ((1200, 1600), 1)])
+def test_windows_per_pass_keeps_a_trainers_window_within_the_bound(patch_size, expected):
+    windows = windows_per_pass(patch_size)
+    assert windows == expected
+    assert windows == 1 or windows * patch_size[0] * patch_size[1] <= MAX_VOXELS_PER_PASS
+    SlidingWindow(patch_size=patch_size, batch_size=windows).validate()
 
 
 def test_save_refuses_invalid_metadata_before_writing(tmp_path):

@@ -29,7 +29,7 @@ from CalibSegLib.networks import build_network
 from CalibSegLib.postprocessing import Postprocessing, choose_postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality import QualityModelError, fit_quality_model
-from CalibSegLib.sliding_window import SlidingWindow
+from CalibSegLib.sliding_window import SlidingWindow, windows_per_pass
 from CalibSegLib.temperature import apply_temperature, fit_temperature
 from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, to_model_grid
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
@@ -222,7 +222,8 @@ class Trainer:
         _seed_everything(config.seed, config.deterministic)
         self.device = resolve_device(config.device)
         self.preprocessing = Preprocessing(target_spacing=tuple(config.target_spacing))
-        self.sliding_window = SlidingWindow(patch_size=tuple(config.patch_size))
+        patch_size = tuple(config.patch_size)
+        self.sliding_window = SlidingWindow(patch_size=patch_size, batch_size=windows_per_pass(patch_size))
         try:
             self.preprocessing.validate()
             self.sliding_window.validate()
