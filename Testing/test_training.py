@@ -98,8 +98,12 @@ def test_finished_run_records_its_validation_choices_in_run_json_and_bundle(samp
     mirrored = summary.choices["mirroring"]["used"]
     assert metadata.sliding_window.mirror_axes == ((0, 1) if mirrored else ())
     assert list(metadata.postprocessing.largest_component) == summary.choices["postprocessing"]["largest_component"]
-    assert metadata.temperature == pytest.approx(
-        summary.choices["temperature"]["candidates"][summary.choices["temperature"]["fitted_on"]]["temperature"])
+    temperature = summary.choices["temperature"]
+    assert set(temperature["candidates"]) == {"none", "all", "foreground"}
+    assert temperature["candidates"]["none"] == {"temperature": 1.0, "foreground_ece": temperature["foreground_ece_t1"]}
+    chosen = temperature["candidates"][temperature["fitted_on"]]
+    assert chosen["foreground_ece"] == min(candidate["foreground_ece"] for candidate in temperature["candidates"].values())
+    assert metadata.temperature == pytest.approx(chosen["temperature"])
 
 
 @pytest.mark.parametrize("schedule,expected", [("poly", [1.0, (1 - 1 / 6) ** 0.9, (1 - 5 / 6) ** 0.9]),

@@ -124,8 +124,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
     parser.add_argument("--temperature-fit", choices=TEMPERATURE_FITS, default="auto",
-                        help="validation voxels the temperature is fitted on; auto: all or foreground, "
-                             "whichever gives the lower validation foreground ECE")
+                        help="validation voxels the temperature is fitted on (none: T = 1); auto: all, foreground "
+                             "or none, whichever gives the lowest validation foreground ECE")
     compile_group = parser.add_mutually_exclusive_group()
     compile_group.add_argument("--compile", dest="compile", action="store_true", default=None,
                                help="torch.compile the network for training (default on the quick and --cpu schedules)")

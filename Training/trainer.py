@@ -44,7 +44,8 @@ HISTORY_NAME = "history.jsonl"
 RUN_SUMMARY_NAME = "run.json"
 # Temperature scaling fits one number: a million validation voxels pin it down to well under 1 %.
 _TEMPERATURE_VOXELS = 1_000_000
-TEMPERATURE_FITS: tuple[str, ...] = ("auto", "all", "foreground")
+# "none" ships T = 1: a fitted temperature is only worth shipping where it lowers the validation foreground ECE.
+TEMPERATURE_FITS: tuple[str, ...] = ("auto", "all", "foreground", "none")
 LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 # Resuming with any of these changed would not continue the same run.
 _RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "target_spacing", "patch_size",
@@ -490,12 +491,14 @@ class Trainer:
                 torch.cat([labels[mask] for labels, mask in zip(flat_labels, kept)]))
 
     def choose_temperature(self, validation: ValidationPass) -> tuple[float, dict[str, Any]]:
-        """The temperature to ship: fitted by NLL on all or on reference-foreground validation voxels —
-        ``config.temperature_fit``, or with ``"auto"`` the fit with the lower validation foreground ECE."""
-        fits = ("all", "foreground") if self.config.temperature_fit == "auto" else (self.config.temperature_fit,)
+        """The temperature to ship: fitted by NLL on all or on reference-foreground validation voxels, or
+        1 (``"none"``) — ``config.temperature_fit``, or with ``"auto"`` the candidate with the lowest validation
+        foreground ECE (T = 1 on a tie)."""
+        fits = ("none", "all", "foreground") if self.config.temperature_fit == "auto" else (self.config.temperature_fit,)
         candidates = {}
         for fit in fits:
-            temperature = float(fit_temperature(*self._temperature_samples(validation, fit == "foreground")))
+            temperature = 1.0 if fit == "none" else float(
+                fit_temperature(*self._temperature_samples(validation, fit == "foreground")))
             candidates[fit] = {"temperature": temperature, "foreground_ece": _foreground_ece(validation, temperature)}
         chosen = min(candidates, key=lambda fit: candidates[fit]["foreground_ece"])
         return candidates[chosen]["temperature"], {"fitted_on": chosen, "candidates": candidates,
