@@ -34,13 +34,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def windows_per_pass(patch_size: tuple[int, int], preferred: int = 32) -> int:
-    """Windows of ``patch_size`` (y, x voxels) per forward pass: ``preferred``, fewer where that would exceed
-    :data:`MAX_VOXELS_PER_PASS` (at least 1), so a trainer with a large crop still writes a valid bundle."""
-    voxels = math.prod(patch_size) if all(_is_int(side) and side > 0 for side in patch_size) else 1
-    return max(1, min(preferred, MAX_VOXELS_PER_PASS // voxels))
-
-
 @dataclass
 class SlidingWindow:
     """Window settings a bundle records (the training crop is the window).
@@ -95,6 +88,13 @@ class SlidingWindow:
             step = max(int(patch * (1 - self.overlap)), 1)
             counts.append(1 if size <= patch else math.ceil((size - patch) / step) + 1)
         return counts[0] * counts[1] * 2 ** len(self.mirror_axes)
+
+
+def windows_per_pass(patch_size: tuple[int, int], preferred: int = SlidingWindow.batch_size) -> int:
+    """Windows of ``patch_size`` (y, x voxels) per forward pass: ``preferred``, fewer where that would exceed
+    :data:`MAX_VOXELS_PER_PASS` (at least 1), so a trainer with a large crop still writes a valid bundle."""
+    voxels = math.prod(patch_size) if all(_is_int(side) and side > 0 for side in patch_size) else 1
+    return max(1, min(preferred, MAX_VOXELS_PER_PASS // voxels))
 
 
 def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindow) -> torch.Tensor:

@@ -495,14 +495,15 @@ class Trainer:
         1 (``"none"``) — ``config.temperature_fit``, or with ``"auto"`` the candidate with the lowest validation
         foreground ECE (T = 1 on a tie)."""
         fits = ("none", "all", "foreground") if self.config.temperature_fit == "auto" else (self.config.temperature_fit,)
-        candidates = {}
+        foreground_ece_t1 = _foreground_ece(validation, 1.0)
+        candidates = {"none": {"temperature": 1.0, "foreground_ece": foreground_ece_t1}} if "none" in fits else {}
         for fit in fits:
-            temperature = 1.0 if fit == "none" else float(
-                fit_temperature(*self._temperature_samples(validation, fit == "foreground")))
-            candidates[fit] = {"temperature": temperature, "foreground_ece": _foreground_ece(validation, temperature)}
+            if fit != "none":
+                temperature = float(fit_temperature(*self._temperature_samples(validation, fit == "foreground")))
+                candidates[fit] = {"temperature": temperature, "foreground_ece": _foreground_ece(validation, temperature)}
         chosen = min(candidates, key=lambda fit: candidates[fit]["foreground_ece"])
         return candidates[chosen]["temperature"], {"fitted_on": chosen, "candidates": candidates,
-                                                   "foreground_ece_t1": _foreground_ece(validation, 1.0)}
+                                                   "foreground_ece_t1": foreground_ece_t1}
 
     def fit_quality(self, metadata: BundleMetadata, choices: dict[str, Any]) -> dict[str, Any] | None:
         """The quality model (predicted Dice from uncertainty) fitted on the validation volumes as the shipped
@@ -548,8 +549,9 @@ class Trainer:
                                          np.nanmean(np.stack(with_component, axis=1), axis=0).tolist(),
                                      "val_dice_final": float(np.nanmean(processed))}
         best = dict(self.history[self.best_epoch]) if self.best_epoch >= 0 else {}
+        chosen_fit = choices["temperature"]["candidates"][choices["temperature"]["fitted_on"]]
         validation_metrics = {"best_epoch": best, "dice": float(np.nanmean(processed)),
-                              "foreground_ece": _foreground_ece(validation, temperature), "choices": choices}
+                              "foreground_ece": chosen_fit["foreground_ece"], "choices": choices}
         metadata = self._metadata(sliding_window=window, postprocessing=postprocessing, temperature=temperature,
                                   validation_metrics=validation_metrics)
         metadata = replace(metadata, quality_model=self.fit_quality(metadata, choices))
