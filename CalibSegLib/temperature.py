@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-__all__ = ["apply_temperature", "fit_temperature", "temperature_nll"]
+__all__ = ["apply_temperature", "fit_temperature", "temperature_nll", "temperature_text"]
 
 
 def apply_temperature(
@@ -83,3 +83,11 @@ def fit_temperature(
         fitted = torch.ones_like(fitted)
     values = [float(value) for value in fitted]
     return values if per_class else values[0]
+
+
+def temperature_text(temperature: float | Sequence[float], labelled: bool = True) -> str:
+    """A temperature as the reports print it: ``T = 1.42`` (``1.42`` when not ``labelled``), or ``T per class``
+    (``per class``) for one temperature per class."""
+    if isinstance(temperature, (int, float)):
+        return f"T = {temperature:.2f}" if labelled else f"{temperature:.2f}"
+    return "T per class" if labelled else "per class"

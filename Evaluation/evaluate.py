@@ -55,9 +55,10 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence
 from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics
-from CalibSegLib.metrics.plots import reliability_figure
+from CalibSegLib.metrics.plots import reliability_figure, save_figure
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from CalibSegLib.quality import quality_summary, with_predicted_dice
+from CalibSegLib.temperature import temperature_text
 from Datasets.cases import DATASETS, Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
@@ -147,11 +148,10 @@ def evaluate_bundle(
             spearman_entropy_vs_dice=_spearman([row["mean_foreground_entropy"] for row in variant_rows],
                                                [row["dice_mean"] for row in variant_rows]),
         )
-        title = _temperature_text(bundle.metadata.temperature) if variant == "scaled" else "T = 1"
+        title = temperature_text(bundle.metadata.temperature) if variant == "scaled" else "T = 1"
         figure = reliability_figure(pooled.reliability(), title=f"Reliability, {title}, {len(cases)} volumes pooled",
                                     ece=pooled.ece())
-        with atomic_output(out_dir / RELIABILITY_NAMES[variant]) as temporary:
-            figure.savefig(temporary, bbox_inches="tight", format="png")
+        save_figure(figure, out_dir / RELIABILITY_NAMES[variant])
     rows = [{"variant": variant, **row} for variant, variant_rows in per_case.items() for row in variant_rows]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=["case", "variant"] + [key for key in rows[0] if key not in ("case", "variant")])
@@ -164,10 +164,6 @@ def evaluate_bundle(
     return EvaluationResult(summary, per_case)
 
 
-def _temperature_text(temperature: float | Sequence[float]) -> str:
-    return f"T = {temperature:.2f}" if isinstance(temperature, (int, float)) else "T per class"
-
-
 def print_summary(summary: EvaluationSummary, out_dir: Path) -> None:
     """A few lines: test Dice/HD95 and calibration before/after temperature scaling, and where the files are.
 
@@ -175,13 +171,11 @@ def print_summary(summary: EvaluationSummary, out_dir: Path) -> None:
     voxels together, as in the reliability diagram's title).
     """
     scaled, raw = summary.variants["scaled"], summary.variants["uncalibrated"]
-    temperature = summary.temperature
-    temperature_text = f"{temperature:.2f}" if isinstance(temperature, (int, float)) else "per class"
     of_patients = f" of {len(summary.patients)} patients" if summary.patients else ""
     print(f"test, {len(summary.cases)} volumes{of_patients} (means over the volumes): Dice "
           f"{scaled.value('dice_mean'):.3f}  HD95 {scaled.value('hd95_mean'):.2f} mm  "
           f"ASD {scaled.value('asd_mean'):.2f} mm")
-    for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text}", scaled)):
+    for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text(summary.temperature, labelled=False)}", scaled)):
         pooled = metrics.pooled_calibration["ece"]
         print(f"  {label}  ECE {metrics.value('ece'):.3f} (pooled {pooled:.3f})  CECE {metrics.value('cece'):.3f}  "
               f"TACE {metrics.value('tace'):.3f}  Brier {metrics.value('brier'):.3f}  NLL {metrics.value('nll'):.3f}")

@@ -41,6 +41,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 from CalibSegLib import BUNDLE_SUFFIX
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
+from CalibSegLib.temperature import temperature_text
 
 __all__ = ["Table", "TABLES", "MARKER", "README", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json",
            "shipped_models_table", "shipped_quality_table", "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
@@ -82,8 +83,7 @@ def shipped_models_table(paths: list[Path]) -> list[str]:
         bundle_path = path.with_name(path.name.removesuffix(METRICS_SUFFIX) + BUNDLE_SUFFIX)
         recorded = bundle_json(bundle_path)
         summary = metrics["summary"]
-        temperature = metrics.get("temperature", recorded["temperature"])
-        fitted = f"T = {temperature:.2f}" if isinstance(temperature, (int, float)) else "T per class"
+        fitted = temperature_text(metrics.get("temperature", recorded["temperature"]))
         volumes.add(len(metrics["cases"]))
         sizes.append(bundle_path.stat().st_size / 1e6)
         data = recorded.get("data", {})
@@ -202,8 +202,7 @@ def quick_start_table(paths: list[Path]) -> list[str]:
     rows = []
     for run in runs:
         scaled, raw = run["test"]["scaled"], run["test"]["uncalibrated"]
-        temperature = run["temperature"]
-        fitted = f"T = {temperature:.2f}" if isinstance(temperature, (int, float)) else "T per class"
+        fitted = temperature_text(run["temperature"])
         rows.append(f"| `{run['command']}` | {_minutes(run['wall_s'])} | {run['best_validation_dice']:.3f} "
                     f"({run['best_epoch']} of {run['epochs']}) | {scaled['dice_mean']:.3f} / "
                     f"{scaled['hd95_mean']:.1f} mm / {scaled['ece']:.3f} ({fitted}) | {raw['ece']:.3f} |")

@@ -34,12 +34,13 @@ from matplotlib.figure import Figure
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.io import atomic_output
 from CalibSegLib.metrics import rank_methods
-from CalibSegLib.metrics.plots import compare_reliability_figure
+from CalibSegLib.metrics.plots import compare_reliability_figure, save_figure
+from CalibSegLib.temperature import temperature_text
 from Datasets.cases import recorded_dataset
 from Reporting.benchmark import VARIANT_TITLES, RunResult, benchmark_csv, collect_run, ranked_table, table_caption
 from Reporting.formatting import format_value, markdown_table
 from Reporting.quality_tables import quality_tables
-from Training.trainer import read_history
+from Training.trainer import RunSummary, read_history
 
 __all__ = ["PAPER_ACDC_UNET", "BEGIN_MARKER", "END_MARKER", "training_wall_seconds", "paper_comparison",
            "write_results", "main"]
@@ -175,8 +176,6 @@ def _choices_table(runs: Sequence[RunResult]) -> list[str]:
 def ablation_table(run_dirs: Sequence[Path]) -> list[str]:
     """Short runs that decided the recipe, compared on validation only: what each changed, its length, and
     the validation Dice and calibration its end-of-run choices measured (``run.json``)."""
-    from Training.trainer import RunSummary
-
     header = ["Run", "Method", "Changed", "Steps", "Wall time (threads)", "Val. Dice plain / mirrored / final",
               "Val. fg ECE at T = 1", "Inner λ at the end"]
     rows = []
@@ -241,11 +240,9 @@ def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
                      f"{environment.get('platform')}.")
     rows = []
     for run in runs:
-        temperature = run.summary.temperature
-        temperature_text = f"{temperature:.2f}" if isinstance(temperature, (int, float)) else "per class"
         rows.append([f"`{run.run_dir.name}`", run.method, str(_seed(run)), str(run.metadata.training.get("epochs", "?")),
                      str(run.metadata.training.get("best_epoch", "?")), f"{training_wall_seconds(run) / 60:.1f} min",
-                     f"{run.summary.wall_s:.0f} s", temperature_text])
+                     f"{run.summary.wall_s:.0f} s", temperature_text(run.summary.temperature, labelled=False)])
     header = ["Run", "Method", "Seed", "Epochs", "Best epoch", "Training wall time", "Test evaluation wall time", "Temperature"]
     choices = _choices_table(runs)
     return lines + ["", *markdown_table(header, rows), *(["", "What validation chose at the end of each run:", "",
@@ -263,10 +260,7 @@ def _reliability_figures(runs: Sequence[RunResult], figures_dir: Path) -> list[P
         labels = [f"{run.method} (pooled ECE {run.summary.variants[variant].pooled_calibration['ece']:.3f})"
                   for run in compared]
         figure = compare_reliability_figure(reliabilities, labels, title=VARIANT_TITLES[variant])
-        path = figures_dir / f"reliability_{variant}.png"
-        with atomic_output(path) as temporary:
-            figure.savefig(temporary, bbox_inches="tight", format="png")
-        written.append(path)
+        written.append(save_figure(figure, figures_dir / f"reliability_{variant}.png"))
     return written
 
 
@@ -289,10 +283,7 @@ def _multiplier_figure(runs: Sequence[RunResult], figures_dir: Path) -> Path | N
         axis.set_xlabel("epoch")
         axis.set_yscale("log")
         axis.legend(fontsize=8)
-    path = figures_dir / "crac_multipliers.png"
-    with atomic_output(path) as temporary:
-        figure.savefig(temporary, bbox_inches="tight", format="png")
-    return path
+    return save_figure(figure, figures_dir / "crac_multipliers.png")
 
 
 def _generated_block(runs: Sequence[RunResult], ranked: Sequence[RunResult], figures: Sequence[Path], out: Path,

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 
+from CalibSegLib.io import atomic_output
 from CalibSegLib.metrics.calibration import Reliability
 
-__all__ = ["reliability_figure", "compare_reliability_figure"]
+__all__ = ["reliability_figure", "compare_reliability_figure", "save_figure"]
 
 
 def _draw(axis, histogram_axis, reliability: Reliability, label: str | None = None, color: str = "tab:blue") -> None:
@@ -73,3 +75,10 @@ def compare_reliability_figure(
         histogram_axis.set_xlabel("confidence")
     figure.suptitle(title)
     return figure
+
+
+def save_figure(figure: Figure, path: Path) -> Path:
+    """Write ``figure`` to ``path`` as a PNG cropped to its content, atomically (temporary name, then rename)."""
+    with atomic_output(path) as temporary:
+        figure.savefig(temporary, bbox_inches="tight", format="png")
+    return path
