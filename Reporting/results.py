@@ -40,6 +40,7 @@ from Datasets.cases import recorded_dataset
 from Reporting.benchmark import VARIANT_TITLES, RunResult, benchmark_csv, collect_run, ranked_table, table_caption
 from Reporting.formatting import format_value, markdown_table
 from Reporting.quality_tables import quality_tables
+from Training.train import SCHEDULES
 from Training.trainer import RunSummary, read_history
 
 __all__ = ["PAPER_ACDC_UNET", "BEGIN_MARKER", "END_MARKER", "training_wall_seconds", "paper_comparison",
@@ -175,15 +176,19 @@ def _choices_table(runs: Sequence[RunResult]) -> list[str]:
 
 def ablation_table(run_dirs: Sequence[Path]) -> list[str]:
     """Short runs that decided the recipe, compared on validation only: what each changed, its length, and
-    the validation Dice and calibration its end-of-run choices measured (``run.json``)."""
+    the validation Dice and calibration its end-of-run choices measured (``run.json``). "Changed" lists the
+    loss and network arguments and the batches per epoch where they differ from the ``--cpu`` recipe."""
     header = ["Run", "Method", "Changed", "Steps", "Wall time (threads)", "Val. Dice plain / mirrored / final",
               "Val. fg ECE at T = 1", "Inner λ at the end"]
     rows = []
     for run_dir in run_dirs:
         summary = RunSummary.read(run_dir)
         config = summary.config
+        recipe_steps = SCHEDULES["cpu"].iterations_per_epoch
         changed = {**config["loss_args"], **({"network": config["network"]} if config["network"] != "unet" else {}),
-                   **config["network_kwargs"]}
+                   **config["network_kwargs"],
+                   **({"iterations_per_epoch": config["iterations_per_epoch"]}
+                      if config["iterations_per_epoch"] != recipe_steps else {})}
         choices = summary.choices
         inner = summary.loss_state.get("multipliers", {}).get("inner")
         rows.append([f"`{Path(run_dir).name}`", summary.method,

@@ -157,10 +157,11 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
     page.write_text(f"# Results\n\nHand-written discussion.\n\n{results_cli.BEGIN_MARKER}\nstale\n{results_cli.END_MARKER}\n")
-    assert results_cli.main(["--runs", str(out), "--out", str(page)]) == 0
+    assert results_cli.main(["--runs", str(out), "--out", str(page), "--ablations", str(out)]) == 0
     text = page.read_text()
     assert "Hand-written discussion." in text and "stale" not in text and text.count(results_cli.BEGIN_MARKER) == 1
     assert f"| nacl | {dice_mean:.3f} |" in text and "0.854" in text  # ours beside the paper's NACL DSC
+    assert "num_res_units=0, iterations_per_epoch=2 |" in text  # the short-run table names what it changed
     assert (page.parent / "results" / "results.csv").read_text().count("nacl") == 2
     assert (page.parent / "results" / "reliability_uncalibrated.png").stat().st_size > 1000
     # shipping: a float16 bundle whose recorded metrics come from evaluating that file
