@@ -90,10 +90,10 @@ def loop_brier_nll(probs, target, mask):
     return brier_value, nll_value
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed,sharpness", [(0, 2.0), (1, 2.0), (2, 12.0)])  # sharp: many p_k ≤ 1e-3 in bin 0
 @pytest.mark.parametrize("use_mask", [False, True])
-def test_every_metric_matches_brute_force(seed, use_mask):
-    probs, target = random_case(seed)
+def test_every_metric_matches_brute_force(seed, sharpness, use_mask):
+    probs, target = random_case(seed, sharpness=sharpness)
     mask = (np.random.default_rng(seed + 10).random(target.shape) > 0.3) if use_mask else target > 0
     passed = mask if use_mask else None
     assert ece(probs, target, passed) == pytest.approx(loop_ece(probs, target, mask), abs=1e-12)
@@ -204,6 +204,14 @@ def test_bad_input_raises_value_error(mutate, message):
     probs, target, mask = mutate(probs, target, np.ones(target.shape, bool))
     with pytest.raises(ValueError, match=message):
         ece(probs, target, mask)
+
+
+@pytest.mark.parametrize("n_bins", [0, 1000])
+def test_bin_counts_outside_the_supported_range_are_refused(n_bins):
+    from CalibSegLib.metrics import CalibrationStatistics
+
+    with pytest.raises(ValueError, match=r"n_bins must lie in \[1, 999\]"):
+        CalibrationStatistics(4, n_bins=n_bins)
 
 
 def loop_authors_tace(probs, target, mask, n_bins=15, threshold=1e-3):

@@ -99,12 +99,13 @@ def masked_probabilities(probs, target, mask=None) -> tuple[np.ndarray, np.ndarr
         mask = mask.astype(bool, copy=False)
     selected = probs[:, mask]
     labels = target[mask].astype(np.int64, copy=False)
-    if not np.all(np.isfinite(selected)):
+    # A NaN or ±inf anywhere makes its voxel's sum non-finite: one pass checks both.
+    sums = selected.sum(axis=0, dtype=np.float64)
+    if not np.all(np.isfinite(sums)):
         raise ValueError("probs contain NaN or infinite values.")
     if selected.size and selected.min() < 0:
         raise ValueError(f"probs must be non-negative, found {selected.min():.3g}.")
     if selected.size:
-        sums = selected.sum(axis=0, dtype=np.float64)
         worst = np.abs(sums - 1.0).max()
         if worst > _SUM_TOLERANCE:
             raise ValueError(
@@ -178,8 +179,9 @@ class CalibrationStatistics:
     tace_keys: list[list[np.ndarray]] = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.n_bins < 1:
-            raise ValueError(f"n_bins must be >= 1, got {self.n_bins}.")
+        if not 1 <= self.n_bins < 1 / AUTHORS_TACE_THRESHOLD:
+            # add() files the voxels at or below the papers' TACE threshold under bin 0.
+            raise ValueError(f"n_bins must lie in [1, {round(1 / AUTHORS_TACE_THRESHOLD) - 1}], got {self.n_bins}.")
         self.bin_count = np.zeros(self.n_bins, np.float64)
         self.bin_confidence = np.zeros(self.n_bins, np.float64)
         self.bin_correct = np.zeros(self.n_bins, np.float64)
@@ -206,25 +208,34 @@ class CalibrationStatistics:
         self.bin_count += np.bincount(bins, minlength=n_bins)
         self.bin_confidence += np.bincount(bins, weights=confidence, minlength=n_bins)
         self.bin_correct += np.bincount(bins, weights=(predicted == labels), minlength=n_bins)
-        squared_error = np.square(selected, dtype=np.float64).sum(axis=0)
+        # Per voxel, C products in (at least) float32 are exact enough; the sum over voxels is float64.
+        squared_error = np.einsum("cn,cn->n", selected, selected,
+                                  dtype=np.promote_types(selected.dtype, np.float32)).astype(np.float64)
         target_probability = selected[labels, np.arange(labels.size)].astype(np.float64)
         # Σ_k (p_k − y_k)² = Σ_k p_k² − 2 p_y + 1
         self.brier_sum += float((squared_error - 2.0 * target_probability + 1.0).sum())
         self.nll_sum += float(-np.log(np.maximum(target_probability, _NLL_FLOOR)).sum())
-        # Class-wise bins of all classes in one bincount: class k's bins are offset by k·n_bins.
-        indicator = labels[None, :] == np.arange(num_classes)[:, None]
-        class_bins = (_bin_index(selected, n_bins) + (np.arange(num_classes) * n_bins)[:, None]).ravel()
-        size = num_classes * n_bins
-        self.class_bin_count += np.bincount(class_bins, minlength=size).reshape(num_classes, n_bins)
-        self.class_bin_probability += np.bincount(class_bins, weights=selected.ravel(), minlength=size).reshape(
-            num_classes, n_bins)
-        self.class_bin_frequency += np.bincount(class_bins, weights=indicator.ravel(), minlength=size).reshape(
-            num_classes, n_bins)
-        below = selected <= AUTHORS_TACE_THRESHOLD
-        self.class_below_count += below.sum(axis=1)
-        self.class_below_probability += np.where(below, selected, 0.0).sum(axis=1, dtype=np.float64)
-        self.class_below_frequency += (below & indicator).sum(axis=1)
+        # Class-wise bins of all classes in one bincount: class k owns slots k·(n_bins + 1) + s, where
+        # slot 0 holds its p_k ≤ 1e-3 (the papers' TACE leaves them out; they all lie in bin 0) and
+        # slot b + 1 the rest of bin b.
+        slots_per_class = n_bins + 1
+        slot = _bin_index(selected, n_bins) + 1
+        slot[selected <= AUTHORS_TACE_THRESHOLD] = 0
+        slot += (np.arange(num_classes) * slots_per_class)[:, None]
+        size = num_classes * slots_per_class
+        count = np.bincount(slot.ravel(), minlength=size).reshape(num_classes, slots_per_class)
+        probability = np.bincount(slot.ravel(), weights=selected.ravel(), minlength=size).reshape(
+            num_classes, slots_per_class)
+        # 1[target == k] is 1 only in the label's own class: count the label slots alone.
+        frequency = np.bincount(slot[labels, np.arange(labels.size)], minlength=size).reshape(
+            num_classes, slots_per_class)
+        for name, sums in (("count", count), ("probability", probability), ("frequency", frequency)):
+            getattr(self, f"class_below_{name}").__iadd__(sums[:, 0])
+            binned = getattr(self, f"class_bin_{name}")
+            binned += sums[:, 1:]
+            binned[:, 0] += sums[:, 0]
         if self.track_tace:
+            indicator = labels[None, :] == np.arange(num_classes)[:, None]
             probabilities32 = selected.astype(np.float32, copy=False)
             for k in range(num_classes):
                 above = probabilities32[k] > self.tace_threshold
