@@ -114,6 +114,17 @@ def test_learning_rate_follows_its_schedule_step_by_step(sample_cases, tmp_path,
     assert factors == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("flags,expected", [
+    ([], {"warmup_epochs": 3}),  # the quick schedule holds CRaC's multipliers for its first 300 steps
+    (["--loss-arg", "warmup_epochs=0", "--loss-arg", "margin=1"], {"warmup_epochs": 0, "margin": 1}),
+    (["--cpu"], {}),
+    (["--method", "ce_dice"], {}),
+])
+def test_schedule_loss_arguments_yield_to_the_flags(flags, expected):
+    config = train_cli.parse_config(train_cli._parser().parse_args(flags))
+    assert config.loss_args == expected
+
+
 def test_a_crop_larger_than_every_training_slice_is_refused(sample_cases, tmp_path):
     with pytest.raises(DataError, match="larger than every training slice"):
         tiny_trainer(tmp_path, sample_cases, patch_size=(1024, 1024))
