@@ -180,11 +180,11 @@ def ablation_table(run_dirs: Sequence[Path]) -> list[str]:
     loss and network arguments and the batches per epoch where they differ from the ``--cpu`` recipe."""
     header = ["Run", "Method", "Changed", "Steps", "Wall time (threads)", "Val. Dice plain / mirrored / final",
               "Val. fg ECE at T = 1", "Inner λ at the end"]
+    recipe_steps = SCHEDULES["cpu"].iterations_per_epoch
     rows = []
     for run_dir in run_dirs:
         summary = RunSummary.read(run_dir)
         config = summary.config
-        recipe_steps = SCHEDULES["cpu"].iterations_per_epoch
         changed = {**config["loss_args"], **({"network": config["network"]} if config["network"] != "unet" else {}),
                    **config["network_kwargs"],
                    **({"iterations_per_epoch": config["iterations_per_epoch"]}

@@ -295,7 +295,8 @@ def run(arguments: argparse.Namespace) -> Path:
         trainer.resume(checkpoint)
         print(f"resumed {run_dir} after epoch {trainer.epoch}")
     loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
-    print(f"{config.method}{f' ({loss_text})' if loss_text else ''}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
+    method_text = f"{config.method} ({loss_text})" if loss_text else config.method
+    print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
           f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
           f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}",
           flush=True)
