@@ -59,13 +59,16 @@ class Prediction:
 
     ``labels`` uint8 argmax; ``confidence`` float32 max probability in [1/C, 1];
     ``entropy`` float32 softmax entropy divided by log C, in [0, 1];
-    ``probabilities`` ``(C, z, y, x)`` float32 when asked for, else None.
+    ``probabilities`` ``(C, z, y, x)`` float32 when asked for, else None;
+    ``probability_sums`` ``(C,)`` float64 Σ over all voxels of each class's probability (the
+    voxel count each class is expected to cover), filled by :class:`Predictor`, None when unknown.
     """
 
     labels: np.ndarray
     confidence: np.ndarray
     entropy: np.ndarray
     probabilities: np.ndarray | None = None
+    probability_sums: np.ndarray | None = None
 
 
 def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -223,6 +226,7 @@ class Predictor:
                 confidence=np.empty(image.shape, np.float32),
                 entropy=np.empty(image.shape, np.float32),
                 probabilities=np.empty((self.num_classes, *image.shape), np.float32) if keep_probabilities else None,
+                probability_sums=np.zeros(self.num_classes),
             )
             for _ in temperatures
         ]
@@ -252,6 +256,8 @@ def _write_batch(prediction: Prediction, axis: int, batch: slice, probabilities:
     maps = (prediction.labels, prediction.confidence, prediction.entropy)
     for target, values in zip(maps, confidence_maps(probabilities), strict=True):
         np.moveaxis(target, axis, 0)[batch] = values.cpu().numpy()
+    prediction.probability_sums += probabilities.sum(dim=(0, *range(2, probabilities.ndim)),
+                                                     dtype=torch.float64).cpu().numpy()
     if prediction.probabilities is not None or sink is not None:
         class_first = probabilities.transpose(0, 1).cpu().numpy()
         if prediction.probabilities is not None:

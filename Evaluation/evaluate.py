@@ -164,15 +164,15 @@ def evaluate_bundle(
     return EvaluationResult(summary, per_case)
 
 
-def print_summary(summary: EvaluationSummary, out_dir: Path) -> None:
-    """A few lines: test Dice/HD95 and calibration before/after temperature scaling, and where the files are.
+def print_summary(summary: EvaluationSummary, out_dir: Path, split: str = "test") -> None:
+    """A few lines: Dice/HD95 and calibration before/after temperature scaling, and where the files are.
 
-    Every number is the mean over the test volumes, except the one labelled pooled (all volumes'
-    voxels together, as in the reliability diagram's title).
+    ``split`` names the volumes evaluated (``--split``). Every number is the mean over them, except the
+    one labelled pooled (all volumes' voxels together, as in the reliability diagram's title).
     """
     scaled, raw = summary.variants["scaled"], summary.variants["uncalibrated"]
     of_patients = f" of {len(summary.patients)} patients" if summary.patients else ""
-    print(f"test, {len(summary.cases)} volumes{of_patients} (means over the volumes): Dice "
+    print(f"{split}, {len(summary.cases)} volumes{of_patients} (means over the volumes): Dice "
           f"{scaled.value('dice_mean'):.3f}  HD95 {scaled.value('hd95_mean'):.2f} mm  "
           f"ASD {scaled.value('asd_mean'):.2f} mm")
     for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text(summary.temperature, labelled=False)}", scaled)):
@@ -180,7 +180,7 @@ def print_summary(summary: EvaluationSummary, out_dir: Path) -> None:
         print(f"  {label}  ECE {metrics.value('ece'):.3f} (pooled {pooled:.3f})  CECE {metrics.value('cece'):.3f}  "
               f"TACE {metrics.value('tace'):.3f}  Brier {metrics.value('brier'):.3f}  NLL {metrics.value('nll'):.3f}")
     if summary.quality:
-        for label, report in (("test", summary.quality["clean"]), *summary.quality["degraded"].items()):
+        for label, report in ((split, summary.quality["clean"]), *summary.quality["degraded"].items()):
             pooled = report[ALL_STRUCTURES]
             print(f"  predicted Dice, {label}: ρ {pooled['spearman']:.2f}  MAE {pooled['mae']:.3f}  review flag "
                   f"AUROC {pooled['review_auroc']:.2f} ({pooled['flagged_poor']} of {pooled['poor']} poor flagged, "
@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
-    print_summary(result.summary, out)
+    print_summary(result.summary, out, arguments.split)
     return 0
 
 

@@ -79,6 +79,8 @@ def test_console_and_diagram_say_which_ece_is_pooled(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert printed.startswith("test, 4 volumes of 2 patients (means over the volumes): Dice 0.500")
     assert "ECE 0.200 (pooled 0.125)" in printed
+    print_summary(summary, tmp_path, "val")
+    assert capsys.readouterr().out.startswith("val, 4 volumes of 2 patients")
     bins = Reliability(np.array([3, 1]), np.array([0.25, 0.75]), np.array([0.5, 1.0]), np.array([0.0, 0.5, 1.0]))
     title = reliability_figure(bins, title="Reliability", ece=0.125).axes[0].get_title()
     assert title == "Reliability (pooled ECE 0.125)"

@@ -168,6 +168,19 @@ def test_probability_sink_streams_each_batch_on_the_input_grid(predictor):
     np.testing.assert_array_equal(np.concatenate([probs for _, probs in batches], axis=1), kept.probabilities)
 
 
+def test_probability_sums_are_the_kept_probabilities_summed_per_class(tiny_bundle):
+    along_x = Bundle(make_test_metadata(preprocessing=Preprocessing(slice_axis=2)), tiny_bundle.state_dict)
+    image = noise_volume((12, 18, 14))
+    for bundle in (tiny_bundle, along_x):  # batches cut along either axis add up to the whole volume
+        fitted, plain = Predictor(bundle, device="cpu", batch_size=5).predict_variants(
+            image, (1.5, 1.5, 1.5), [0.5, 1.0], keep_probabilities=True)
+        for prediction in (fitted, plain):
+            expected = prediction.probabilities.reshape(4, -1).sum(axis=1, dtype=np.float64)
+            np.testing.assert_allclose(prediction.probability_sums, expected, rtol=1e-6)
+            assert prediction.probability_sums.sum() == pytest.approx(image.size, rel=1e-5)
+        assert not np.allclose(fitted.probability_sums, plain.probability_sums)  # one sum per temperature
+
+
 def test_batch_size_does_not_change_the_result(tiny_bundle):
     image = noise_volume((5, 24, 24))
     one = Predictor(tiny_bundle, device="cpu", batch_size=1).predict(image, SPACING)

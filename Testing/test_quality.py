@@ -85,6 +85,45 @@ def test_features_equal_loop_references():
             assert features[label - 1][key] == pytest.approx(value, rel=1e-9), (label, key)
 
 
+def _probabilistic_prediction(shape=(4, 9, 11), seed=1) -> Prediction:
+    """Labels, confidence and entropy derived from random 4-class probabilities, kept with the prediction."""
+    probabilities = np.random.default_rng(seed).dirichlet([0.6, 0.5, 0.4, 0.3], size=shape)
+    probabilities = np.moveaxis(probabilities, -1, 0).astype(np.float32)
+    entropy = -(probabilities * np.log(probabilities)).sum(axis=0) / np.log(4)
+    return Prediction(probabilities.argmax(axis=0).astype(np.uint8), probabilities.max(axis=0),
+                      entropy.astype(np.float32), probabilities)
+
+
+def test_expected_dice_is_expected_overlap_over_predicted_plus_expected_size():
+    prediction = _probabilistic_prediction()
+    from_probabilities = structure_features(prediction, 4)
+    summed = dataclasses.replace(prediction, probabilities=None,
+                                 probability_sums=prediction.probabilities.sum(axis=(1, 2, 3), dtype=np.float64))
+    from_sums = structure_features(summed, 4)
+    for label in (1, 2, 3):
+        mask = prediction.labels == label
+        probability = prediction.probabilities[label].astype(np.float64)
+        expected = 2 * probability[mask].sum() / (mask.sum() + probability.sum())
+        assert from_probabilities[label - 1]["expected_dice"] == pytest.approx(expected, rel=1e-6)
+        assert from_sums[label - 1]["expected_dice"] == pytest.approx(expected, rel=1e-6)
+    # certain and right everywhere: the model expects a perfect overlap
+    certain = np.zeros((2, 3, 4, 4), np.float32)
+    certain[1, :, :2] = certain[0, :, 2:] = 1.0
+    sure = Prediction(certain.argmax(axis=0).astype(np.uint8), certain.max(axis=0), np.zeros((3, 4, 4), np.float32),
+                      certain)
+    assert structure_features(sure, 2)[0]["expected_dice"] == 1.0
+
+
+def test_summary_refuses_a_prediction_without_the_feature_its_model_needs():
+    prediction = _prediction()  # labels, confidence and entropy only: no probability sums
+    assert "expected_dice" not in structure_features(prediction, 4)[0]
+    model = _model(**{"class 1": StructureQuality("expected_dice", "linear", {"intercept": 0.0, "slope": 1.0},
+                                                  (-0.1, 0.05), 0.05, 0.1, 20)})
+    metadata = make_test_metadata(quality_model=model.to_dict())
+    with pytest.raises(ValueError, match=r"^The quality model predicts Dice from expected_dice.*Predictor\.$"):
+        quality_summary(prediction, (1.0, 1.0, 1.0), metadata)
+
+
 def test_boundary_ring_reaches_exactly_its_steps_and_the_neighbouring_slices():
     labels = np.zeros((5, 9, 9), np.uint8)
     labels[2, 4, 4] = 1

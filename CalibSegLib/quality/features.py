@@ -49,13 +49,16 @@ def structure_features(
 
     Returns:
         C-1 entries, class 1 first: ``{"voxels", "mean_confidence", "mean_entropy",
-        "low_confidence_fraction", "boundary_entropy_ratio"}``, or None for a class predicted nowhere.
+        "low_confidence_fraction", "boundary_entropy_ratio", "expected_dice"}``, or None for a class
+        predicted nowhere. ``expected_dice`` is left out when the prediction carries neither
+        ``probability_sums`` nor ``probabilities``.
     """
     labels = prediction.labels
     counts = _class_sums(labels, None, num_classes)
     confidence = _class_sums(labels, prediction.confidence, num_classes)
     entropy = _class_sums(labels, prediction.entropy, num_classes)
     low = _class_sums(labels, prediction.confidence < low_confidence_threshold, num_classes)
+    expected_counts = _expected_counts(prediction)
     boxes = ndimage.find_objects(labels, max_label=num_classes - 1)
     cross = ndimage.generate_binary_structure(3, 1)
     features: list[dict[str, float] | None] = []
@@ -69,14 +72,28 @@ def structure_features(
         around = labels[box] == label
         if boundary_ring > 0:
             around = ndimage.binary_dilation(around, structure=cross, iterations=boundary_ring)
-        features.append({
+        values = {
             "voxels": float(count),
             "mean_confidence": float(confidence[label] / count),
             "mean_entropy": float(entropy[label] / count),
             "low_confidence_fraction": float(low[label] / count),
             "boundary_entropy_ratio": float(prediction.entropy[box][around].sum(dtype=np.float64) / count),
-        })
+        }
+        if expected_counts is not None:
+            # Inside the predicted structure the class is the argmax (post-processing only removes
+            # voxels), so its probability there is the confidence.
+            values["expected_dice"] = float(2.0 * confidence[label] / (count + expected_counts[label]))
+        features.append(values)
     return features
+
+
+def _expected_counts(prediction: "Prediction") -> np.ndarray | None:
+    """Σ of each class's probability over the volume ``(C,)``, or None when the prediction cannot tell."""
+    if prediction.probability_sums is not None:
+        return prediction.probability_sums
+    if prediction.probabilities is not None:
+        return prediction.probabilities.reshape(len(prediction.probabilities), -1).sum(axis=1, dtype=np.float64)
+    return None
 
 
 def uncertain_slices(

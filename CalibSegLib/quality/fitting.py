@@ -6,6 +6,8 @@ monotone direction, clipped to [0, 1]; ``isotonic``: pool-adjacent-violators) is
 mean absolute error in leave-one-patient-out cross-validation on the validation cases (both
 frames of a patient leave together; without patient ids, leave-one-case-out); the lowest error
 wins, ties to the earlier candidate (linear before isotonic, features in :data:`FEATURES` order).
+``expected_dice`` came last and joined the candidates only after a nested leave-one-patient-out
+comparison on the shipped models' validation patients (``Evaluation/quality_choice.py``).
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -123,6 +125,7 @@ def fit_from_observations(
     interval_coverage: float = INTERVAL_COVERAGE,
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
     boundary_ring: int = BOUNDARY_RING,
+    candidates: Sequence[str] = tuple(FEATURES),
 ) -> QualityModel:
     """Choose and fit each structure's predicted-Dice model (the rule is in the module docstring).
 
@@ -134,10 +137,15 @@ def fit_from_observations(
             every case is its own group.
         review_below, interval_coverage: stored in the model (see :class:`QualityModel`).
         low_confidence_threshold, boundary_ring: the settings ``features`` were computed with.
+        candidates: the features to choose from, a subset of :data:`FEATURES` (all by default;
+            fewer to measure what one adds, as ``Evaluation/quality_choice.py`` does).
 
     Raises:
-        QualityModelError: fewer than 3 cases predict a structure, or they come from one group.
+        QualityModelError: fewer than 3 cases predict a structure, or they come from one group,
+            or ``candidates`` names an unknown feature or none.
     """
+    if not candidates or any(name not in FEATURES for name in candidates):
+        raise QualityModelError(f"Candidate features must be some of {', '.join(FEATURES)}; got {list(candidates)}.")
     dice = np.asarray(dice, dtype=np.float64)
     groups = np.asarray(groups if groups is not None else [str(index) for index in range(len(features))])
     if dice.shape != (len(features), len(class_names) - 1) or len(groups) != len(features):
@@ -152,7 +160,8 @@ def fit_from_observations(
                                     f"{len(np.unique(held_groups))} patient(s) predict {name!r}; at least "
                                     f"{MIN_FIT_CASES} cases of 2 patients are needed to fit and check a model.")
         best = None
-        for feature, direction in FEATURES.items():
+        for feature in candidates:
+            direction = FEATURES[feature]
             x = np.array([case[index][feature] for case, keep in zip(features, present) if keep])
             for form in FORMS:
                 residuals = _held_out_residuals(form, x, y, held_groups, direction)

@@ -27,6 +27,7 @@ FEATURES: dict[str, int] = {
     "mean_confidence": 1,
     "low_confidence_fraction": -1,
     "boundary_entropy_ratio": -1,
+    "expected_dice": 1,
 }
 FORMS: tuple[str, ...] = ("linear", "isotonic")
 

@@ -13,6 +13,11 @@ Definitions (every number a reader sees is one of these):
   one slice further is where 2D models most often err), divided by the structure's voxel
   count — roughly the share of the structure the model is unsure about, counting tissue it
   may have missed just outside.
+- ``expected_dice`` (a model feature, not shown): 2 Σ p_k over the voxels predicted as class k
+  / (their count + Σ p_k over the whole volume) — the Dice the model expects of itself if its
+  probabilities were right: expected overlap over predicted plus expected size. It counts the
+  probability mass outside the structure, which the other features do not see (chosen for the
+  myocardium of all three shipped models; docs/results.md, "Predicted Dice and the review flag").
 - ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
   slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is
@@ -65,6 +70,9 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
                                **{key: features[key] for key in _SHOWN_FEATURES}}
     if model is None:
         return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
+    if model.feature not in features:
+        raise ValueError(f"The quality model predicts Dice from {model.feature}, which this prediction cannot give "
+                         f"(it carries no class probability sums); predict it with CalibSegLib.inference.Predictor.")
     dice = model.predict(features[model.feature])
     return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
             "review": dice < review_below}
