@@ -25,7 +25,7 @@ on its own and all of them pooled (``"degraded (all)"``), never mixed with the c
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -36,7 +36,8 @@ from CalibSegLib.metrics import dice, error_detection_auroc
 from CalibSegLib.quality import REVIEW_BELOW, quality_model_of, quality_summary, structure_key, summary_columns
 from Datasets.cases import Case
 
-__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "quality_statistics", "degraded_rows", "quality_report"]
+__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "quality_statistics", "degraded_images", "degraded_rows",
+           "quality_report"]
 
 ALL_STRUCTURES = "all structures"
 NOISE_SEED = 2024
@@ -116,13 +117,19 @@ def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[s
     return report
 
 
+def degraded_images(cases: Sequence[Case], degradation: str) -> Iterator[np.ndarray]:
+    """Each case's image ``(z, y, x)`` float32 after ``degradation``; the noise generator starts again from
+    :data:`NOISE_SEED` for every call, so the same cases always give the same copies."""
+    rng = np.random.default_rng(NOISE_SEED)
+    for case in cases:
+        yield DEGRADATIONS[degradation](case.image.astype(np.float32), rng)
+
+
 def degraded_rows(predictor: Predictor, cases: Sequence[Case], degradation: str) -> list[dict[str, float]]:
     """Measured Dice and :func:`~CalibSegLib.quality.summary_columns` of every case after ``degradation``."""
     metadata = predictor.metadata
-    rng = np.random.default_rng(NOISE_SEED)
     rows = []
-    for case in cases:
-        image = DEGRADATIONS[degradation](case.image.astype(np.float32), rng)
+    for case, image in zip(cases, degraded_images(cases, degradation), strict=True):
         prediction = predictor.predict(image, case.spacing)
         measured = dice(prediction.labels, case.label.astype(np.int64), metadata.num_classes)
         rows.append({"case": case.case_id,

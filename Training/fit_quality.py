@@ -22,15 +22,15 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, BundleMetadata, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from CalibSegLib.quality import QualityModel, QualityModelError, fit_quality_model
-from Datasets.cases import DataError, data_folder, find_cases, load_cases
+from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import select_patients
 
-__all__ = ["refit_bundle", "describe", "main"]
+__all__ = ["refit_bundle", "validation_cases", "describe", "main"]
 
 
 def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None,
@@ -57,14 +57,24 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
     check_output_file(out)  # before the fit: a bad destination must not cost the predictions
     loaded = load_bundle(path)
     metadata = loaded.metadata
-    patients = metadata.data.get("val")
-    if not patients:
-        raise DataError(f"{path.name} records no validation patients (data['val']), so there is nothing to fit on.")
-    cases = load_cases(select_patients(find_cases(data_folder(metadata.data, data)), patients), metadata.num_classes)
+    cases = validation_cases(metadata, path.name, data, "fit")
     model = fit_quality_model(Predictor(loaded, device=device, batch_size=batch_size), cases, metadata.class_names)
     refitted = dataclasses.replace(metadata, quality_model=model.to_dict())
     written = save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16")
     return written, model
+
+
+def validation_cases(metadata: BundleMetadata, name: str, data: str | Path | None, purpose: str) -> list[Case]:
+    """The validation volumes a bundle records (``data["val"]``), loaded from ``data`` or the recorded dataset.
+
+    Raises:
+        DataError: the bundle ``name`` records no validation patients (nothing to ``purpose`` on), or the
+            data is missing.
+    """
+    patients = metadata.data.get("val")
+    if not patients:
+        raise DataError(f"{name} records no validation patients (data['val']), so there is nothing to {purpose} on.")
+    return load_cases(select_patients(find_cases(data_folder(metadata.data, data)), patients), metadata.num_classes)
 
 
 def describe(model: QualityModel) -> list[str]:

@@ -34,9 +34,9 @@ from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import FEATURES, QualityModelError, fit_from_observations, observe_case
-from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
-from Datasets.splits import select_patients
-from Evaluation.quality_report import DEGRADATIONS, NOISE_SEED
+from Datasets.cases import Case, DataError
+from Evaluation.quality_report import degraded_images
+from Training.fit_quality import validation_cases
 
 __all__ = ["CLEAN", "FIT_DEGRADATIONS", "PROCEDURES", "Observation", "Procedure", "observe_validation",
            "nested_held_out", "choice_table", "main"]
@@ -80,11 +80,11 @@ def observe_validation(predictor: Predictor, cases: Sequence[Case],
     """Features and measured Dice of every case, clean and after each of ``degradations`` (fixed noise seed)."""
     observations = []
     for variant in (CLEAN, *degradations):
-        rng = np.random.default_rng(NOISE_SEED)
-        for case in cases:
-            image = case.image.astype(np.float32)
-            if variant != CLEAN:
-                image = DEGRADATIONS[variant](image, rng)
+        if variant == CLEAN:
+            images = (case.image.astype(np.float32) for case in cases)
+        else:
+            images = degraded_images(cases, variant)
+        for case, image in zip(cases, images, strict=True):
             features, dice = observe_case(predictor, image, case.label, case.spacing)
             observations.append(Observation(variant, case.patient_id, features, np.asarray(dice, dtype=np.float64)))
     return observations
@@ -103,10 +103,11 @@ def nested_held_out(observations: Sequence[Observation], class_names: Sequence[s
     measured: dict[str, list[float]] = {name: [] for name in structures}
     chosen: dict[str, Counter] = {name: Counter() for name in structures}
     for patient in sorted({item.patient for item in clean}):
-        fitted_on = [item for item in observations if item.variant in procedure.fit_variants and item.patient != patient]
-        model = fit_from_observations([item.features for item in fitted_on], np.array([item.dice for item in fitted_on]),
-                                      class_names, [item.patient for item in fitted_on],
-                                      candidates=procedure.candidates)
+        fitted_on = [item for item in observations
+                     if item.variant in procedure.fit_variants and item.patient != patient]
+        model = fit_from_observations([item.features for item in fitted_on],
+                                      np.array([item.dice for item in fitted_on]), class_names,
+                                      [item.patient for item in fitted_on], candidates=procedure.candidates)
         for item in (item for item in clean if item.patient == patient):
             for index, name in enumerate(structures):
                 if item.features[index] is None:  # predicted nowhere: flagged, no predicted Dice to score
@@ -150,18 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         bundle = load_bundle(resolve_bundle_path(arguments.bundle))
         metadata = bundle.metadata
-        patients = metadata.data.get("val")
-        if not patients:
-            raise DataError(f"{arguments.bundle} records no validation patients (data['val']), so there is "
-                            f"nothing to compare on.")
-        cases = load_cases(select_patients(find_cases(data_folder(metadata.data, arguments.data)), patients),
-                           metadata.num_classes)
+        cases = validation_cases(metadata, arguments.bundle, arguments.data, "compare")
         observations = observe_validation(Predictor(bundle, arguments.device, arguments.batch_size), cases)
         lines = choice_table(observations, metadata.class_names)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     print(f"{arguments.bundle}: nested leave-one-patient-out on {len(cases)} validation volumes of "
-          f"{len(set(patients))} patients")
+          f"{len({case.patient_id for case in cases})} patients")
     print("\n".join(lines))
     return 0
 

@@ -7,7 +7,7 @@ mean absolute error in leave-one-patient-out cross-validation on the validation 
 frames of a patient leave together; without patient ids, leave-one-case-out); the lowest error
 wins, ties to the earlier candidate (linear before isotonic, features in :data:`FEATURES` order).
 ``expected_dice`` came last and joined the candidates only after a nested leave-one-patient-out
-comparison on the shipped models' validation patients (``Evaluation/quality_choice.py``).
+comparison on the shipped models' validation patients (``Training/quality_choice.py``).
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -138,7 +138,7 @@ def fit_from_observations(
         review_below, interval_coverage: stored in the model (see :class:`QualityModel`).
         low_confidence_threshold, boundary_ring: the settings ``features`` were computed with.
         candidates: the features to choose from, a subset of :data:`FEATURES` (all by default;
-            fewer to measure what one adds, as ``Evaluation/quality_choice.py`` does).
+            fewer to measure what one adds, as ``Training/quality_choice.py`` does).
 
     Raises:
         QualityModelError: fewer than 3 cases predict a structure, or they come from one group,
