@@ -25,7 +25,7 @@ import argparse
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -33,13 +33,13 @@ from scipy.stats import spearmanr
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import resolve_bundle_path
-from CalibSegLib.quality import FEATURES, QualityModelError, fit_from_observations, observe_case
+from CalibSegLib.quality import FEATURES, QualityModel, QualityModelError, fit_from_observations, observe_case
 from Datasets.cases import Case, DataError
 from Evaluation.quality_report import degraded_images
 from Training.fit_quality import validation_cases
 
 __all__ = ["CLEAN", "FIT_DEGRADATIONS", "PROCEDURES", "Observation", "Procedure", "observe_validation",
-           "nested_held_out", "choice_table", "main"]
+           "held_out_predictions", "fit_on", "nested_held_out", "rank_correlation", "choice_table", "main"]
 
 CLEAN = "clean"
 # Contrast inversion is left out of fitting: an over-confident model stays sharp on it, which would teach
@@ -90,24 +90,17 @@ def observe_validation(predictor: Predictor, cases: Sequence[Case],
     return observations
 
 
-def nested_held_out(observations: Sequence[Observation], class_names: Sequence[str],
-                    procedure: Procedure) -> dict[str, tuple[np.ndarray, np.ndarray, Counter]]:
-    """Per structure: held-out predicted and measured Dice of the clean volumes, and the features chosen.
-
-    Raises:
-        QualityModelError: some fold has too few volumes predicting a structure.
-    """
+def held_out_predictions(clean: Sequence[Observation], class_names: Sequence[str],
+                         fit_without: Callable[[str], QualityModel],
+                         ) -> dict[str, tuple[np.ndarray, np.ndarray, Counter]]:
+    """Per structure: predicted and measured Dice of the ``clean`` volumes, each patient's predicted by the model
+    ``fit_without(patient)`` returns (one built without that patient), and the features those models chose."""
     structures = list(class_names[1:])
-    clean = [item for item in observations if item.variant == CLEAN]
     predicted: dict[str, list[float]] = {name: [] for name in structures}
     measured: dict[str, list[float]] = {name: [] for name in structures}
     chosen: dict[str, Counter] = {name: Counter() for name in structures}
     for patient in sorted({item.patient for item in clean}):
-        fitted_on = [item for item in observations
-                     if item.variant in procedure.fit_variants and item.patient != patient]
-        model = fit_from_observations([item.features for item in fitted_on],
-                                      np.array([item.dice for item in fitted_on]), class_names,
-                                      [item.patient for item in fitted_on], candidates=procedure.candidates)
+        model = fit_without(patient)
         for item in (item for item in clean if item.patient == patient):
             for index, name in enumerate(structures):
                 if item.features[index] is None:  # predicted nowhere: flagged, no predicted Dice to score
@@ -119,6 +112,34 @@ def nested_held_out(observations: Sequence[Observation], class_names: Sequence[s
     return {name: (np.array(predicted[name]), np.array(measured[name]), chosen[name]) for name in structures}
 
 
+def fit_on(observations: Sequence[Observation], class_names: Sequence[str], **options: Any) -> QualityModel:
+    """:func:`fit_from_observations` on ``observations``, a patient's volumes held out together; ``options`` are
+    its keyword arguments (``candidates``, ``fixed``)."""
+    dice = np.array([item.dice for item in observations])
+    return fit_from_observations([item.features for item in observations], dice, class_names,
+                                 [item.patient for item in observations], **options)
+
+
+def nested_held_out(observations: Sequence[Observation], class_names: Sequence[str],
+                    procedure: Procedure) -> dict[str, tuple[np.ndarray, np.ndarray, Counter]]:
+    """:func:`held_out_predictions` of the clean volumes, each patient's by ``procedure`` run on the other patients.
+
+    Raises:
+        QualityModelError: some fold has too few volumes predicting a structure.
+    """
+    def fit_without(patient: str) -> QualityModel:
+        fitted_on = [item for item in observations
+                     if item.variant in procedure.fit_variants and item.patient != patient]
+        return fit_on(fitted_on, class_names, candidates=procedure.candidates)
+
+    return held_out_predictions([item for item in observations if item.variant == CLEAN], class_names, fit_without)
+
+
+def rank_correlation(predicted: np.ndarray, measured: np.ndarray) -> float:
+    """Spearman ρ of predicted against measured Dice; NaN when the predictions are all equal (no ranking)."""
+    return float(spearmanr(predicted, measured).statistic) if np.ptp(predicted) > 0 else float("nan")
+
+
 def choice_table(observations: Sequence[Observation], class_names: Sequence[str],
                  procedures: Sequence[Procedure] = PROCEDURES) -> list[str]:
     """Markdown rows: per procedure and structure, held-out ρ, MAE and the most chosen feature; then their means."""
@@ -127,8 +148,7 @@ def choice_table(observations: Sequence[Observation], class_names: Sequence[str]
     for procedure in procedures:
         rhos, errors = [], []
         for name, (predicted, measured, chosen) in nested_held_out(observations, class_names, procedure).items():
-            rho = float(spearmanr(predicted, measured).statistic) if np.ptp(predicted) > 0 else float("nan")
-            error = float(np.abs(predicted - measured).mean())
+            rho, error = rank_correlation(predicted, measured), float(np.abs(predicted - measured).mean())
             rhos.append(rho)
             errors.append(error)
             feature, folds = chosen.most_common(1)[0]

@@ -14,8 +14,9 @@ predicted) to the prediction, clipped to [0, 1].
 
 from __future__ import annotations
 
+import itertools
 import math
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -126,6 +127,7 @@ def fit_from_observations(
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
     boundary_ring: int = BOUNDARY_RING,
     candidates: Sequence[str] = tuple(FEATURES),
+    fixed: Mapping[str, tuple[str, str]] | None = None,
 ) -> QualityModel:
     """Choose and fit each structure's predicted-Dice model (the rule is in the module docstring).
 
@@ -139,6 +141,9 @@ def fit_from_observations(
         low_confidence_threshold, boundary_ring: the settings ``features`` were computed with.
         candidates: the features to choose from, a subset of :data:`FEATURES` (all by default;
             fewer to measure what one adds, as ``Training/quality_choice.py`` does).
+        fixed: structure name → ``(feature, form)`` to fit without choosing (chosen on other
+            patients, as ``Training/quality_folds.py`` does); its held-out residuals still set the
+            interval and the stored error.
 
     Raises:
         QualityModelError: fewer than 3 cases predict a structure, or they come from one group,
@@ -146,6 +151,12 @@ def fit_from_observations(
     """
     if not candidates or any(name not in FEATURES for name in candidates):
         raise QualityModelError(f"Candidate features must be some of {', '.join(FEATURES)}; got {list(candidates)}.")
+    fixed = dict(fixed or {})
+    unknown = {name: pair for name, pair in fixed.items()
+               if name not in class_names[1:] or pair[0] not in FEATURES or pair[1] not in FORMS}
+    if unknown:
+        raise QualityModelError(f"Fixed choices must name a structure, one of {', '.join(FEATURES)} and one of "
+                                f"{', '.join(FORMS)}; got {unknown}.")
     dice = np.asarray(dice, dtype=np.float64)
     groups = np.asarray(groups if groups is not None else [str(index) for index in range(len(features))])
     if dice.shape != (len(features), len(class_names) - 1) or len(groups) != len(features):
@@ -160,14 +171,13 @@ def fit_from_observations(
                                     f"{len(np.unique(held_groups))} patient(s) predict {name!r}; at least "
                                     f"{MIN_FIT_CASES} cases of 2 patients are needed to fit and check a model.")
         best = None
-        for feature in candidates:
-            direction = FEATURES[feature]
+        pairs = [fixed[name]] if name in fixed else itertools.product(candidates, FORMS)
+        for feature, form in pairs:
             x = np.array([case[index][feature] for case, keep in zip(features, present) if keep])
-            for form in FORMS:
-                residuals = _held_out_residuals(form, x, y, held_groups, direction)
-                error = float(np.abs(residuals).mean())
-                if best is None or error < best[0] - 1e-12:
-                    best = (error, feature, form, x, residuals)
+            residuals = _held_out_residuals(form, x, y, held_groups, FEATURES[feature])
+            error = float(np.abs(residuals).mean())
+            if best is None or error < best[0] - 1e-12:
+                best = (error, feature, form, x, residuals)
         error, feature, form, x, residuals = best
         baseline = float(np.abs(_held_out_residuals(None, x, y, held_groups, 0)).mean())
         structures[name] = StructureQuality(feature, form, _fit(form, x, y, FEATURES[feature]),

@@ -8,6 +8,12 @@ folder are shuffled with a fixed seed and dealt into train/val/test in proportio
 11/2/3 of 16 (the full set: 55/10/15 patients); the shipped 2-per-group sample is split
 6/2/2 (one val and one test patient from alternating groups). The output is committed,
 so the split never changes unless this script is rerun on purpose.
+
+``acdc_folds/fold<k>.json`` deal the full split's *training* patients into :data:`FOLDS` folds,
+stratified by group the same way: fold k is a run's validation side and the other folds its
+training side; no fold file names a test patient. Networks trained on them predict every
+training patient out of fold, which gives the quality model's choice more patients than the 10
+of the validation split (``Training/quality_folds.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 from pathlib import Path
 
 GROUPS = ("DCM", "HCM", "MINF", "NOR", "RV")
+FOLDS = 4
 
 
 def group_of(patient_id: str) -> str:
@@ -56,6 +63,22 @@ def split_sample(patients: list[str]) -> dict[str, list[str]]:
     return {key: sorted(value) for key, value in split.items()}
 
 
+def split_folds(training: list[str], folds: int = FOLDS, seed: int = 2024) -> list[dict[str, list[str]]]:
+    """``folds`` splits of the ``training`` patients: each group shuffled and dealt round-robin, one fold as
+    ``val``, the others as ``train``, ``test`` empty."""
+    generator = random.Random(seed)
+    dealt: list[list[str]] = [[] for _ in range(folds)]
+    position = 0
+    for group in GROUPS:
+        members = sorted(patient for patient in training if group_of(patient) == group)
+        generator.shuffle(members)
+        for patient in members:  # continuing the deal across groups keeps the fold sizes within one
+            dealt[position % folds].append(patient)
+            position += 1
+    return [{"train": sorted(patient for other in dealt if other is not fold for patient in other),
+             "val": sorted(fold), "test": []} for fold in dealt]
+
+
 def write(path: Path, dataset: str, split: dict[str, list[str]], description: str) -> None:
     payload = {"dataset": dataset, "description": description, **split,
                "groups": {patient: group_of(patient) for values in split.values() for patient in values}}
@@ -65,8 +88,13 @@ def write(path: Path, dataset: str, split: dict[str, list[str]], description: st
 
 def main(full_folder: str, sample_folder: str) -> None:
     here = Path(__file__).parent
-    write(here / "acdc.json", "acdc", split_full(patients_in(Path(full_folder))),
+    full = split_full(patients_in(Path(full_folder)))
+    write(here / "acdc.json", "acdc", full,
           "ACDC (80 patients of the WSL4MIS copy), patient-level, stratified by diagnostic group, seed 2024")
+    (here / "acdc_folds").mkdir(exist_ok=True)
+    for index, fold in enumerate(split_folds(full["train"])):
+        write(here / "acdc_folds" / f"fold{index}.json", "acdc", fold,
+              f"Fold {index} of {FOLDS} of acdc.json's training patients (validation = this fold; no test patients)")
     write(here / "acdc_sample.json", "acdc", split_sample(patients_in(Path(sample_folder))),
           "Shipped ACDC sample (SampleData/ACDC), 2 patients per group: 6 train, 2 val, 2 test")
 

@@ -1,0 +1,106 @@
+"""Choosing the quality model on out-of-fold patients (Training/quality_folds.py) and fixed choices in the fit."""
+
+from __future__ import annotations
+
+import zipfile
+
+import numpy as np
+import pytest
+
+from CalibSegLib.quality import FEATURES, QualityModelError
+from Training.quality_choice import CLEAN, Observation, fit_on
+from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table
+
+NAMES = ["background", "class 1"]
+
+
+def _fold(prefix: str, patients: int, informative: str, rng: np.random.Generator,
+          noise: float = 0.01) -> list[Observation]:
+    """Two volumes per patient whose Dice follows ``informative`` (1 − the feature for decreasing ones) plus
+    normal noise of sd ``noise``; the other features are noise."""
+    observations = []
+    for patient in range(patients):
+        for _ in range(2):
+            values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
+            signal = values[informative] if FEATURES[informative] > 0 else 1.0 - values[informative]
+            observations.append(Observation(CLEAN, f"{prefix}{patient}", [values],
+                                            np.array([signal + rng.normal(0, noise)])))
+    return observations
+
+
+def _folds(seed=0) -> dict[str, list[Observation]]:
+    rng = np.random.default_rng(seed)
+    return {f"fold{k}": _fold(f"f{k}p", 4, "mean_entropy", rng) for k in range(3)}
+
+
+def test_a_fixed_choice_is_fitted_without_choosing_and_bad_ones_are_refused():
+    observations = _folds()["fold0"]
+    chosen = fit_on(observations, NAMES).structures["class 1"]
+    assert (chosen.feature, chosen.form) == ("mean_entropy", "linear")
+    fixed = fit_on(observations, NAMES, fixed={"class 1": ("mean_confidence", "isotonic")}).structures["class 1"]
+    assert (fixed.feature, fixed.form) == ("mean_confidence", "isotonic") and fixed.loo_mae > chosen.loo_mae
+    for bad in ({"class 2": ("mean_entropy", "linear")}, {"class 1": ("volume", "linear")},
+                {"class 1": ("mean_entropy", "cubic")}):
+        with pytest.raises(QualityModelError, match="^Fixed choices must name a structure"):
+            fit_on(observations, NAMES, fixed=bad)
+
+
+def test_procedure_b_chooses_on_the_other_folds_and_fits_on_the_same_fold_without_the_patient():
+    folds = _folds()
+    per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES["B"][1])["class 1"]
+    for (name, own), (predicted, measured, chosen) in zip(folds.items(), per_fold, strict=True):
+        others = [item for other, items in folds.items() if other != name for item in items]
+        choice = fit_on(others, NAMES).structures["class 1"]
+        by_hand = []
+        for patient in sorted({item.patient for item in own}):
+            model = fit_on([item for item in own if item.patient != patient], NAMES,
+                           fixed={"class 1": (choice.feature, choice.form)}).structures["class 1"]
+            by_hand += [model.predict(item.features[0][choice.feature]) for item in own if item.patient == patient]
+        np.testing.assert_allclose(predicted, by_hand)
+        assert chosen == {choice.feature: len(own)}
+
+
+def test_the_other_folds_choose_better_where_one_fold_is_too_small_to():
+    """Three patients per fold: procedure A chooses among every feature and form on two patients' four volumes
+    and picks spurious ones; choosing on the other folds (B) or pooling them (C) finds the informative one."""
+    rng = np.random.default_rng(2)
+    folds = {f"fold{k}": _fold(f"f{k}p", 3, "low_confidence_fraction", rng, noise=0.03) for k in range(4)}
+    table = fold_table(folds, NAMES)
+    cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in table if "| mean |" in row]
+    rho = {row[0][0]: float(row[3]) for row in cells}
+    error = {row[0][0]: float(row[4]) for row in cells}
+    assert rho["B"] > rho["A"] + 0.3 and rho["C"] > rho["A"] + 0.3 and error["C"] < error["A"]
+    assert any(row.startswith("| C: other folds + own, pooled | class 1 |") and "low_confidence_fraction (24 of 24)"
+               in row for row in table)
+
+
+def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc_dir, capsys):
+    from test_quality import _shipped_copy
+    from CalibSegLib.bundle import load_bundle
+    from Training import quality_folds
+
+    folds = []
+    for index, patients in enumerate((["patient013", "patient016", "patient022"],
+                                      ["patient036", "patient054", "patient068"])):
+        path, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=patients)
+        folds.append(str(path.rename(tmp_path / f"fold{index}.calibseg")))
+    assert quality_folds.main(["--folds", *folds, "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 folds: held-out predictions of 12 volumes of 6 patients" in printed
+    for key, (description, _) in FOLD_PROCEDURES.items():
+        assert f"| {key}: {description} | myocardium |" in printed
+
+    target, weights = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient069", "patient091", "patient094"])
+    out = tmp_path / "refitted.calibseg"
+    assert quality_folds.main(["--folds", *folds, "--refit", str(target), "--procedure", "C", "--out", str(out),
+                               "--device", "cpu"]) == 0
+    assert "by procedure C (other folds + own, pooled)" in capsys.readouterr().out
+    with zipfile.ZipFile(out) as archive:
+        assert archive.read("weights.safetensors") == weights
+    assert load_bundle(out).metadata.quality_model["validation"] == {
+        "cases": 18, "patients": 9, "scheme": "leave-one-patient-out", "procedure": "C: other folds + own, pooled",
+        "fold_patients": 6, "fold_networks": 2}
+
+    overlapping, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient041"])
+    with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):
+        quality_folds.main(["--folds", folds[0], str(overlapping), "--device", "cpu"])

@@ -1,0 +1,199 @@
+"""Which way of fitting the quality model predicts Dice best, judged on out-of-fold training patients.
+
+    python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg [--data DIR]
+    python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg --refit acdc_crac --procedure B
+
+Ten validation patients are too few to choose a quality model's feature reliably (docs/results.md,
+"Predicted Dice and the review flag"). Fold networks (trained on ``Datasets/splits/acdc_folds``,
+each validated on a fold of the training patients) predict all 55 training patients out of fold.
+Every fold then plays the part a shipped bundle's validation split plays, and each procedure of
+:data:`FOLD_PROCEDURES` predicts each of its patients from a model built without that patient:
+
+- ``A``: chosen and fitted on the other patients of the same fold (what ``calibseg-train`` ships);
+- ``B``: feature and form chosen on the other folds' patients, fitted on the same fold's others;
+- ``C``: chosen and fitted on the other folds' patients and the same fold's others together.
+
+The table has per structure the Spearman ρ of those held-out predictions against the measured
+Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
+error over all volumes. ``--refit`` applies a procedure to a bundle: the fold networks' patients
+play "the other folds" and the bundle's own validation patients "the same fold"; the bundle is
+written as ``calibseg-fit-quality`` writes it. No test patient is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import check_output_file
+from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
+from CalibSegLib.quality import QualityModel, QualityModelError
+from Datasets.cases import DataError
+from Training.fit_quality import describe, validation_cases
+from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
+
+__all__ = ["FoldProcedure", "FOLD_PROCEDURES", "observe_folds", "fold_held_out", "fold_table", "refit_with_folds",
+           "main"]
+
+# A procedure, given the other folds' observations and the class names, returns how to build a model from the
+# same fold's observations (the choice on the other folds is made once per fold, not once per held-out patient).
+Builder = Callable[[Sequence[Observation]], QualityModel]
+FoldProcedure = Callable[[Sequence[Observation], Sequence[str]], Builder]
+
+
+def _own_only(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
+    return lambda own: fit_on(own, class_names)
+
+
+def _chosen_elsewhere(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
+    structures = fit_on(others, class_names).structures
+    choices = {name: (quality.feature, quality.form) for name, quality in structures.items()}
+    return lambda own: fit_on(own, class_names, fixed=choices)
+
+
+def _pooled(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
+    return lambda own: fit_on([*others, *own], class_names)
+
+
+# key → (what the table calls it, the procedure)
+FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
+    "A": ("own fold only (shipped)", _own_only),
+    "B": ("chosen on other folds, fitted on own", _chosen_elsewhere),
+    "C": ("other folds + own, pooled", _pooled),
+}
+
+
+def observe_folds(bundles: Sequence[str | Path], data: str | Path | None = None, device: str = "auto",
+                  batch_size: int = 16) -> tuple[dict[str, list[Observation]], list[str]]:
+    """Each fold bundle's clean validation observations, by bundle name, and the class names they share.
+
+    Raises:
+        DataError: no bundle; two bundles share a validation patient or disagree on the classes; a bundle
+            records no validation patients (all checked before anything is predicted).
+    """
+    loaded = {str(bundle): load_bundle(resolve_bundle_path(bundle)) for bundle in bundles}
+    if not loaded:
+        raise DataError("No fold bundle given; pass --folds with the fold networks' bundles.")
+    class_names = list(next(iter(loaded.values())).metadata.class_names)
+    held: dict[str, str] = {}
+    for name, bundle in loaded.items():
+        if list(bundle.metadata.class_names) != class_names:
+            raise DataError(f"{name} has classes {bundle.metadata.class_names}, the first fold {class_names}; "
+                            "pass fold networks of one task.")
+        for patient in bundle.metadata.data.get("val") or []:
+            if patient in held:
+                raise DataError(f"{name} validates on {patient}, which fold {held[patient]} already holds; pass "
+                                "one bundle per fold of one fold split.")
+            held[patient] = name
+    cases = {name: validation_cases(bundle.metadata, name, data, "observe") for name, bundle in loaded.items()}
+    folds = {name: observe_validation(Predictor(bundle, device, batch_size), cases[name], degradations=())
+             for name, bundle in loaded.items()}
+    return folds, class_names
+
+
+def fold_held_out(folds: Mapping[str, Sequence[Observation]], class_names: Sequence[str], procedure: FoldProcedure,
+                  ) -> dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]]:
+    """Per structure, per fold: held-out predicted and measured Dice of the fold's volumes and the features chosen."""
+    results: dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]] = {name: [] for name in class_names[1:]}
+    for name, own in folds.items():
+        others = [item for other, items in folds.items() if other != name for item in items]
+        build = procedure(others, class_names)
+        per_structure = held_out_predictions(own, class_names,
+                                             lambda patient: build([item for item in own if item.patient != patient]))
+        for structure, result in per_structure.items():
+            results[structure].append(result)
+    return results
+
+
+def fold_table(folds: Mapping[str, Sequence[Observation]], class_names: Sequence[str],
+               procedures: Mapping[str, tuple[str, FoldProcedure]] = FOLD_PROCEDURES) -> list[str]:
+    """Markdown rows: per procedure and structure, the within-fold ρ (each fold, their mean), the MAE over all
+    volumes and the most chosen feature; then the means over the structures."""
+    lines = ["| Procedure | Structure | ρ per fold | mean ρ | MAE | feature chosen (volumes) |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for key, (description, procedure) in procedures.items():
+        label = f"{key}: {description}"
+        means, errors = [], []
+        for structure, per_fold in fold_held_out(folds, class_names, procedure).items():
+            rhos = [rank_correlation(predicted, measured) for predicted, measured, _ in per_fold]
+            residuals = np.concatenate([predicted - measured for predicted, measured, _ in per_fold])
+            error = float(np.abs(residuals).mean())
+            chosen = sum((counts for _, _, counts in per_fold), Counter())
+            feature, volumes = chosen.most_common(1)[0]
+            means.append(float(np.nanmean(rhos)))
+            errors.append(error)
+            lines.append(f"| {label} | {structure} | {' '.join(f'{rho:+.2f}' for rho in rhos)} | {means[-1]:+.3f} | "
+                         f"{error:.4f} | {feature} ({volumes} of {sum(chosen.values())}) |")
+        lines.append(f"| {label} | mean | | {np.mean(means):+.3f} | {np.mean(errors):.4f} | |")
+    return lines
+
+
+def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], procedure: str,
+                     data: str | Path | None = None, out: str | Path | None = None, device: str = "auto",
+                     batch_size: int = 16) -> tuple[Path, QualityModel]:
+    """Fit ``bundle``'s quality model by ``procedure`` (a key of :data:`FOLD_PROCEDURES`), the fold bundles'
+    validation patients as the other folds and the bundle's own as its fold; save as ``calibseg-fit-quality`` does.
+
+    Raises:
+        BundleError, DataError, QualityModelError: as :func:`observe_folds` and ``calibseg-fit-quality``.
+    """
+    path = resolve_bundle_path(bundle)
+    shipped = shipped_name(path)
+    if out is None:
+        out = Path("runs") / shipped / f"{shipped}{BUNDLE_SUFFIX}" if shipped else path
+    check_output_file(out)  # before the predictions: a bad destination must not cost them
+    loaded = load_bundle(path)
+    metadata = loaded.metadata
+    cases = validation_cases(metadata, path.name, data, "fit")
+    folds, _ = observe_folds(fold_bundles, data, device, batch_size)
+    own = observe_validation(Predictor(loaded, device, batch_size), cases, degradations=())
+    others = [item for items in folds.values() for item in items]
+    description, build = FOLD_PROCEDURES[procedure]
+    model = build(others, metadata.class_names)(own)
+    # The bundle says how its quality model was made: which procedure, on how many out-of-fold patients.
+    model = dataclasses.replace(model, validation={
+        **model.validation, "procedure": f"{procedure}: {description}",
+        "fold_patients": len({item.patient for item in others}), "fold_networks": len(folds)})
+    refitted = dataclasses.replace(metadata, quality_model=model.to_dict())
+    return save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16"), model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the fold table, or refit a bundle with ``--refit``; returns 0. Bad input exits with one sentence."""
+    parser = argparse.ArgumentParser(prog="python -m Training.quality_folds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folds", nargs="+", required=True, help="the fold networks' bundles, one per fold")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="data folder (default: found from the dataset the bundles record)")
+    parser.add_argument("--refit", default=None, help="bundle (.calibseg) or shipped model to refit by --procedure")
+    parser.add_argument("--procedure", choices=sorted(FOLD_PROCEDURES), default="B")
+    parser.add_argument("--out", type=Path, default=None, help="where --refit writes (default as calibseg-fit-quality)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--batch-size", type=int, default=16)
+    arguments = parser.parse_args(argv)
+    try:
+        if arguments.refit is not None:
+            written, model = refit_with_folds(arguments.refit, arguments.folds, arguments.procedure, arguments.data,
+                                              arguments.out, arguments.device, arguments.batch_size)
+            print(f"{written}: quality model by procedure {arguments.procedure} "
+                  f"({FOLD_PROCEDURES[arguments.procedure][0]})")
+            print("\n".join(describe(model)))
+            return 0
+        folds, class_names = observe_folds(arguments.folds, arguments.data, arguments.device, arguments.batch_size)
+        lines = fold_table(folds, class_names)
+    except (BundleError, DataError, QualityModelError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    patients = len({item.patient for items in folds.values() for item in items})
+    print(f"{len(folds)} folds: held-out predictions of {sum(map(len, folds.values()))} volumes of {patients} patients")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    main()
