@@ -373,8 +373,9 @@ def test_save_refuses_a_malformed_quality_model(tmp_path):
 # --------------------------------------------------------------------------- fitting a bundle
 
 
-def _shipped_copy(tmp_path, sample_acdc_dir, **data):
-    """The shipped CE+Dice bundle with other recorded data (same weights bytes, so the same checksum)."""
+def _shipped_copy(tmp_path, sample_acdc_dir, method=None, **data):
+    """The shipped CE+Dice bundle with other recorded data and, if given, another recorded training method (same
+    weights bytes, so the same checksum)."""
     from CalibSegLib.pretrained import resolve_bundle_path
 
     with zipfile.ZipFile(resolve_bundle_path("acdc_ce_dice")) as archive:
@@ -382,6 +383,8 @@ def _shipped_copy(tmp_path, sample_acdc_dir, **data):
         weights = archive.read("weights.safetensors")
     stored["data"] = {**stored["data"], "folder": str(sample_acdc_dir), **data}
     stored["quality_model"] = None
+    if method is not None:
+        stored["training"] = {**stored["training"], "method": method}
     path = tmp_path / "shipped.calibseg"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("bundle.json", json.dumps(stored))

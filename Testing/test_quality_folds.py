@@ -104,3 +104,11 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
     overlapping, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient041"])
     with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):
         quality_folds.main(["--folds", folds[0], str(overlapping), "--device", "cpu"])
+
+    # Another method's fold networks must not fit this bundle's quality model, nor mix with each other.
+    crac, _ = _shipped_copy(tmp_path, sample_acdc_dir, method="crac", val=["patient069", "patient091"])
+    with pytest.raises(SystemExit, match=r"^error: .*fold0.calibseg was trained with ce_dice, not crac; pass fold "
+                                         r"networks trained with crac\.$"):
+        quality_folds.main(["--folds", *folds, "--refit", str(crac), "--out", str(out), "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg was trained with crac, not ce_dice"):
+        quality_folds.main(["--folds", folds[0], str(crac), "--device", "cpu"])

@@ -71,22 +71,30 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
 
 
 def observe_folds(bundles: Sequence[str | Path], data: str | Path | None = None, device: str = "auto",
-                  batch_size: int = 16) -> tuple[dict[str, list[Observation]], list[str]]:
+                  batch_size: int = 16, method: str | None = None) -> tuple[dict[str, list[Observation]], list[str]]:
     """Each fold bundle's clean validation observations, by bundle name, and the class names they share.
 
+    ``method``: the training method the fold networks must share (default: the first fold's). Uncertainty
+    features depend on the loss a network was trained with, so one method's observations do not fit another's.
+
     Raises:
-        DataError: no bundle; two bundles share a validation patient or disagree on the classes; a bundle
-            records no validation patients (all checked before anything is predicted).
+        DataError: no bundle; two bundles share a validation patient or disagree on the classes or the method; a
+            bundle records no validation patients (all checked before anything is predicted).
     """
     loaded = {str(bundle): load_bundle(resolve_bundle_path(bundle)) for bundle in bundles}
     if not loaded:
         raise DataError("No fold bundle given; pass --folds with the fold networks' bundles.")
-    class_names = list(next(iter(loaded.values())).metadata.class_names)
+    first = next(iter(loaded.values())).metadata
+    class_names = list(first.class_names)
+    method = method if method is not None else first.training.get("method")
     held: dict[str, str] = {}
     for name, bundle in loaded.items():
         if list(bundle.metadata.class_names) != class_names:
             raise DataError(f"{name} has classes {bundle.metadata.class_names}, the first fold {class_names}; "
                             "pass fold networks of one task.")
+        if bundle.metadata.training.get("method") != method:
+            raise DataError(f"{name} was trained with {bundle.metadata.training.get('method')}, not {method}; pass "
+                            f"fold networks trained with {method}.")
         for patient in bundle.metadata.data.get("val") or []:
             if patient in held:
                 raise DataError(f"{name} validates on {patient}, which fold {held[patient]} already holds; pass "
@@ -142,7 +150,8 @@ def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], pro
     validation patients as the other folds and the bundle's own as its fold; save as ``calibseg-fit-quality`` does.
 
     Raises:
-        BundleError, DataError, QualityModelError: as :func:`observe_folds` and ``calibseg-fit-quality``.
+        BundleError, DataError, QualityModelError: as :func:`observe_folds` (whose fold networks must be trained
+            with ``bundle``'s method) and ``calibseg-fit-quality``.
     """
     path = resolve_bundle_path(bundle)
     shipped = shipped_name(path)
@@ -152,7 +161,7 @@ def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], pro
     loaded = load_bundle(path)
     metadata = loaded.metadata
     cases = validation_cases(metadata, path.name, data, "fit")
-    folds, _ = observe_folds(fold_bundles, data, device, batch_size)
+    folds, _ = observe_folds(fold_bundles, data, device, batch_size, metadata.training.get("method"))
     own = observe_validation(Predictor(loaded, device, batch_size), cases, degradations=())
     others = [item for items in folds.values() for item in items]
     description, build = FOLD_PROCEDURES[procedure]
