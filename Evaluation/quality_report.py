@@ -7,8 +7,8 @@ review flag as a detector of poor structures — on the clean volumes and on del
     calibseg-evaluate --bundle acdc_ce_dice --data "$CALIBSEG_ACDC"   # → runs/acdc_ce_dice/evaluation/
     python -m Reporting.quality_tables runs/acdc_*/evaluation/summary.json         # the tables, as Markdown
 
-:mod:`Reporting.quality_tables` makes those tables; the results page (``Reporting/results.py``)
-shows them for every run whose bundle has a quality model.
+:mod:`Reporting.quality_tables` makes those tables; the results page shows them for every shipped
+model, from the report its ``<name>.metrics.json`` records (``python -m Reporting.readme_tables``).
 
 Per structure and pooled over structures (``"all structures"``), over the cases where both
 numbers exist: Spearman ρ and mean absolute error between predicted and measured Dice, their

@@ -4,7 +4,8 @@
 
 One table per model and structure on the test volumes, then one per model and degraded input
 pooled over structures, from the ``quality`` section :mod:`Evaluation.quality_report` puts into
-every evaluation summary; the results page (:mod:`Reporting.results`) shows the same tables.
+every evaluation summary; the results page shows the same tables for the shipped models
+(:func:`Reporting.readme_tables.shipped_quality_report`, from their ``*.metrics.json``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""README.md's measured tables, regenerated from recorded files so that its numbers cannot drift.
+"""README.md's and the results page's measured tables, regenerated from recorded files so that their numbers
+cannot drift.
 
     python -m Reporting.readme_tables            # rewrite every block whose record exists
-    python -m Reporting.readme_tables --check    # exit 1 if README.md and the records disagree
+    python -m Reporting.readme_tables --check    # exit 1 if a document and its records disagree
     python -m Reporting.readme_tables --record-quick-start runs/crac --command "calibseg-train" [--wall-s 282]
 
 Every measured table of README.md sits between ``<!-- generated:NAME begin -->`` and
 ``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made
-from and how. A block whose records do not exist yet is left as it is (and named in the output),
+from and how (:data:`DOCUMENTS`: the same for docs/results.md, whose own ``results:begin`` block
+``calibseg-results`` writes from run folders). A block whose records do not exist yet is left as it is (and named in the output),
 so a fresh clone regenerates what it can. ``Testing/test_readme_tables.py`` fails when a block
 differs from what its records give, or when a marker pair has no entry here.
 
@@ -14,6 +16,10 @@ Records (each written by the tool that measured it):
 
 - ``shipped_models``: ``CalibSegLib/pretrained/<name>.metrics.json`` (``Reporting/ship.py``) and
   the ``bundle.json`` inside ``<name>.calibseg`` beside it;
+- ``shipped_quality`` (README) and ``shipped_quality_report`` (docs/results.md): the ``quality``
+  report in those metrics files — here, not in ``calibseg-results``'s block, because
+  ``calibseg-fit-quality`` and ``Training.quality_folds --refit`` change a shipped model's quality
+  model without a new training run;
 - ``quick_start``: ``docs/records/quick_start.json``, one entry per README command, written by
   ``--record-quick-start RUN_DIR`` from the run's ``run.json`` and ``evaluation/summary.json``
   (:func:`quick_start_entry`);
@@ -43,10 +49,12 @@ from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
 
-__all__ = ["Table", "TABLES", "MARKER", "README", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json",
-           "shipped_models_table", "shipped_quality_table", "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
+__all__ = ["Table", "TABLES", "DOCUMENTS", "MARKER", "README", "RESULTS_PAGE", "QUICK_START_RECORD", "blocks",
+           "regenerate", "bundle_json", "shipped_models_table", "shipped_quality_table", "shipped_quality_report",
+           "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
 
 README = REPO_ROOT / "README.md"
+RESULTS_PAGE = REPO_ROOT / "docs" / "results.md"
 RECORDS_DIR = REPO_ROOT / "docs" / "records"
 QUICK_START_RECORD = RECORDS_DIR / "quick_start.json"
 MARKER = re.compile(r"<!-- generated:(?P<name>[a-z0-9_]+) (?P<end>begin|end) -->")
@@ -137,6 +145,21 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
             f"difference; poor: measured Dice below {threshold}; flagged: predicted Dice below {threshold} or the "
             "structure predicted nowhere. Degraded copies: the test volumes contrast-inverted, at gamma 3 and with "
             "10 % noise, pooled."]
+
+
+def shipped_quality_report(paths: list[Path]) -> list[str]:
+    """The results page's full quality tables (per structure on the test volumes, per degraded input) of every
+    shipped model whose ``<name>.metrics.json`` carries a ``quality`` report."""
+    from Reporting.quality_tables import quality_tables
+
+    reports = {}
+    for path in sorted(paths):
+        metrics = json.loads(path.read_text())
+        if metrics.get("quality"):
+            reports[metrics["model"]] = metrics["quality"]
+    if not reports:
+        return ["*No shipped model carries a quality report.*"]
+    return quality_tables(reports)
 
 
 def _minutes(seconds: float) -> str:
@@ -235,6 +258,11 @@ TABLES: dict[str, Table] = {
     "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
     **{f"benchmark_{name}": _benchmark(name) for name in ("metrics", "losses", "inference", "training_throughput")},
 }
+# Every document with generated blocks, and the generators of its blocks.
+DOCUMENTS: dict[Path, dict[str, Table]] = {
+    README: TABLES,
+    RESULTS_PAGE: {"shipped_quality_report": Table(("CalibSegLib/pretrained/*.metrics.json",), shipped_quality_report)},
+}
 
 
 def blocks(text: str) -> list[tuple[str, int, int]]:
@@ -254,10 +282,10 @@ def blocks(text: str) -> list[tuple[str, int, int]]:
             seen.add(name)
             open_name = None
         else:
-            raise ValueError(f"README marker {match.group(0)} does not pair up (a begin without its end, nesting "
+            raise ValueError(f"Marker {match.group(0)} does not pair up (a begin without its end, nesting "
                              "or a repeated name); fix the markers by hand.")
     if open_name is not None:
-        raise ValueError(f"README block {open_name!r} has no end marker; add <!-- generated:{open_name} end -->.")
+        raise ValueError(f"Generated block {open_name!r} has no end marker; add <!-- generated:{open_name} end -->.")
     return found
 
 
@@ -279,7 +307,8 @@ def regenerate(text: str, root: Path = REPO_ROOT, tables: dict[str, Table] | Non
     pieces, position, rebuilt, skipped = [], 0, [], []
     for name, start, end in blocks(text):
         if name not in tables:
-            raise ValueError(f"README block {name!r} has no generator; add it to TABLES in Reporting/readme_tables.py.")
+            raise ValueError(f"Generated block {name!r} has no generator; add it to DOCUMENTS in "
+                             "Reporting/readme_tables.py.")
         paths = _sources(tables[name], root)
         if not paths:
             skipped.append(name)
@@ -293,7 +322,8 @@ def regenerate(text: str, root: Path = REPO_ROOT, tables: dict[str, Table] | Non
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status (1: ``--check`` found a difference)."""
     parser = argparse.ArgumentParser(prog="python -m Reporting.readme_tables", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if README.md is out of date")
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if README.md or docs/results.md is out of date")
     parser.add_argument("--record-quick-start", type=Path, metavar="RUN_DIR",
                         help="record this finished run as the quick-start row of --command, then regenerate")
     parser.add_argument("--command", help="the README command the run came from (with --record-quick-start)")
@@ -305,23 +335,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not arguments.command:
                 raise ValueError("--record-quick-start needs --command with the README command the run came from.")
             print(f"recorded: {record_quick_start(arguments.record_quick_start, arguments.command, arguments.wall_s)}")
-        text = README.read_text()
-        new_text, rebuilt, skipped = regenerate(text)
+        # Every document is regenerated before any is written, so bad markers in one leave all of them as they were.
+        texts = {document: document.read_text() for document in DOCUMENTS}
+        results = {document: regenerate(text, tables=DOCUMENTS[document]) for document, text in texts.items()}
     except (ValueError, OSError, KeyError) as error:
         raise SystemExit(f"error: {error}") from None
-    if skipped:
-        print(f"no record yet, left as they are: {', '.join(skipped)}")
-    if arguments.check:
-        if new_text != text:
-            print(f"README.md differs from its records; run python -m Reporting.readme_tables ({', '.join(rebuilt)}).")
-            return 1
-        print(f"README.md matches its records ({', '.join(rebuilt)}).")
-        return 0
-    if new_text != text:
-        with atomic_output(README) as temporary:
-            temporary.write_text(new_text)
-    print(f"regenerated: {', '.join(rebuilt) or 'nothing'}")
-    return 0
+    status = 0
+    for document, (new_text, rebuilt, skipped) in results.items():
+        name = document.relative_to(REPO_ROOT)
+        if skipped:
+            print(f"{name}: no record yet, left as they are: {', '.join(skipped)}")
+        if arguments.check:
+            if new_text != texts[document]:
+                print(f"{name} differs from its records; run python -m Reporting.readme_tables ({', '.join(rebuilt)}).")
+                status = 1
+            else:
+                print(f"{name} matches its records ({', '.join(rebuilt)}).")
+            continue
+        if new_text != texts[document]:
+            with atomic_output(document) as temporary:
+                temporary.write_text(new_text)
+        print(f"{name}: regenerated {', '.join(rebuilt) or 'nothing'}")
+    return status
 
 
 if __name__ == "__main__":

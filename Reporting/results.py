@@ -6,8 +6,10 @@ Reads finished run folders (bundle, ``history.jsonl``, ``evaluation/summary.json
 each file atomically:
 
 - ``docs/results.md``: the part between ``<!-- results:begin -->`` and ``<!-- results:end -->``
-  is regenerated (tables, figures, setup, wall times, and predicted-vs-measured Dice for runs
-  whose bundle has a quality model); the hand-written text around it is kept;
+  is regenerated (tables, figures, setup, wall times); the hand-written text around it is kept.
+  The shipped models' predicted-vs-measured Dice is not part of it: a quality model can be refitted
+  without retraining, so that block comes from the shipped ``*.metrics.json``
+  (``python -m Reporting.readme_tables``);
 - ``docs/results/results.csv``: every run's test means, standard deviations and ranks
   (:func:`Reporting.benchmark.benchmark_csv`);
 - ``docs/results/reliability_<variant>.png``: pooled reliability diagrams of CE+Dice, NACL and
@@ -39,7 +41,6 @@ from CalibSegLib.temperature import temperature_text
 from Datasets.cases import recorded_dataset
 from Reporting.benchmark import VARIANT_TITLES, RunResult, benchmark_csv, collect_run, ranked_table, table_caption
 from Reporting.formatting import format_value, markdown_table
-from Reporting.quality_tables import quality_tables
 from Training.train import SCHEDULES
 from Training.trainer import RunSummary, read_history
 
@@ -313,14 +314,6 @@ def _generated_block(runs: Sequence[RunResult], ranked: Sequence[RunResult], fig
               "area under the risk–coverage curve over the same voxels, and Spearman ρ between a case's mean normalised entropy inside "
               "the predicted foreground and its Dice (negative = uncertainty flags the bad cases).", "",
               *_selective_table(ranked), ""]
-    quality = {run.method: run.summary.quality for run in ranked if run.summary.quality}
-    if quality:
-        lines += ["### Predicted Dice and the review flag", "",
-                  "Each bundle's quality model (fitted on its validation patients) predicts every structure's Dice "
-                  "from uncertainty alone; here against the measured Dice on the test volumes, then on deliberately "
-                  "degraded copies of them. Poor: measured Dice below 0.80; flagged: predicted Dice below 0.80 or "
-                  "the structure predicted nowhere (see `Evaluation/quality_report.py`).", "",
-                  *quality_tables(quality), ""]
     spread = _seed_spread(runs)
     if spread:
         lines += ["### Spread over seeds", "", *spread, ""]

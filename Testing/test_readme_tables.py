@@ -1,5 +1,6 @@
-"""README.md's measured tables equal what their recorded files give (Reporting/readme_tables.py), every
-generated block has a generator, and the generator leaves blocks without a record alone."""
+"""README.md's and docs/results.md's measured tables equal what their recorded files give
+(Reporting/readme_tables.py), every generated block has a generator, and the generator leaves blocks without a
+record alone."""
 
 from __future__ import annotations
 
@@ -13,27 +14,33 @@ from conftest import REPO_ROOT
 from Reporting import readme_tables
 
 README = (REPO_ROOT / "README.md").read_text()
+DOCUMENTS = {document: document.read_text() for document in readme_tables.DOCUMENTS}
 
 
 def _block(text: str, name: str) -> str:
     return next(text[start:end] for found, start, end in readme_tables.blocks(text) if found == name)
 
 
-def test_readme_blocks_equal_what_their_records_give():
-    regenerated, rebuilt, skipped = readme_tables.regenerate(README)
-    assert "shipped_models" in rebuilt  # the shipped models' metrics files are in the repository
+@pytest.mark.parametrize("document", list(DOCUMENTS), ids=lambda path: path.name)
+def test_generated_blocks_equal_what_their_records_give(document):
+    text = DOCUMENTS[document]
+    regenerated, rebuilt, skipped = readme_tables.regenerate(text, tables=readme_tables.DOCUMENTS[document])
+    # the shipped models' metrics files are in the repository, so their blocks are always rebuilt
+    assert {"shipped_models", "shipped_quality_report"} & set(rebuilt)
     for name in rebuilt:
-        assert _block(README, name) == _block(regenerated, name), (
-            f"README.md's {name} table differs from its records; run python Reporting/readme_tables.py")
-    assert set(rebuilt) | set(skipped) == {name for name, _, _ in readme_tables.blocks(README)}
+        assert _block(text, name) == _block(regenerated, name), (
+            f"{document.name}'s {name} table differs from its records; run python -m Reporting.readme_tables")
+    assert set(rebuilt) | set(skipped) == {name for name, _, _ in readme_tables.blocks(text)}
 
 
-def test_every_marker_pair_has_a_generator_and_every_generator_a_block():
-    names = [name for name, _, _ in readme_tables.blocks(README)]
+@pytest.mark.parametrize("document", list(DOCUMENTS), ids=lambda path: path.name)
+def test_every_marker_pair_has_a_generator_and_every_generator_a_block(document):
+    text = DOCUMENTS[document]
+    names = [name for name, _, _ in readme_tables.blocks(text)]
     assert len(names) == len(set(names))
-    assert set(names) == set(readme_tables.TABLES)
+    assert set(names) == set(readme_tables.DOCUMENTS[document])
     # no stray marker outside the pairs (a typo in begin/end would hide a block)
-    assert len(re.findall(r"<!-- generated:", README)) == 2 * len(names)
+    assert len(re.findall(r"<!-- generated:", text)) == 2 * len(names)
 
 
 def test_a_changed_number_is_caught():
@@ -85,7 +92,9 @@ def test_shipped_models_table_from_metrics_and_bundle(tmp_path):
 
 def test_shipped_quality_table_from_the_recorded_quality_report(tmp_path):
     def statistics(spearman, mae, poor, flagged, flagged_poor):
-        return {"spearman": spearman, "mae": mae, "poor": poor, "flagged": flagged, "flagged_poor": flagged_poor}
+        return {"spearman": spearman, "mae": mae, "poor": poor, "flagged": flagged, "flagged_poor": flagged_poor,
+                "cases": poor + 2, "mean_predicted": 0.9, "mean_measured": 0.85, "review_auroc": 0.7,
+                "predicted_dice_auroc": 0.8, "interval_coverage": 0.75}
 
     clean = {"right ventricle": statistics(0.71, 0.051, 3, 2, 2), "myocardium": statistics(0.6, 0.04, 5, 4, 3),
              "all structures": statistics(0.8, 0.045, 8, 6, 5)}
@@ -98,6 +107,13 @@ def test_shipped_quality_table_from_the_recorded_quality_report(tmp_path):
                         "flagged, degraded copies |")
     assert lines[2] == "| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 5 of 8 poor, 1 good | 37 of 40 poor, 1 good |"
     assert "below 0.80" in lines[-1]
+
+    report = readme_tables.shipped_quality_report([tmp_path / "tiny.metrics.json"])
+    assert "| tiny | myocardium | 7 | +0.60 | 0.040 | 0.900 / 0.850 | 3 / 5 | 1 |" in "\n".join(report)
+    assert any(line.startswith("| tiny | gamma 3 | 42 | +0.50 | 0.200 |") for line in report)
+    (tmp_path / "tiny.metrics.json").write_text(json.dumps(_metrics_record("tiny")))  # no quality report
+    assert readme_tables.shipped_quality_report([tmp_path / "tiny.metrics.json"]) == [
+        "*No shipped model carries a quality report.*"]
 
 
 def _finished_run(folder, wall_s=100.0):
