@@ -8,8 +8,8 @@ cannot drift.
 Every measured table of README.md sits between ``<!-- generated:NAME begin -->`` and
 ``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made
 from and how (:data:`DOCUMENTS`: the same for docs/results.md, whose own ``results:begin`` block
-``calibseg-results`` writes from run folders). A block whose records do not exist yet is left as it is (and named in the output),
-so a fresh clone regenerates what it can. ``Testing/test_readme_tables.py`` fails when a block
+``calibseg-results`` writes from run folders). A block whose records do not exist yet is left as
+it is (and named in the output), so a fresh clone regenerates what it can. ``Testing/test_readme_tables.py`` fails when a block
 differs from what its records give, or when a marker pair has no entry here.
 
 Records (each written by the tool that measured it):
@@ -49,7 +49,7 @@ from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
 
-__all__ = ["Table", "TABLES", "DOCUMENTS", "MARKER", "README", "RESULTS_PAGE", "QUICK_START_RECORD", "blocks",
+__all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README", "RESULTS_PAGE", "QUICK_START_RECORD", "blocks",
            "regenerate", "bundle_json", "shipped_models_table", "shipped_quality_table", "shipped_quality_report",
            "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
 
@@ -57,6 +57,9 @@ README = REPO_ROOT / "README.md"
 RESULTS_PAGE = REPO_ROOT / "docs" / "results.md"
 RECORDS_DIR = REPO_ROOT / "docs" / "records"
 QUICK_START_RECORD = RECORDS_DIR / "quick_start.json"
+NO_QUALITY_REPORT = "*No shipped model carries a quality report.*"
+# The shipped models' records (Reporting/ship.py): every table about the shipped models is made from these.
+SHIPPED_METRICS = ("CalibSegLib/pretrained/*.metrics.json",)
 MARKER = re.compile(r"<!-- generated:(?P<name>[a-z0-9_]+) (?P<end>begin|end) -->")
 _MAX_BUNDLE_JSON = 1 << 20  # bundle.json of a shipped model is a few kB; never read more than this
 
@@ -112,17 +115,23 @@ def shipped_models_table(paths: list[Path]) -> list[str]:
             *rows]
 
 
+def _quality_reports(paths: list[Path]) -> dict[str, dict]:
+    """``{model: quality report}`` of the ``<name>.metrics.json`` files that carry one, in file-name order."""
+    reports = {}
+    for path in sorted(paths):
+        metrics = json.loads(path.read_text())
+        if metrics.get("quality"):
+            reports[metrics["model"]] = metrics["quality"]
+    return reports
+
+
 def shipped_quality_table(paths: list[Path]) -> list[str]:
     """How each shipped model's predicted Dice and review flag did on the test volumes and on degraded copies,
     from the ``quality`` report in its ``<name>.metrics.json``."""
     from Evaluation.quality_report import ALL_STRUCTURES
 
     rows, review_below = [], set()
-    for path in sorted(paths):
-        metrics = json.loads(path.read_text())
-        quality = metrics.get("quality")
-        if not quality:
-            continue
+    for model, quality in _quality_reports(paths).items():
         review_below.add(quality["review_below"])
         clean = quality["clean"]
         structures = [name for name in clean if name != ALL_STRUCTURES]
@@ -132,12 +141,12 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
             good = statistics["flagged"] - statistics["flagged_poor"]
             return f"{statistics['flagged_poor']} of {statistics['poor']} poor, {good} good"
 
-        rows.append(f"| `{metrics['model']}` | " + " | ".join(
+        rows.append(f"| `{model}` | " + " | ".join(
             f"{clean[name]['spearman']:+.2f} / {clean[name]['mae']:.3f}" for name in structures)
             + f" | {flagged(clean[ALL_STRUCTURES])} | {flagged(degraded[ALL_STRUCTURES]) if degraded else 'n/a'} |")
         header = structures
     if not rows:
-        return ["*No shipped model carries a quality report.*"]
+        return [NO_QUALITY_REPORT]
     threshold = " / ".join(f"{value:.2f}" for value in sorted(review_below))
     return ["| Model | " + " | ".join(f"{name}: ρ / MAE" for name in header) + " | flagged, test volumes | "
             "flagged, degraded copies |", "|---" * (len(header) + 3) + "|", *rows, "",
@@ -152,14 +161,8 @@ def shipped_quality_report(paths: list[Path]) -> list[str]:
     shipped model whose ``<name>.metrics.json`` carries a ``quality`` report."""
     from Reporting.quality_tables import quality_tables
 
-    reports = {}
-    for path in sorted(paths):
-        metrics = json.loads(path.read_text())
-        if metrics.get("quality"):
-            reports[metrics["model"]] = metrics["quality"]
-    if not reports:
-        return ["*No shipped model carries a quality report.*"]
-    return quality_tables(reports)
+    reports = _quality_reports(paths)
+    return quality_tables(reports) if reports else [NO_QUALITY_REPORT]
 
 
 def _minutes(seconds: float) -> str:
@@ -253,15 +256,15 @@ def _benchmark(name: str) -> Table:
 
 
 TABLES: dict[str, Table] = {
-    "shipped_models": Table(("CalibSegLib/pretrained/*.metrics.json",), shipped_models_table),
-    "shipped_quality": Table(("CalibSegLib/pretrained/*.metrics.json",), shipped_quality_table),
+    "shipped_models": Table(SHIPPED_METRICS, shipped_models_table),
+    "shipped_quality": Table(SHIPPED_METRICS, shipped_quality_table),
     "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
     **{f"benchmark_{name}": _benchmark(name) for name in ("metrics", "losses", "inference", "training_throughput")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
     README: TABLES,
-    RESULTS_PAGE: {"shipped_quality_report": Table(("CalibSegLib/pretrained/*.metrics.json",), shipped_quality_report)},
+    RESULTS_PAGE: {"shipped_quality_report": Table(SHIPPED_METRICS, shipped_quality_report)},
 }
 
 
