@@ -49,9 +49,10 @@ from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
 
-__all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README", "RESULTS_PAGE", "QUICK_START_RECORD", "blocks",
-           "regenerate", "bundle_json", "shipped_models_table", "shipped_quality_table", "shipped_quality_report",
-           "quick_start_entry", "quick_start_table", "record_quick_start", "main"]
+__all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
+           "RESULTS_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json", "shipped_models_table",
+           "shipped_quality_table", "shipped_quality_report", "quick_start_entry", "quick_start_table",
+           "record_quick_start", "main"]
 
 README = REPO_ROOT / "README.md"
 RESULTS_PAGE = REPO_ROOT / "docs" / "results.md"
