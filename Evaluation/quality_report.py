@@ -11,12 +11,14 @@ review flag as a detector of poor structures — on the clean volumes and on del
 model, from the report its ``<name>.metrics.json`` records (``python -m Reporting.readme_tables``).
 
 Per structure and pooled over structures (``"all structures"``), over the cases where both
-numbers exist: Spearman ρ and mean absolute error between predicted and measured Dice, their
-means, the share of measured Dice inside the predicted interval, and — a structure is *poor*
-when its measured Dice is below the model's ``review_below`` (0.80) — the counts of poor
-structures, of flagged ones and of flagged poor ones, the AUROC of the review flag (binary,
-so (sensitivity + specificity) / 2) and the AUROC of the predicted Dice as a continuous score
-for poor structures (NaN when all or none are poor).
+numbers exist: Spearman ρ and mean absolute error between predicted and measured Dice, ρ's 95 %
+interval from a bootstrap over patients (:mod:`Evaluation.bootstrap`; thirty test volumes are few
+for a rank correlation, and the interval says how few), their means, the share of measured Dice
+inside the predicted interval, and — a structure is *poor* when its measured Dice is below the
+model's ``review_below`` (0.80) — the counts of poor structures, of flagged ones and of flagged
+poor ones, the AUROC of the review flag (binary, so (sensitivity + specificity) / 2) and the
+AUROC of the predicted Dice as a continuous score for poor structures (NaN when all or none are
+poor).
 
 The degraded inputs (:data:`DEGRADATIONS`) are the test volumes changed on purpose, to see
 whether the flag catches a model failing on data unlike its training data; each is reported
@@ -35,6 +37,7 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import dice, error_detection_auroc
 from CalibSegLib.quality import REVIEW_BELOW, quality_model_of, quality_summary, structure_key, summary_columns
 from Datasets.cases import Case
+from Evaluation.bootstrap import spearman_interval
 
 __all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "quality_statistics", "degraded_images", "degraded_rows",
            "quality_report"]
@@ -77,7 +80,7 @@ def _auroc(score: np.ndarray, good: np.ndarray) -> float:
 
 
 def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measured: np.ndarray,
-                review: np.ndarray, review_below: float) -> dict[str, float | int]:
+                review: np.ndarray, groups: np.ndarray, review_below: float) -> dict[str, float | int | list[float]]:
     known = ~np.isnan(predicted) & ~np.isnan(measured)
     flagged = ~np.isnan(review) & ~np.isnan(measured)
     good = measured[flagged] >= review_below
@@ -85,6 +88,8 @@ def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measur
     return {
         "cases": int(known.sum()),
         "spearman": float(spearmanr(predicted[known], measured[known]).statistic) if varied else float("nan"),
+        "spearman_interval": list(spearman_interval(predicted[known], measured[known], groups[known]))
+        if varied else [float("nan")] * 2,
         "mae": float(np.abs(predicted[known] - measured[known]).mean()) if known.any() else float("nan"),
         "mean_predicted": float(predicted[known].mean()) if known.any() else float("nan"),
         "mean_measured": float(measured[known].mean()) if known.any() else float("nan"),
@@ -99,7 +104,8 @@ def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measur
 
 
 def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[str],
-                       review_below: float = REVIEW_BELOW) -> dict[str, dict[str, float | int]]:
+                       review_below: float = REVIEW_BELOW,
+                       groups: Sequence[str] | None = None) -> dict[str, dict[str, float | int | list[float]]]:
     """Predicted-vs-measured statistics per structure and pooled (see the module docstring).
 
     Args:
@@ -107,12 +113,14 @@ def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[s
             :func:`CalibSegLib.quality.summary_columns` (NaN where undefined).
         class_names: C names, background first.
         review_below: measured Dice under which a structure counts as poor.
+        groups: the patient of each row, the unit the ρ interval resamples (default: every row its own).
     """
     prefixes = ("predicted_dice_", "predicted_dice_low_", "predicted_dice_high_", "dice_", "review_")
+    patients = np.asarray(groups if groups is not None else range(len(rows)))
     arrays = {name: [np.array([row[f"{prefix}{structure_key(name)}"] for row in rows], dtype=np.float64)
-                     for prefix in prefixes] for name in class_names[1:]}
+                     for prefix in prefixes] + [patients] for name in class_names[1:]}
     report = {name: _statistics(*values, review_below) for name, values in arrays.items()}
-    pooled = [np.concatenate([values[index] for values in arrays.values()]) for index in range(len(prefixes))]
+    pooled = [np.concatenate([values[index] for values in arrays.values()]) for index in range(len(prefixes) + 1)]
     report[ALL_STRUCTURES] = _statistics(*pooled, review_below)
     return report
 
@@ -145,7 +153,7 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
 
     Args:
         bundle: the evaluated bundle (its own temperature and quality model).
-        clean_rows: its per-case rows on ``cases`` (measured and predicted Dice columns).
+        clean_rows: its per-case rows on ``cases``, in their order (measured and predicted Dice columns).
         cases: the test cases, predicted again under each of ``degradations``.
 
     Returns:
@@ -156,14 +164,16 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
     if model is None:
         return None
     names = bundle.metadata.class_names
+    patients = [case.patient_id for case in cases]
     report: dict = {"review_below": model.review_below,
-                    "clean": quality_statistics(clean_rows, names, model.review_below), "degraded": {}}
+                    "clean": quality_statistics(clean_rows, names, model.review_below, patients), "degraded": {}}
     predictor = Predictor(bundle, device=device, batch_size=batch_size) if degradations else None
     pooled: list[dict[str, float]] = []
     for degradation in degradations:
         rows = degraded_rows(predictor, cases, degradation)
         pooled += rows
-        report["degraded"][degradation] = quality_statistics(rows, names, model.review_below)
+        report["degraded"][degradation] = quality_statistics(rows, names, model.review_below, patients)
     if len(degradations) > 1:
-        report["degraded"]["degraded (all)"] = quality_statistics(pooled, names, model.review_below)
+        report["degraded"]["degraded (all)"] = quality_statistics(pooled, names, model.review_below,
+                                                                  patients * len(degradations))
     return report

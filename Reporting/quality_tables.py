@@ -21,16 +21,24 @@ from Reporting.formatting import markdown_table, number_cell
 __all__ = ["quality_tables", "main"]
 
 
+def _interval_cell(statistics: dict) -> str:
+    """ρ's bootstrap interval over patients as ``low to high``; n/a where it is undefined or, in a report
+    written before it was measured, absent."""
+    low, high = statistics.get("spearman_interval", (float("nan"),) * 2)
+    return "n/a" if low != low else f"{number_cell(low, signed=True)} to {number_cell(high, signed=True)}"
+
+
 def quality_tables(reports: dict[str, dict]) -> list[str]:
     """Markdown lines: per model and structure on the test volumes, then per model and degraded input
     pooled over structures. ``reports`` maps a model's label to its :func:`~Evaluation.quality_report.quality_report`."""
     def cells(statistics: dict) -> list[str]:
-        return [number_cell(statistics["spearman"], signed=True), number_cell(statistics["mae"], 3),
+        return [number_cell(statistics["spearman"], signed=True), _interval_cell(statistics),
+                number_cell(statistics["mae"], 3),
                 f"{number_cell(statistics['mean_predicted'], 3)} / {number_cell(statistics['mean_measured'], 3)}",
                 f"{statistics['flagged_poor']} / {statistics['poor']}", str(statistics["flagged"] - statistics["flagged_poor"]),
                 number_cell(statistics["review_auroc"]), number_cell(statistics["predicted_dice_auroc"])]
 
-    common = ["ρ predicted–measured", "MAE", "mean predicted / measured", "poor flagged / poor", "good flagged",
+    common = ["ρ predicted–measured", "ρ 95 % interval", "MAE", "mean predicted / measured", "poor flagged / poor", "good flagged",
               "flag AUROC", "predicted-Dice AUROC"]
     clean = [[label, structure, str(statistics["cases"]), *cells(statistics), number_cell(statistics["interval_coverage"])]
              for label, report in reports.items() for structure, statistics in report["clean"].items()]

@@ -433,6 +433,7 @@ def _rows(predicted, measured, review):
 
 
 def test_quality_statistics_against_hand_counts():
+    from Evaluation.bootstrap import spearman_interval
     from Evaluation.quality_report import ALL_STRUCTURES, quality_statistics
 
     predicted = [0.9, 0.85, 0.7, 0.75, 0.6, float("nan")]
@@ -449,6 +450,11 @@ def test_quality_statistics_against_hand_counts():
     # predicted Dice of the good (0.9, 0.75) above that of the poor (0.85, 0.7, 0.6) in 5 of 6 pairs
     assert entry["predicted_dice_auroc"] == pytest.approx(5 / 6)
     assert report[ALL_STRUCTURES] == entry  # one structure: pooled is the same
+    # ρ's interval resamples patients, over the rows where both Dice exist (the last has no prediction)
+    patients = ["p1", "p1", "p2", "p2", "p3", "p3"]
+    grouped = quality_statistics(_rows(predicted, measured, review), ["background", "class 1"], groups=patients)
+    expected = spearman_interval(np.array(predicted[:5]), np.array(measured[:5]), np.array(patients[:5]))
+    assert grouped["class 1"]["spearman_interval"] == pytest.approx(list(expected))
 
 
 def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_inputs(tmp_path, sample_acdc_dir):

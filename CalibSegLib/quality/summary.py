@@ -17,9 +17,10 @@ Definitions (every number a reader sees is one of these):
   / (their count + Σ p_k over the whole volume) — the Dice the model expects of itself if its
   probabilities were right: expected overlap over predicted plus expected size. It counts the
   probability mass outside the structure, which the other features do not see (chosen on ten
-  validation patients for the myocardium of all three shipped models, kept by ``acdc_ce_dice``;
-  chosen by none out of fold: docs/results.md, "Choosing the quality model on out-of-fold
-  training patients").
+  validation patients for the myocardium of all three shipped models and kept by
+  ``acdc_ce_dice``, whose out-of-fold comparison kept that procedure; the CRaC and NACL models'
+  pooled out-of-fold refits chose other features: docs/results.md, "Choosing the quality model on
+  out-of-fold training patients").
 - ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
   slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is

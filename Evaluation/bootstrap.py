@@ -1,0 +1,68 @@
+"""How far a rank correlation measured on a few patients could move: a patient-level bootstrap interval.
+
+The quality model is judged by Spearman ρ between predicted and measured Dice over the test
+volumes, 30 of them from 15 patients. A patient's two volumes (end-diastole, end-systole) share
+anatomy, scanner and image quality, so they are not independent draws: the bootstrap resamples
+whole patients (groups) with replacement and recomputes ρ on every resample; the interval is the
+percentiles of those values.
+
+Resampling groups with replacement repeats each row of a drawn group as often as the group was
+drawn. Rather than materialise every resample, :func:`resampled_spearman` gives each row that
+count as a weight: the midrank of a value among the repeated rows is the weighted count of smaller
+values plus (the weighted count of equal values + 1) / 2 — exactly the rank ``scipy.stats.rankdata``
+would give the materialised resample — and ρ is the weighted Pearson correlation of those midranks.
+All resamples are then a few matrix products instead of thousands of calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "INTERVAL_LEVEL", "resampled_spearman", "spearman_interval"]
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 2024
+INTERVAL_LEVEL = 0.95
+
+
+def _midranks(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Midranks ``(B, n)`` of ``values`` ``(n,)`` among the rows repeated ``weights`` ``(B, n)`` times."""
+    smaller = (values[None, :] < values[:, None]).astype(np.float64)  # [i, j]: value j below value i
+    equal = (values[None, :] == values[:, None]).astype(np.float64)
+    return weights @ smaller.T + (weights @ equal.T + 1.0) / 2.0
+
+
+def resampled_spearman(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Spearman ρ ``(B,)`` of ``x`` and ``y`` ``(n,)`` in each of B resamples given as row counts ``weights`` ``(B, n)``
+    (row i appears ``weights[b, i]`` times in resample b); NaN where either side is constant."""
+    x, y, weights = np.asarray(x, np.float64), np.asarray(y, np.float64), np.asarray(weights, np.float64)
+    rank_x, rank_y = _midranks(x, weights), _midranks(y, weights)
+    total = weights.sum(axis=1, keepdims=True)
+    centred_x = rank_x - (weights * rank_x).sum(axis=1, keepdims=True) / total
+    centred_y = rank_y - (weights * rank_y).sum(axis=1, keepdims=True) / total
+    covariance = (weights * centred_x * centred_y).sum(axis=1)
+    spread = np.sqrt((weights * centred_x ** 2).sum(axis=1) * (weights * centred_y ** 2).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(spread > 1e-12, covariance / spread, np.nan)
+
+
+def spearman_interval(x: np.ndarray, y: np.ndarray, groups: np.ndarray, level: float = INTERVAL_LEVEL,
+                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of Spearman ρ between ``x`` and ``y`` ``(n,)``, resampling whole ``groups``
+    ``(n,)`` (e.g. patient ids) with replacement.
+
+    Resamples in which either side is constant are left out. Returns ``(nan, nan)`` with fewer than three
+    groups or no usable resample. Seeded, so the same inputs always give the same interval.
+    """
+    labels, group_of_row = np.unique(np.asarray(groups), return_inverse=True)
+    if len(labels) < 3:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    draws = rng.multinomial(len(labels), np.full(len(labels), 1.0 / len(labels)), size=resamples)  # (B, groups)
+    values = resampled_spearman(x, y, draws[:, group_of_row])
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return float("nan"), float("nan")
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(values, [tail, 100.0 - tail])
+    return float(low), float(high)
