@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "INTERVAL_LEVEL", "resampled_spearman", "spearman_interval"]
+__all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "INTERVAL_LEVEL", "resampled_spearman",
+           "spearman_interval"]
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 2024
@@ -33,8 +34,9 @@ def _midranks(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
 
 
 def resampled_spearman(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """Spearman ρ ``(B,)`` of ``x`` and ``y`` ``(n,)`` in each of B resamples given as row counts ``weights`` ``(B, n)``
-    (row i appears ``weights[b, i]`` times in resample b); NaN where either side is constant."""
+    """Spearman ρ ``(B,)`` of ``x`` and ``y`` ``(n,)`` in each of B resamples given as row counts
+    ``weights`` ``(B, n)`` (row i appears ``weights[b, i]`` times in resample b); NaN where either side
+    is constant."""
     x, y, weights = np.asarray(x, np.float64), np.asarray(y, np.float64), np.asarray(weights, np.float64)
     rank_x, rank_y = _midranks(x, weights), _midranks(y, weights)
     total = weights.sum(axis=1, keepdims=True)
@@ -47,9 +49,10 @@ def resampled_spearman(x: np.ndarray, y: np.ndarray, weights: np.ndarray) -> np.
 
 
 def spearman_interval(x: np.ndarray, y: np.ndarray, groups: np.ndarray, level: float = INTERVAL_LEVEL,
-                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile bootstrap interval of Spearman ρ between ``x`` and ``y`` ``(n,)``, resampling whole ``groups``
-    ``(n,)`` (e.g. patient ids) with replacement.
+                      resamples: int = BOOTSTRAP_RESAMPLES,
+                      seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of Spearman ρ between ``x`` and ``y`` ``(n,)``, resampling whole
+    ``groups`` ``(n,)`` (e.g. patient ids) with replacement.
 
     Resamples in which either side is constant are left out. Returns ``(nan, nan)`` with fewer than three
     groups or no usable resample. Seeded, so the same inputs always give the same interval.
@@ -58,7 +61,8 @@ def spearman_interval(x: np.ndarray, y: np.ndarray, groups: np.ndarray, level: f
     if len(labels) < 3:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    draws = rng.multinomial(len(labels), np.full(len(labels), 1.0 / len(labels)), size=resamples)  # (B, groups)
+    # how often each group is drawn in each resample: (B, groups)
+    draws = rng.multinomial(len(labels), np.full(len(labels), 1.0 / len(labels)), size=resamples)
     values = resampled_spearman(x, y, draws[:, group_of_row])
     values = values[~np.isnan(values)]
     if values.size == 0:

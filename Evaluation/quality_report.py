@@ -79,8 +79,8 @@ def _auroc(score: np.ndarray, good: np.ndarray) -> float:
     return error_detection_auroc(score, good) if 0 < good.sum() < good.size else float("nan")
 
 
-def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measured: np.ndarray,
-                review: np.ndarray, groups: np.ndarray, review_below: float) -> dict[str, float | int | list[float]]:
+def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measured: np.ndarray, review: np.ndarray,
+                groups: np.ndarray, review_below: float) -> dict[str, float | int | list[float]]:
     known = ~np.isnan(predicted) & ~np.isnan(measured)
     flagged = ~np.isnan(review) & ~np.isnan(measured)
     good = measured[flagged] >= review_below
@@ -88,8 +88,7 @@ def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measur
     return {
         "cases": int(known.sum()),
         "spearman": float(spearmanr(predicted[known], measured[known]).statistic) if varied else float("nan"),
-        "spearman_interval": list(spearman_interval(predicted[known], measured[known], groups[known]))
-        if varied else [float("nan")] * 2,
+        "spearman_interval": list(spearman_interval(predicted[known], measured[known], groups[known])),
         "mae": float(np.abs(predicted[known] - measured[known]).mean()) if known.any() else float("nan"),
         "mean_predicted": float(predicted[known].mean()) if known.any() else float("nan"),
         "mean_measured": float(measured[known].mean()) if known.any() else float("nan"),
@@ -105,7 +104,8 @@ def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measur
 
 def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[str],
                        review_below: float = REVIEW_BELOW,
-                       groups: Sequence[str] | None = None) -> dict[str, dict[str, float | int | list[float]]]:
+                       groups: Sequence[str] | None = None,
+                       ) -> dict[str, dict[str, float | int | list[float]]]:
     """Predicted-vs-measured statistics per structure and pooled (see the module docstring).
 
     Args:
@@ -118,10 +118,10 @@ def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[s
     prefixes = ("predicted_dice_", "predicted_dice_low_", "predicted_dice_high_", "dice_", "review_")
     patients = np.asarray(groups if groups is not None else range(len(rows)))
     arrays = {name: [np.array([row[f"{prefix}{structure_key(name)}"] for row in rows], dtype=np.float64)
-                     for prefix in prefixes] + [patients] for name in class_names[1:]}
-    report = {name: _statistics(*values, review_below) for name, values in arrays.items()}
-    pooled = [np.concatenate([values[index] for values in arrays.values()]) for index in range(len(prefixes) + 1)]
-    report[ALL_STRUCTURES] = _statistics(*pooled, review_below)
+                     for prefix in prefixes] for name in class_names[1:]}
+    report = {name: _statistics(*values, patients, review_below) for name, values in arrays.items()}
+    pooled = [np.concatenate([values[index] for values in arrays.values()]) for index in range(len(prefixes))]
+    report[ALL_STRUCTURES] = _statistics(*pooled, np.tile(patients, len(arrays)), review_below)
     return report
 
 
@@ -165,8 +165,8 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
         return None
     names = bundle.metadata.class_names
     patients = [case.patient_id for case in cases]
-    report: dict = {"review_below": model.review_below,
-                    "clean": quality_statistics(clean_rows, names, model.review_below, patients), "degraded": {}}
+    clean = quality_statistics(clean_rows, names, model.review_below, patients)
+    report: dict = {"review_below": model.review_below, "clean": clean, "degraded": {}}
     predictor = Predictor(bundle, device=device, batch_size=batch_size) if degradations else None
     pooled: list[dict[str, float]] = []
     for degradation in degradations:

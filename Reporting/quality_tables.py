@@ -38,8 +38,8 @@ def quality_tables(reports: dict[str, dict]) -> list[str]:
                 f"{statistics['flagged_poor']} / {statistics['poor']}", str(statistics["flagged"] - statistics["flagged_poor"]),
                 number_cell(statistics["review_auroc"]), number_cell(statistics["predicted_dice_auroc"])]
 
-    common = ["ρ predicted–measured", "ρ 95 % interval", "MAE", "mean predicted / measured", "poor flagged / poor", "good flagged",
-              "flag AUROC", "predicted-Dice AUROC"]
+    common = ["ρ predicted–measured", "ρ 95 % interval", "MAE", "mean predicted / measured", "poor flagged / poor",
+              "good flagged", "flag AUROC", "predicted-Dice AUROC"]
     clean = [[label, structure, str(statistics["cases"]), *cells(statistics), number_cell(statistics["interval_coverage"])]
              for label, report in reports.items() for structure, statistics in report["clean"].items()]
     degraded = [[label, name, str(report["degraded"][name][ALL_STRUCTURES]["cases"]),

@@ -9,8 +9,9 @@ Every measured table of README.md sits between ``<!-- generated:NAME begin -->``
 ``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made
 from and how (:data:`DOCUMENTS`: the same for docs/results.md, whose own ``results:begin`` block
 ``calibseg-results`` writes from run folders). A block whose records do not exist yet is left as
-it is (and named in the output), so a fresh clone regenerates what it can. ``Testing/test_readme_tables.py`` fails when a block
-differs from what its records give, or when a marker pair has no entry here.
+it is (and named in the output), so a fresh clone regenerates what it can.
+``Testing/test_readme_tables.py`` fails when a block differs from what its records give, or when a
+marker pair has no entry here.
 
 Records (each written by the tool that measured it):
 

@@ -1,4 +1,5 @@
-"""The patient-level bootstrap interval of Spearman ρ (Evaluation/bootstrap.py), against materialised resamples."""
+"""The patient-level bootstrap interval of Spearman ρ (Evaluation/bootstrap.py), against materialised
+resamples."""
 
 from __future__ import annotations
 

@@ -452,7 +452,8 @@ def test_quality_statistics_against_hand_counts():
     assert report[ALL_STRUCTURES] == entry  # one structure: pooled is the same
     # ρ's interval resamples patients, over the rows where both Dice exist (the last has no prediction)
     patients = ["p1", "p1", "p2", "p2", "p3", "p3"]
-    grouped = quality_statistics(_rows(predicted, measured, review), ["background", "class 1"], groups=patients)
+    rows = _rows(predicted, measured, review)
+    grouped = quality_statistics(rows, ["background", "class 1"], groups=patients)
     expected = spearman_interval(np.array(predicted[:5]), np.array(measured[:5]), np.array(patients[:5]))
     assert grouped["class 1"]["spearman_interval"] == pytest.approx(list(expected))
 
