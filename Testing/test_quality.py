@@ -211,7 +211,7 @@ def test_fit_prefers_isotonic_for_a_step_and_stays_monotone():
     chosen = fit_from_observations(features, dice, ["background", "class 1"]).structures["class 1"]
     assert (chosen.feature, chosen.form) == ("mean_entropy", "isotonic")
     grid = np.linspace(0.0, 0.6, 50)
-    predicted = [chosen.predict(value) for value in grid]
+    predicted = [chosen.predict({"mean_entropy": value}) for value in grid]
     assert np.all(np.diff(predicted) <= 0) and predicted[0] == pytest.approx(0.9) and predicted[-1] == pytest.approx(0.5)
 
 
@@ -238,6 +238,56 @@ def test_interval_is_the_conformal_order_statistics_of_held_out_residuals():
     assert chosen.interval == pytest.approx((ordered[1], ordered[17]))
     assert chosen.loo_mae == pytest.approx(np.mean(np.abs(residuals)))
     assert chosen.predict_interval(0.99)[1] == 1.0  # clipped to [0, 1]
+
+
+def test_averaged_fit_is_the_mean_of_per_feature_linear_fits_scored_held_out():
+    rng = np.random.default_rng(5)
+    features, dice = _observations(lambda entropy: 1.0 - entropy, count=16, seed=5)
+    dice = np.clip(dice + rng.normal(0, 0.03, dice.shape), 0, 1)
+    groups = [f"p{index // 2}" for index in range(len(features))]
+    averaged = fit_from_observations(features, dice, CLASS_NAMES[:2], groups, averaged=True).structures["class 1"]
+    assert averaged.form == "linear_mean" and averaged.inputs == tuple(FEATURES)
+    y = dice[:, 0]
+
+    def by_hand(keep: np.ndarray, at: dict[str, float]) -> float:
+        """Each feature's least-squares line on the kept cases (zero slope where it runs against the feature's
+        direction), clipped to [0, 1] at ``at``, then averaged."""
+        values = []
+        for name, direction in FEATURES.items():
+            x = np.array([case[0][name] for case in features])
+            slope = np.polyfit(x[keep], y[keep], 1)[0]
+            slope = slope if slope * direction > 0 else 0.0
+            values.append(np.clip(y[keep].mean() + slope * (at[name] - x[keep].mean()), 0, 1))
+        return float(np.mean(values))
+
+    everyone = np.ones(len(y), dtype=bool)
+    for case in features[:3]:
+        assert averaged.predict(case[0]) == pytest.approx(by_hand(everyone, case[0]))
+    held_out = [y[i] - by_hand(np.array(groups) != groups[i], features[i][0]) for i in range(len(y))]
+    assert averaged.loo_mae == pytest.approx(np.mean(np.abs(held_out)))
+    ordered = np.sort(held_out)  # n = 16, 80 %: the 1st smallest and the 16th
+    assert averaged.interval == pytest.approx((ordered[0], ordered[15]))
+    # one informative feature among four noise ones: averaging dilutes it, choosing does not
+    chosen = fit_from_observations(features, dice, CLASS_NAMES[:2], groups).structures["class 1"]
+    assert chosen.loo_mae < averaged.loo_mae < averaged.constant_loo_mae
+
+
+def test_an_averaged_quality_model_round_trips_and_predicts_in_the_summary(tmp_path):
+    features, dice = _observations(lambda entropy: 1.0 - entropy, count=10)
+    stored = fit_from_observations([case * 3 for case in features], np.repeat(dice, 3, axis=1), CLASS_NAMES,
+                                   averaged=True)
+    assert "feature" not in stored.to_dict()["structures"]["class 1"]
+    path = make_test_bundle(tmp_path / "averaged.calibseg", quality_model=stored.to_dict())
+    metadata = load_bundle(path).metadata
+    assert QualityModel.from_dict(metadata.quality_model, CLASS_NAMES) == stored
+    with pytest.raises(ValueError, match=r"^The quality model predicts Dice from expected_dice.*Predictor\.$"):
+        quality_summary(_prediction(seed=3), (1.0, 1.0, 1.0), metadata)  # no probability sums: no expected_dice
+    prediction = dataclasses.replace(_prediction(seed=3), probability_sums=np.array([200.0, 180.0, 120.0, 100.0]))
+    summary = quality_summary(prediction, (1.0, 1.0, 1.0), metadata)
+    present = structure_features(prediction, 4)[0]
+    entry = summary["structures"]["class 1"]
+    assert entry["predicted_dice"] == pytest.approx(stored.structures["class 1"].predict(present))
+    assert entry["review"] is (entry["predicted_dice"] < 0.8)
 
 
 def test_fit_needs_three_cases_of_two_patients_per_structure():
@@ -335,7 +385,20 @@ MALFORMED = {
     "NaN intercept": (lambda model: _edit(model, "class 3", intercept=float("nan")), "intercept must be a number"),
     "interval reversed": (lambda model: _edit(model, "class 3", interval=[0.1, -0.1]), "low <= high"),
     "no case count": (lambda model: _edit(model, "class 3", cases=0), "cases must be a positive integer"),
+    "averaged without terms": (lambda model: _edit(model, "class 2", form="linear_mean"), "terms must be a non-empty"),
+    "averaged unknown term": (lambda model: _averaged(model, {"feature": "volume", "intercept": 1, "slope": 0}),
+                              "distinct features"),
+    "averaged repeated term": (lambda model: _averaged(model, {"feature": "mean_confidence", "intercept": 1,
+                                                               "slope": 0}), "distinct features"),
+    "averaged slope against direction": (lambda model: _averaged(model, {"feature": "mean_entropy", "intercept": 1,
+                                                                         "slope": 0.5}), "runs against mean_entropy"),
 }
+
+
+def _averaged(model: dict, term: dict) -> dict:
+    """``model`` with class 2 averaged over mean_confidence and ``term``."""
+    return _edit(model, "class 2", form="linear_mean",
+                 terms=[{"feature": "mean_confidence", "intercept": 0.2, "slope": 0.7}, term])
 
 
 def _edit(model: dict, name: str, **changes) -> dict:

@@ -37,7 +37,7 @@ def test_each_patient_is_predicted_by_a_fit_on_the_others_only():
         others = [item for item in observations if item.patient != patient]
         model = fit_from_observations([item.features for item in others], np.array([item.dice for item in others]),
                                       NAMES, [item.patient for item in others]).structures["class 1"]
-        by_hand += [model.predict(item.features[0][model.feature]) for item in clean if item.patient == patient]
+        by_hand += [model.predict(item.features[0]) for item in clean if item.patient == patient]
     np.testing.assert_allclose(predicted, by_hand)
     np.testing.assert_array_equal(measured, [item.dice[0] for item in sorted(clean, key=lambda item: item.patient)])
     assert sum(chosen.values()) == len(clean)  # only clean volumes are scored

@@ -55,9 +55,24 @@ def test_procedure_b_chooses_on_the_other_folds_and_fits_on_the_same_fold_withou
         for patient in sorted({item.patient for item in own}):
             model = fit_on([item for item in own if item.patient != patient], NAMES,
                            fixed={"class 1": (choice.feature, choice.form)}).structures["class 1"]
-            by_hand += [model.predict(item.features[0][choice.feature]) for item in own if item.patient == patient]
+            by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
         np.testing.assert_allclose(predicted, by_hand)
         assert chosen == {choice.feature: len(own)}
+
+
+def test_procedure_d_averages_every_feature_fitted_on_the_other_folds_and_the_same_fold_without_the_patient():
+    folds = _folds(seed=1)
+    per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES["D"][1])["class 1"]
+    for (name, own), (predicted, _, chosen) in zip(folds.items(), per_fold, strict=True):
+        others = [item for other, items in folds.items() if other != name for item in items]
+        by_hand = []
+        for patient in sorted({item.patient for item in own}):
+            model = fit_on([*others, *(item for item in own if item.patient != patient)], NAMES,
+                           averaged=True).structures["class 1"]
+            assert model.inputs == tuple(FEATURES)
+            by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
+        np.testing.assert_allclose(predicted, by_hand)
+        assert chosen == {"all features, averaged": len(own)}
 
 
 def test_the_other_folds_choose_better_where_one_fold_is_too_small_to():

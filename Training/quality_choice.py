@@ -106,7 +106,7 @@ def held_out_predictions(clean: Sequence[Observation], class_names: Sequence[str
                 if item.features[index] is None:  # predicted nowhere: flagged, no predicted Dice to score
                     continue
                 quality = model.structures[name]
-                predicted[name].append(quality.predict(item.features[index][quality.feature]))
+                predicted[name].append(quality.predict(item.features[index]))
                 measured[name].append(float(item.dice[index]))
                 chosen[name][quality.feature] += 1
     return {name: (np.array(predicted[name]), np.array(measured[name]), chosen[name]) for name in structures}
@@ -114,7 +114,7 @@ def held_out_predictions(clean: Sequence[Observation], class_names: Sequence[str
 
 def fit_on(observations: Sequence[Observation], class_names: Sequence[str], **options: Any) -> QualityModel:
     """:func:`fit_from_observations` on ``observations``, a patient's volumes held out together; ``options`` are
-    its keyword arguments (``candidates``, ``fixed``)."""
+    its keyword arguments (``candidates``, ``fixed``, ``averaged``)."""
     dice = np.array([item.dice for item in observations])
     return fit_from_observations([item.features for item in observations], dice, class_names,
                                  [item.patient for item in observations], **options)

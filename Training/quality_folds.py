@@ -11,7 +11,8 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 
 - ``A``: chosen and fitted on the other patients of the same fold (what ``calibseg-train`` ships);
 - ``B``: feature and form chosen on the other folds' patients, fitted on the same fold's others;
-- ``C``: chosen and fitted on the other folds' patients and the same fold's others together.
+- ``C``: chosen and fitted on the other folds' patients and the same fold's others together;
+- ``D``: nothing chosen: the mean of one linear fit per feature, fitted on the same patients as ``C``.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -62,11 +63,16 @@ def _pooled(others: Sequence[Observation], class_names: Sequence[str]) -> Builde
     return lambda own: fit_on([*others, *own], class_names)
 
 
+def _pooled_averaged(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
+    return lambda own: fit_on([*others, *own], class_names, averaged=True)
+
+
 # key → (what the table calls it, the procedure)
 FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "A": ("own fold only (shipped)", _own_only),
     "B": ("chosen on other folds, fitted on own", _chosen_elsewhere),
     "C": ("other folds + own, pooled", _pooled),
+    "D": ("features averaged, pooled", _pooled_averaged),
 }
 
 

@@ -5,7 +5,8 @@ Three parts, one concept:
 - **Features** (``features.py``): per predicted structure, from the labels, confidence and
   normalised entropy of a :class:`~CalibSegLib.inference.Prediction`; the most uncertain slices.
 - **Quality model** (``model.py``, its schema; ``fitting.py``): per structure, a predicted Dice
-  from one of those features — monotone, fitted on validation cases (:func:`fit_quality_model`),
+  from one of those features, or the mean of one linear fit per feature — monotone in each,
+  fitted on held-out cases (:func:`fit_quality_model` on the validation cases),
   stored as plain numbers in ``bundle.json`` (``BundleMetadata.quality_model``) — with an
   interval and a review threshold.
 - **Summary** (``summary.py``, which defines every number a reader sees): the per-structure

@@ -8,6 +8,9 @@ frames of a patient leave together; without patient ids, leave-one-case-out); th
 wins, ties to the earlier candidate (linear before isotonic, features in :data:`FEATURES` order).
 ``expected_dice`` came last and joined the candidates only after a nested leave-one-patient-out
 comparison on the shipped models' validation patients (``Training/quality_choice.py``).
+With ``averaged=True`` nothing is chosen: each candidate feature gets a linear fit and the
+prediction is their mean (form :data:`~CalibSegLib.quality.model.AVERAGED`; procedure D of
+``Training/quality_folds.py``), scored by the same held-out error.
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -22,8 +25,9 @@ import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
-from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
-                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality, evaluate_form)
+from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FORMS,
+                                       INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
+                                       QualityModelError, StructureQuality, evaluate_form)
 
 if TYPE_CHECKING:
     from CalibSegLib.inference import Predictor
@@ -82,8 +86,14 @@ def observe_case(predictor: "Predictor", image: np.ndarray, label: np.ndarray, s
     return features, dice_scores(prediction.labels, np.asarray(label).astype(np.int64), metadata.num_classes)
 
 
-def _fit(form: str, x: np.ndarray, y: np.ndarray, direction: int) -> dict[str, Any]:
-    """Parameters of one form fitted to ``(x, y)``; monotone in ``direction``."""
+# One feature's values ``(cases,)``, or for the averaged form every candidate's, by feature name.
+Values = np.ndarray | dict[str, np.ndarray]
+
+
+def _fit(form: str, x: Values, y: np.ndarray, direction: int) -> dict[str, Any]:
+    """Parameters of one form fitted to ``(x, y)``; monotone in ``direction`` (each feature's own when averaged)."""
+    if form == AVERAGED:
+        return {"terms": [{"feature": name, **_fit("linear", values, y, FEATURES[name])} for name, values in x.items()]}
     if form == "isotonic":
         knots, fitted = isotonic_fit(x, y, increasing=direction > 0)
         return {"x": knots.tolist(), "y": np.clip(fitted, 0.0, 1.0).tolist()}
@@ -94,7 +104,17 @@ def _fit(form: str, x: np.ndarray, y: np.ndarray, direction: int) -> dict[str, A
     return {"intercept": float(y.mean() - slope * x.mean()), "slope": slope}
 
 
-def _held_out_residuals(form: str | None, x: np.ndarray, y: np.ndarray, groups: np.ndarray,
+def _column(rows: Sequence[dict[str, float]], feature: str) -> np.ndarray:
+    """One feature's values over the cases that predict the structure, ``(cases,)``."""
+    return np.array([row[feature] for row in rows])
+
+
+def _rows(x: Values, keep: np.ndarray) -> Values:
+    """The cases of ``x`` where ``keep`` is True (of every feature, when averaged)."""
+    return {name: values[keep] for name, values in x.items()} if isinstance(x, dict) else x[keep]
+
+
+def _held_out_residuals(form: str | None, x: Values, y: np.ndarray, groups: np.ndarray,
                         direction: int) -> np.ndarray:
     """Measured − predicted for each case, predicted by a fit on the other groups (None: the mean)."""
     residuals = np.empty_like(y)
@@ -103,7 +123,8 @@ def _held_out_residuals(form: str | None, x: np.ndarray, y: np.ndarray, groups: 
         if form is None:
             residuals[held] = y[held] - y[~held].mean()
         else:
-            residuals[held] = y[held] - evaluate_form(form, _fit(form, x[~held], y[~held], direction), x[held])
+            fitted = _fit(form, _rows(x, ~held), y[~held], direction)
+            residuals[held] = y[held] - evaluate_form(form, fitted, _rows(x, held))
     return residuals
 
 
@@ -128,6 +149,7 @@ def fit_from_observations(
     boundary_ring: int = BOUNDARY_RING,
     candidates: Sequence[str] = tuple(FEATURES),
     fixed: Mapping[str, tuple[str, str]] | None = None,
+    averaged: bool = False,
 ) -> QualityModel:
     """Choose and fit each structure's predicted-Dice model (the rule is in the module docstring).
 
@@ -144,6 +166,8 @@ def fit_from_observations(
         fixed: structure name → ``(feature, form)`` to fit without choosing (chosen on other
             patients, as ``Training/quality_folds.py`` does); its held-out residuals still set the
             interval and the stored error.
+        averaged: every structure not in ``fixed`` predicted by the mean of one linear fit per candidate
+            feature instead of the chosen one.
 
     Raises:
         QualityModelError: fewer than 3 cases predict a structure, or they come from one group,
@@ -170,17 +194,25 @@ def fit_from_observations(
             raise QualityModelError(f"Only {int(present.sum())} validation case(s) of "
                                     f"{len(np.unique(held_groups))} patient(s) predict {name!r}; at least "
                                     f"{MIN_FIT_CASES} cases of 2 patients are needed to fit and check a model.")
+        rows = [case[index] for case in features if case[index] is not None]
+        if name in fixed:
+            pairs = [fixed[name]]
+        elif averaged:
+            pairs = [(AVERAGED_FEATURES, AVERAGED)]
+        else:
+            pairs = list(itertools.product(candidates, FORMS))
         best = None
-        pairs = [fixed[name]] if name in fixed else itertools.product(candidates, FORMS)
         for feature, form in pairs:
-            x = np.array([case[index][feature] for case, keep in zip(features, present) if keep])
-            residuals = _held_out_residuals(form, x, y, held_groups, FEATURES[feature])
+            x = ({candidate: _column(rows, candidate) for candidate in candidates} if form == AVERAGED
+                 else _column(rows, feature))
+            direction = FEATURES.get(feature, 0)
+            residuals = _held_out_residuals(form, x, y, held_groups, direction)
             error = float(np.abs(residuals).mean())
             if best is None or error < best[0] - 1e-12:
-                best = (error, feature, form, x, residuals)
-        error, feature, form, x, residuals = best
+                best = (error, feature, form, x, direction, residuals)
+        error, feature, form, x, direction, residuals = best
         baseline = float(np.abs(_held_out_residuals(None, x, y, held_groups, 0)).mean())
-        structures[name] = StructureQuality(feature, form, _fit(form, x, y, FEATURES[feature]),
+        structures[name] = StructureQuality(feature, form, _fit(form, x, y, direction),
                                             _conformal_offsets(residuals, interval_coverage), error, baseline,
                                             int(present.sum()))
     validation = {"cases": len(features), "patients": len(np.unique(groups)),

@@ -1,5 +1,6 @@
-"""The quality model: per structure, a predicted Dice from one uncertainty feature, its interval and the
-review rule — the schema stored as plain numbers in ``bundle.json`` (``BundleMetadata.quality_model``).
+"""The quality model: per structure, a predicted Dice from one uncertainty feature (or the mean of one
+linear fit per feature), its interval and the review rule — the schema stored as plain numbers in
+``bundle.json`` (``BundleMetadata.quality_model``).
 
 Reading and checking it (:meth:`QualityModel.from_dict`) needs neither the bundle nor the predictor,
 so the bundle schema validates it without importing them.
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
-           "FEATURES", "FORMS", "QualityModelError", "StructureQuality", "QualityModel", "evaluate_form"]
+           "FEATURES", "FORMS", "AVERAGED", "AVERAGED_FEATURES", "QualityModelError", "StructureQuality",
+           "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
 LOW_CONFIDENCE_THRESHOLD = 0.6  # the Slicer module's default low-confidence slider
@@ -29,7 +31,10 @@ FEATURES: dict[str, int] = {
     "boundary_entropy_ratio": -1,
     "expected_dice": 1,
 }
-FORMS: tuple[str, ...] = ("linear", "isotonic")
+FORMS: tuple[str, ...] = ("linear", "isotonic")  # forms of one feature, chosen among by the fitting rule
+# The form that chooses no feature: one linear fit per feature (each held to its direction), their mean.
+AVERAGED = "linear_mean"
+AVERAGED_FEATURES = "all features, averaged"  # what an averaged structure's ``feature`` says
 
 
 class QualityModelError(ValueError):
@@ -40,20 +45,25 @@ class QualityModelError(ValueError):
     """
 
 
-def evaluate_form(form: str, parameters: dict[str, Any], values: np.ndarray) -> np.ndarray:
-    """Predicted Dice of one form at feature ``values`` (any shape), in [0, 1]."""
+def evaluate_form(form: str, parameters: dict[str, Any], values: Any) -> np.ndarray:
+    """Predicted Dice of one form, in [0, 1]: at feature ``values`` (any shape), or for :data:`AVERAGED` at
+    ``values[feature]`` of each term (a mapping of equally shaped arrays or numbers)."""
     if form == "linear":
         return np.clip(parameters["intercept"] + parameters["slope"] * values, 0.0, 1.0)
+    if form == AVERAGED:
+        return np.mean([evaluate_form("linear", term, values[term["feature"]]) for term in parameters["terms"]],
+                       axis=0)
     return np.interp(values, parameters["x"], parameters["y"])
 
 
 @dataclass(frozen=True)
 class StructureQuality:
-    """Predicted Dice of one structure from one feature.
+    """Predicted Dice of one structure from one feature, or from several averaged.
 
     ``parameters``: ``{"intercept", "slope"}`` for ``form == "linear"`` (clipped to [0, 1]),
     ``{"x", "y"}`` knots for ``"isotonic"`` (``x`` increasing, ``y`` monotone in the feature's
-    direction, in [0, 1]). ``interval``: offsets (measured − predicted) added to the prediction
+    direction, in [0, 1]); for :data:`AVERAGED`, ``{"terms": [{"feature", "intercept", "slope"}, ...]}``,
+    one linear fit per feature, and ``feature`` is :data:`AVERAGED_FEATURES`. ``interval``: offsets (measured − predicted) added to the prediction
     for its interval. ``loo_mae``: the held-out mean absolute error that chose it;
     ``constant_loo_mae``: the same for always predicting the mean validation Dice (the baseline
     the feature has to beat); ``cases``: validation cases it was fitted on.
@@ -67,9 +77,18 @@ class StructureQuality:
     constant_loo_mae: float
     cases: int
 
-    def predict(self, value: float) -> float:
-        """Predicted Dice in [0, 1] for a feature value."""
-        return float(evaluate_form(self.form, self.parameters, np.float64(value)))
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The features the prediction reads (keys of :data:`FEATURES`)."""
+        if self.form == AVERAGED:
+            return tuple(term["feature"] for term in self.parameters["terms"])
+        return (self.feature,)
+
+    def predict(self, features: Mapping[str, float]) -> float:
+        """Predicted Dice in [0, 1] from a structure's features (:func:`~CalibSegLib.quality.structure_features`)."""
+        if self.form == AVERAGED:
+            return float(evaluate_form(self.form, self.parameters, features))
+        return float(evaluate_form(self.form, self.parameters, np.float64(features[self.feature])))
 
     def predict_interval(self, dice: float) -> tuple[float, float]:
         """The interval around a predicted Dice, clipped to [0, 1]."""
@@ -77,7 +96,8 @@ class StructureQuality:
         return float(min(max(dice + low, 0.0), 1.0)), float(min(max(dice + high, 0.0), 1.0))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"feature": self.feature, "form": self.form, **self.parameters, "interval": list(self.interval),
+        named = {} if self.form == AVERAGED else {"feature": self.feature}
+        return {**named, "form": self.form, **self.parameters, "interval": list(self.interval),
                 "loo_mae": self.loo_mae, "constant_loo_mae": self.constant_loo_mae, "cases": self.cases}
 
 
@@ -171,23 +191,13 @@ def _structure_from_dict(name: str, entry: Any) -> StructureQuality:
     if not isinstance(entry, dict):
         raise QualityModelError(f"{where}must be an object, got {type(entry).__name__}")
     feature, form = entry.get("feature"), entry.get("form")
-    if feature not in FEATURES or form not in FORMS:
+    if form == AVERAGED:
+        feature, parameters = AVERAGED_FEATURES, {"terms": _averaged_terms(entry, where)}
+    elif feature not in FEATURES or form not in FORMS:
         raise QualityModelError(f"{where}feature {feature!r} / form {form!r} is not one of "
-                                f"{', '.join(FEATURES)} / {', '.join(FORMS)}")
-    direction = FEATURES[feature]
-    if form == "linear":
-        intercept = _number(entry, "intercept", -1e6, 1e6, where)
-        slope = _number(entry, "slope", -1e6, 1e6, where)
-        if slope * direction < 0:
-            raise QualityModelError(f"{where}slope {slope} runs against {feature}'s direction")
-        parameters: dict[str, Any] = {"intercept": intercept, "slope": slope}
+                                f"{', '.join(FEATURES)} / {', '.join(FORMS)} (or form {AVERAGED!r} with terms)")
     else:
-        x, y = _numbers(entry, "x", where), _numbers(entry, "y", where, 0.0, 1.0)
-        steps = np.diff(y) * direction
-        if len(x) != len(y) or np.any(np.diff(x) <= 0) or np.any(steps < 0):
-            raise QualityModelError(f"{where}knots need as many x as y, x increasing and y monotone "
-                                    f"in {feature}'s direction")
-        parameters = {"x": x, "y": y}
+        parameters = (_linear if form == "linear" else _isotonic)(entry, feature, where)
     interval = _numbers(entry, "interval", where, -1.0, 1.0)
     if len(interval) != 2 or interval[0] > interval[1]:
         raise QualityModelError(f"{where}interval must be [low, high] with low <= high, got {interval}")
@@ -199,3 +209,31 @@ def _structure_from_dict(name: str, entry: Any) -> StructureQuality:
                             _number(entry, "constant_loo_mae", 0.0, 1.0, where), int(cases))
 
 
+def _linear(entry: dict, feature: str, where: str) -> dict[str, float]:
+    """``{"intercept", "slope"}`` of a linear fit on ``feature``, the slope in the feature's direction."""
+    intercept = _number(entry, "intercept", -1e6, 1e6, where)
+    slope = _number(entry, "slope", -1e6, 1e6, where)
+    if slope * FEATURES[feature] < 0:
+        raise QualityModelError(f"{where}slope {slope} runs against {feature}'s direction")
+    return {"intercept": intercept, "slope": slope}
+
+
+def _isotonic(entry: dict, feature: str, where: str) -> dict[str, list[float]]:
+    """``{"x", "y"}`` knots: ``x`` increasing, ``y`` in [0, 1] and monotone in the feature's direction."""
+    x, y = _numbers(entry, "x", where), _numbers(entry, "y", where, 0.0, 1.0)
+    steps = np.diff(y) * FEATURES[feature]
+    if len(x) != len(y) or np.any(np.diff(x) <= 0) or np.any(steps < 0):
+        raise QualityModelError(f"{where}knots need as many x as y, x increasing and y monotone "
+                                f"in {feature}'s direction")
+    return {"x": x, "y": y}
+
+
+def _averaged_terms(entry: dict, where: str) -> list[dict[str, Any]]:
+    """The terms of an :data:`AVERAGED` structure: linear fits of distinct known features."""
+    terms = entry.get("terms")
+    if not isinstance(terms, list) or not terms or not all(isinstance(term, dict) for term in terms):
+        raise QualityModelError(f"{where}terms must be a non-empty list of objects, got {terms!r}")
+    features = [term.get("feature") for term in terms]
+    if any(feature not in FEATURES for feature in features) or len(set(features)) != len(features):
+        raise QualityModelError(f"{where}terms must name distinct features of {', '.join(FEATURES)}, got {features}")
+    return [{"feature": feature, **_linear(term, feature, where)} for feature, term in zip(features, terms)]

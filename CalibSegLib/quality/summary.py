@@ -16,11 +16,9 @@ Definitions (every number a reader sees is one of these):
 - ``expected_dice`` (a model feature, not shown): 2 Σ p_k over the voxels predicted as class k
   / (their count + Σ p_k over the whole volume) — the Dice the model expects of itself if its
   probabilities were right: expected overlap over predicted plus expected size. It counts the
-  probability mass outside the structure, which the other features do not see (chosen on ten
-  validation patients for the myocardium of all three shipped models and kept by
-  ``acdc_ce_dice``, whose out-of-fold comparison kept that procedure; the CRaC and NACL models'
-  pooled out-of-fold refits chose other features: docs/results.md, "Choosing the quality model on
-  out-of-fold training patients").
+  probability mass outside the structure, which the other features do not see. The shipped
+  models' quality models average one linear fit of each of these five features rather than
+  choosing one (docs/results.md, "Averaging the features instead of choosing one").
 - ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
   slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is
@@ -73,10 +71,12 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
                                **{key: features[key] for key in _SHOWN_FEATURES}}
     if model is None:
         return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
-    if model.feature not in features:
-        raise ValueError(f"The quality model predicts Dice from {model.feature}, which this prediction cannot give "
-                         f"(it carries no class probability sums); predict it with CalibSegLib.inference.Predictor.")
-    dice = model.predict(features[model.feature])
+    missing = [feature for feature in model.inputs if feature not in features]
+    if missing:
+        raise ValueError(f"The quality model predicts Dice from {', '.join(missing)}, which this prediction cannot "
+                         f"give (it carries no class probability sums); predict it with "
+                         f"CalibSegLib.inference.Predictor.")
+    dice = model.predict(features)
     return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
             "review": dice < review_below}
 
