@@ -60,8 +60,8 @@ uncertain slices</b> are listed: select one to jump there. The <i>low-confidence
 voxels below the chosen threshold. With a reference segmentation the module reports Dice, HD95 and
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
 a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
-with the module and the CRaC one, chosen on the validation patients for its Dice and its review flag
-on degraded input, is preselected; others
+with the module and the CE+Dice one, chosen on the validation patients for its Dice and its review
+flag on degraded input, is preselected; others
 are trained with <code>calibseg-train</code> (CRaC, NACL, MbLS and baselines).
 """
         self.parent.acknowledgementText = """
