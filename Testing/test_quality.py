@@ -80,6 +80,7 @@ def test_features_equal_loop_references():
             "mean_entropy": np.mean(prediction.entropy[mask], dtype=np.float64),
             "low_confidence_fraction": np.mean(prediction.confidence[mask] < 0.6),
             "boundary_entropy_ratio": prediction.entropy[_ring_reference(mask, 2)].sum(dtype=np.float64) / mask.sum(),
+            "boundary_low_confidence_ratio": np.sum(prediction.confidence[_ring_reference(mask, 2)] < 0.6) / mask.sum(),
         }
         for key, value in expected.items():
             assert features[label - 1][key] == pytest.approx(value, rel=1e-9), (label, key)

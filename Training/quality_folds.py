@@ -12,7 +12,10 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``A``: chosen and fitted on the other patients of the same fold (what ``calibseg-train`` ships);
 - ``B``: feature and form chosen on the other folds' patients, fitted on the same fold's others;
 - ``C``: chosen and fitted on the other folds' patients and the same fold's others together;
-- ``D``: nothing chosen: the mean of one linear fit per feature, fitted on the same patients as ``C``.
+- ``D``: nothing chosen: the mean of one linear fit per feature, fitted on the same patients as ``C``, of the
+  five features there were when it was measured and shipped;
+- ``E``: ``D`` with every feature of :data:`~CalibSegLib.quality.FEATURES` (the five and
+  ``boundary_low_confidence_ratio``).
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -35,7 +38,7 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bun
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import QualityModel, QualityModelError
+from CalibSegLib.quality import FEATURES, QualityModel, QualityModelError
 from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
@@ -63,8 +66,13 @@ def _pooled(others: Sequence[Observation], class_names: Sequence[str]) -> Builde
     return lambda own: fit_on([*others, *own], class_names)
 
 
-def _pooled_averaged(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-    return lambda own: fit_on([*others, *own], class_names, averaged=True)
+def _pooled_averaged(features: Sequence[str]) -> FoldProcedure:
+    return lambda others, class_names: lambda own: fit_on([*others, *own], class_names, averaged=True,
+                                                          candidates=features)
+
+
+# D's features: those it was measured and shipped with before the sixth was added (docs/results.md).
+_D_FEATURES = tuple(name for name in FEATURES if name != "boundary_low_confidence_ratio")
 
 
 # key → (what the table calls it, the procedure)
@@ -72,7 +80,8 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "A": ("own fold only (shipped)", _own_only),
     "B": ("chosen on other folds, fitted on own", _chosen_elsewhere),
     "C": ("other folds + own, pooled", _pooled),
-    "D": ("features averaged, pooled", _pooled_averaged),
+    "D": ("features averaged, pooled", _pooled_averaged(_D_FEATURES)),
+    "E": ("six features averaged, pooled", _pooled_averaged(tuple(FEATURES))),
 }
 
 

@@ -45,11 +45,13 @@ def structure_features(
         prediction: ``labels`` uint8, ``confidence`` and ``entropy`` float32, all ``(z, y, x)``.
         num_classes: C, background included.
         low_confidence_threshold: confidence below this counts as low, in [0, 1].
-        boundary_ring: face-neighbour steps around a structure included in ``boundary_entropy_ratio``.
+        boundary_ring: face-neighbour steps around a structure included in ``boundary_entropy_ratio`` and
+            ``boundary_low_confidence_ratio``.
 
     Returns:
         C-1 entries, class 1 first: ``{"voxels", "mean_confidence", "mean_entropy",
-        "low_confidence_fraction", "boundary_entropy_ratio", "expected_dice"}``, or None for a class
+        "low_confidence_fraction", "boundary_entropy_ratio", "boundary_low_confidence_ratio",
+        "expected_dice"}``, or None for a class
         predicted nowhere. ``expected_dice`` is left out when the prediction carries neither
         ``probability_sums`` nor ``probabilities``.
     """
@@ -78,6 +80,8 @@ def structure_features(
             "mean_entropy": float(entropy[label] / count),
             "low_confidence_fraction": float(low[label] / count),
             "boundary_entropy_ratio": float(prediction.entropy[box][around].sum(dtype=np.float64) / count),
+            "boundary_low_confidence_ratio": float(
+                np.count_nonzero(prediction.confidence[box][around] < low_confidence_threshold) / count),
         }
         if expected_counts is not None:
             # Inside the predicted structure the class is the argmax (post-processing only removes

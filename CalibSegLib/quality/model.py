@@ -22,7 +22,7 @@ QUALITY_MODEL_VERSION = 1
 LOW_CONFIDENCE_THRESHOLD = 0.6  # the Slicer module's default low-confidence slider
 REVIEW_BELOW = 0.80  # the default: a structure predicted below Dice 0.80 goes to review
 INTERVAL_COVERAGE = 0.8
-BOUNDARY_RING = 2  # face-neighbour steps around a structure counted by boundary_entropy_ratio
+BOUNDARY_RING = 2  # face-neighbour steps around a structure counted by the boundary_* features
 # Feature -> the direction Dice moves when the feature grows (+1 up, -1 down).
 FEATURES: dict[str, int] = {
     "mean_entropy": -1,
@@ -30,11 +30,12 @@ FEATURES: dict[str, int] = {
     "low_confidence_fraction": -1,
     "boundary_entropy_ratio": -1,
     "expected_dice": 1,
+    "boundary_low_confidence_ratio": -1,
 }
 FORMS: tuple[str, ...] = ("linear", "isotonic")  # forms of one feature, chosen among by the fitting rule
 # The form that chooses no feature: one linear fit per feature (each held to its direction), their mean.
 AVERAGED = "linear_mean"
-AVERAGED_FEATURES = "all features, averaged"  # what an averaged structure's ``feature`` says
+AVERAGED_FEATURES = "features, averaged"  # what an averaged structure's ``feature`` says
 
 
 class QualityModelError(ValueError):

@@ -13,11 +13,16 @@ Definitions (every number a reader sees is one of these):
   one slice further is where 2D models most often err), divided by the structure's voxel
   count — roughly the share of the structure the model is unsure about, counting tissue it
   may have missed just outside.
+- ``boundary_low_confidence_ratio`` (a model feature, not shown): the same for
+  ``low_confidence_fraction``: the voxels with confidence below the threshold in the structure
+  and its ring, divided by the structure's voxel count — the voxels it may have wrongly taken
+  and those it may have missed just outside, which for a structure a few voxels thick (the
+  myocardium) are as many.
 - ``expected_dice`` (a model feature, not shown): 2 Σ p_k over the voxels predicted as class k
   / (their count + Σ p_k over the whole volume) — the Dice the model expects of itself if its
   probabilities were right: expected overlap over predicted plus expected size. It counts the
   probability mass outside the structure, which the other features do not see. The shipped
-  models' quality models average one linear fit of each of these five features rather than
+  models' quality models average one linear fit of each of these features rather than
   choosing one (docs/results.md, "Averaging the features instead of choosing one").
 - ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
