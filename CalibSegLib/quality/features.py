@@ -51,9 +51,8 @@ def structure_features(
     Returns:
         C-1 entries, class 1 first: ``{"voxels", "mean_confidence", "mean_entropy",
         "low_confidence_fraction", "boundary_entropy_ratio", "boundary_low_confidence_ratio",
-        "expected_dice"}``, or None for a class
-        predicted nowhere. ``expected_dice`` is left out when the prediction carries neither
-        ``probability_sums`` nor ``probabilities``.
+        "expected_dice"}``, or None for a class predicted nowhere. ``expected_dice`` is left out
+        when the prediction carries neither ``probability_sums`` nor ``probabilities``.
     """
     labels = prediction.labels
     counts = _class_sums(labels, None, num_classes)
