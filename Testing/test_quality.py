@@ -273,6 +273,32 @@ def test_averaged_fit_is_the_mean_of_per_feature_linear_fits_scored_held_out():
     assert chosen.loo_mae < averaged.loo_mae < averaged.constant_loo_mae
 
 
+@pytest.mark.parametrize("shared_signal", [False, True])
+def test_with_average_the_average_competes_with_the_single_fits_by_held_out_error(shared_signal):
+    """One informative feature among noise: the single fit wins. Every feature a noisy reading of one signal:
+    averaging cancels the noise and the average wins. Either way the winner is the lower held-out error."""
+    rng = np.random.default_rng(11)
+    signal = rng.uniform(0.1, 0.4, 24)
+    features = []
+    for value in signal:
+        values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
+        if shared_signal:  # each feature follows the signal in its own direction, with its own noise
+            values = {name: float((value if direction > 0 else 1 - value) + rng.normal(0, 0.05))
+                      for name, direction in FEATURES.items()}
+        else:
+            values["mean_entropy"] = float(1 - value)
+        features.append([values])
+    dice = signal[:, None]
+    groups = [f"p{index // 2}" for index in range(len(features))]
+    single, averaged, competing = (
+        fit_from_observations(features, dice, CLASS_NAMES[:2], groups, **options).structures["class 1"]
+        for options in ({}, {"averaged": True}, {"with_average": True}))
+    winner = averaged if shared_signal else single
+    assert (winner.loo_mae < single.loo_mae) if shared_signal else (winner.loo_mae < averaged.loo_mae)
+    assert (competing.feature, competing.form, competing.loo_mae) == (winner.feature, winner.form, winner.loo_mae)
+    assert competing.parameters == winner.parameters
+
+
 def test_an_averaged_quality_model_round_trips_and_predicts_in_the_summary(tmp_path):
     features, dice = _observations(lambda entropy: 1.0 - entropy, count=10)
     stored = fit_from_observations([case * 3 for case in features], np.repeat(dice, 3, axis=1), CLASS_NAMES,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import zipfile
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -77,6 +78,39 @@ def test_procedures_d_and_e_average_their_features_fitted_on_the_other_folds_and
             by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
         np.testing.assert_allclose(predicted, by_hand)
         assert chosen == {"features, averaged": len(own)}
+
+
+def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
+    """Three folds of four patients whose every feature reads the Dice (in its own direction) with noise."""
+    rng = np.random.default_rng(seed)
+    folds = {}
+    for k in range(3):
+        folds[f"fold{k}"] = []
+        for patient in range(8):
+            dice = float(rng.uniform(0.6, 0.95))
+            values = {name: float((dice if direction > 0 else 1 - dice) + rng.normal(0, 0.05))
+                      for name, direction in FEATURES.items()}
+            folds[f"fold{k}"].append(Observation(CLEAN, f"f{k}p{patient // 2}", [values], np.array([dice])))
+    return folds
+
+
+@pytest.mark.parametrize("folds, winner", [(_folds(seed=2), "mean_entropy"),
+                                            (_shared_signal_folds(seed=2), "features, averaged")])
+def test_procedure_f_is_procedure_c_with_the_average_among_the_candidates(folds, winner):
+    per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES["F"][1])["class 1"]
+    for (name, own), (predicted, _, chosen) in zip(folds.items(), per_fold, strict=True):
+        others = [item for other, items in folds.items() if other != name for item in items]
+        by_hand, expected = [], Counter()
+        for patient in sorted({item.patient for item in own}):
+            pooled = [*others, *(item for item in own if item.patient != patient)]
+            single, averaged = (fit_on(pooled, NAMES, **options).structures["class 1"]
+                                for options in ({}, {"averaged": True}))
+            model = averaged if averaged.loo_mae < single.loo_mae - 1e-12 else single
+            held = [item for item in own if item.patient == patient]
+            by_hand += [model.predict(item.features[0]) for item in held]
+            expected[model.feature] += len(held)
+        np.testing.assert_allclose(predicted, by_hand)
+        assert chosen == expected and chosen.most_common(1)[0][0] == winner
 
 
 def test_the_other_folds_choose_better_where_one_fold_is_too_small_to():

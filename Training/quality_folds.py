@@ -15,7 +15,9 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``D``: nothing chosen: the mean of one linear fit per feature, fitted on the same patients as ``C``, of the
   five features there were when it was measured and shipped;
 - ``E``: ``D`` with every feature of :data:`~CalibSegLib.quality.FEATURES` (the five and
-  ``boundary_low_confidence_ratio``).
+  ``boundary_low_confidence_ratio``);
+- ``F``: ``C`` with ``E``'s average as one more candidate: per structure, one feature or the average, whichever
+  has the lower held-out error on the pooled patients.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -30,7 +32,7 @@ import argparse
 import dataclasses
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -62,13 +64,9 @@ def _chosen_elsewhere(others: Sequence[Observation], class_names: Sequence[str])
     return lambda own: fit_on(own, class_names, fixed=choices)
 
 
-def _pooled(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-    return lambda own: fit_on([*others, *own], class_names)
-
-
-def _pooled_averaged(features: Sequence[str]) -> FoldProcedure:
-    return lambda others, class_names: lambda own: fit_on([*others, *own], class_names, averaged=True,
-                                                          candidates=features)
+def _pooled(**options: Any) -> FoldProcedure:
+    """Fit on the other folds' and the same fold's observations together; ``options`` as :func:`fit_on`'s."""
+    return lambda others, class_names: lambda own: fit_on([*others, *own], class_names, **options)
 
 
 # D's features: those it was measured and shipped with before the sixth was added (docs/results.md).
@@ -79,9 +77,10 @@ _D_FEATURES = tuple(name for name in FEATURES if name != "boundary_low_confidenc
 FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "A": ("own fold only (shipped)", _own_only),
     "B": ("chosen on other folds, fitted on own", _chosen_elsewhere),
-    "C": ("other folds + own, pooled", _pooled),
-    "D": ("features averaged, pooled", _pooled_averaged(_D_FEATURES)),
-    "E": ("six features averaged, pooled", _pooled_averaged(tuple(FEATURES))),
+    "C": ("other folds + own, pooled", _pooled()),
+    "D": ("features averaged, pooled", _pooled(averaged=True, candidates=_D_FEATURES)),
+    "E": ("six features averaged, pooled", _pooled(averaged=True)),
+    "F": ("one feature or the average, pooled", _pooled(with_average=True)),
 }
 
 

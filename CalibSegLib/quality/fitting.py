@@ -10,7 +10,9 @@ wins, ties to the earlier candidate (linear before isotonic, features in :data:`
 comparison on the shipped models' validation patients (``Training/quality_choice.py``).
 With ``averaged=True`` nothing is chosen: each candidate feature gets a linear fit and the
 prediction is their mean (form :data:`~CalibSegLib.quality.model.AVERAGED`; procedure D of
-``Training/quality_folds.py``), scored by the same held-out error.
+``Training/quality_folds.py``), scored by the same held-out error. With ``with_average=True`` that
+average is one more candidate, after the single fits, and wins a structure only where its held-out
+error is the lowest (procedure F).
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -150,6 +152,7 @@ def fit_from_observations(
     candidates: Sequence[str] = tuple(FEATURES),
     fixed: Mapping[str, tuple[str, str]] | None = None,
     averaged: bool = False,
+    with_average: bool = False,
 ) -> QualityModel:
     """Choose and fit each structure's predicted-Dice model (the rule is in the module docstring).
 
@@ -168,6 +171,7 @@ def fit_from_observations(
             interval and the stored error.
         averaged: every structure not in ``fixed`` predicted by the mean of one linear fit per candidate
             feature instead of the chosen one.
+        with_average: that mean competes with the single fits instead (ignored where ``averaged``).
 
     Raises:
         QualityModelError: fewer than 3 cases predict a structure, or they come from one group,
@@ -200,7 +204,7 @@ def fit_from_observations(
         elif averaged:
             pairs = [(AVERAGED_FEATURES, AVERAGED)]
         else:
-            pairs = list(itertools.product(candidates, FORMS))
+            pairs = [*itertools.product(candidates, FORMS), *([(AVERAGED_FEATURES, AVERAGED)] if with_average else [])]
         best = None
         for feature, form in pairs:
             x = ({candidate: _column(rows, candidate) for candidate in candidates} if form == AVERAGED
