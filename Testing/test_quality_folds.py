@@ -128,6 +128,12 @@ def test_the_other_folds_choose_better_where_one_fold_is_too_small_to():
                 error.setdefault(cells[0][0], []).append(float(cells[4]))
         assert any(row.startswith("| C: other folds + own, pooled | class 1 |") and "low_confidence_fraction (24 of 24)"
                    in row for row in table)
+        if seed == 0:  # the bias column: mean predicted − measured of the held-out predictions
+            residuals = np.concatenate([predicted - measured for predicted, measured, _ in
+                                        fold_held_out(folds, NAMES, FOLD_PROCEDURES["A"][1])["class 1"]])
+            row = next(row for row in table if row.startswith("| A: own fold only (shipped) | class 1 |"))
+            assert float(row.split("|")[6]) == pytest.approx(residuals.mean(), abs=5e-5)
+            assert abs(residuals.mean()) > 1e-4  # not trivially zero
     mean_rho = {key: np.mean(values) for key, values in rho.items()}
     assert mean_rho["B"] > mean_rho["A"] + 0.1 and mean_rho["C"] > mean_rho["A"] + 0.15
     assert all(np.array(error["C"]) < np.array(error["A"]))

@@ -21,7 +21,7 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
-error over all volumes. ``--refit`` applies a procedure to a bundle: the fold networks' patients
+error and the bias (mean predicted − measured) over all volumes. ``--refit`` applies a procedure to a bundle: the fold networks' patients
 play "the other folds" and the bundle's own validation patients "the same fold"; the bundle is
 written as ``calibseg-fit-quality`` writes it. No test patient is read.
 """
@@ -136,24 +136,25 @@ def fold_held_out(folds: Mapping[str, Sequence[Observation]], class_names: Seque
 
 def fold_table(folds: Mapping[str, Sequence[Observation]], class_names: Sequence[str],
                procedures: Mapping[str, tuple[str, FoldProcedure]] = FOLD_PROCEDURES) -> list[str]:
-    """Markdown rows: per procedure and structure, the within-fold ρ (each fold, their mean), the MAE over all
-    volumes and the most chosen feature; then the means over the structures."""
-    lines = ["| Procedure | Structure | ρ per fold | mean ρ | MAE | feature chosen (volumes) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """Markdown rows: per procedure and structure, the within-fold ρ (each fold, their mean), the MAE and the bias
+    (mean predicted − measured: above 0, optimistic) over all volumes and the most chosen feature; then the means
+    over the structures."""
+    lines = ["| Procedure | Structure | ρ per fold | mean ρ | MAE | bias | feature chosen (volumes) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for key, (description, procedure) in procedures.items():
         label = f"{key}: {description}"
-        means, errors = [], []
+        means, errors, biases = [], [], []
         for structure, per_fold in fold_held_out(folds, class_names, procedure).items():
             rhos = [rank_correlation(predicted, measured) for predicted, measured, _ in per_fold]
             residuals = np.concatenate([predicted - measured for predicted, measured, _ in per_fold])
-            error = float(np.abs(residuals).mean())
             chosen = sum((counts for _, _, counts in per_fold), Counter())
             feature, volumes = chosen.most_common(1)[0]
             means.append(float(np.nanmean(rhos)))
-            errors.append(error)
+            errors.append(float(np.abs(residuals).mean()))
+            biases.append(float(residuals.mean()))
             lines.append(f"| {label} | {structure} | {' '.join(f'{rho:+.2f}' for rho in rhos)} | {means[-1]:+.3f} | "
-                         f"{error:.4f} | {feature} ({volumes} of {sum(chosen.values())}) |")
-        lines.append(f"| {label} | mean | | {np.mean(means):+.3f} | {np.mean(errors):.4f} | |")
+                         f"{errors[-1]:.4f} | {biases[-1]:+.4f} | {feature} ({volumes} of {sum(chosen.values())}) |")
+        lines.append(f"| {label} | mean | | {np.mean(means):+.3f} | {np.mean(errors):.4f} | {np.mean(biases):+.4f} | |")
     return lines
 
 
