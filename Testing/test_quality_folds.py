@@ -61,15 +61,16 @@ def test_procedure_b_chooses_on_the_other_folds_and_fits_on_the_same_fold_withou
         assert chosen == {choice.feature: len(own)}
 
 
-@pytest.mark.parametrize("procedure, features", [
-    ("D", tuple(name for name in FEATURES if name != "boundary_low_confidence_ratio")),
-    ("E", tuple(FEATURES))])
-def test_procedures_d_and_e_average_their_features_fitted_on_the_other_folds_and_the_same_fold_without_the_patient(
-        procedure, features):
+@pytest.mark.parametrize("procedure, features, pooled", [
+    ("D", tuple(name for name in FEATURES if name != "boundary_low_confidence_ratio"), True),
+    ("E", tuple(FEATURES), True),
+    ("G", tuple(FEATURES), False)])
+def test_procedures_d_e_and_g_average_their_features_fitted_without_the_patient(procedure, features, pooled):
+    """D and E fit on the other folds and the same fold's others; G on the same fold's others alone."""
     folds = _folds(seed=1)
     per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES[procedure][1])["class 1"]
     for (name, own), (predicted, _, chosen) in zip(folds.items(), per_fold, strict=True):
-        others = [item for other, items in folds.items() if other != name for item in items]
+        others = [item for other, items in folds.items() if other != name and pooled for item in items]
         by_hand = []
         for patient in sorted({item.patient for item in own}):
             model = fit_on([*others, *(item for item in own if item.patient != patient)], NAMES,
@@ -94,16 +95,18 @@ def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
     return folds
 
 
+@pytest.mark.parametrize("procedure, pooled", [("F", True), ("H", False)])
 @pytest.mark.parametrize("folds, winner", [(_folds(seed=2), "mean_entropy"),
                                             (_shared_signal_folds(seed=2), "features, averaged")])
-def test_procedure_f_is_procedure_c_with_the_average_among_the_candidates(folds, winner):
-    per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES["F"][1])["class 1"]
+def test_procedures_f_and_h_choose_one_feature_or_the_average_without_the_patient(folds, winner, procedure, pooled):
+    """F is C with the average among the candidates; H is A with it (the same fold's others alone)."""
+    per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES[procedure][1])["class 1"]
     for (name, own), (predicted, _, chosen) in zip(folds.items(), per_fold, strict=True):
-        others = [item for other, items in folds.items() if other != name for item in items]
+        others = [item for other, items in folds.items() if other != name and pooled for item in items]
         by_hand, expected = [], Counter()
         for patient in sorted({item.patient for item in own}):
-            pooled = [*others, *(item for item in own if item.patient != patient)]
-            single, averaged = (fit_on(pooled, NAMES, **options).structures["class 1"]
+            fitted_on = [*others, *(item for item in own if item.patient != patient)]
+            single, averaged = (fit_on(fitted_on, NAMES, **options).structures["class 1"]
                                 for options in ({}, {"averaged": True}))
             model = averaged if averaged.loo_mae < single.loo_mae - 1e-12 else single
             held = [item for item in own if item.patient == patient]

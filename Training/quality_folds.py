@@ -17,7 +17,9 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``E``: ``D`` with every feature of :data:`~CalibSegLib.quality.FEATURES` (the five and
   ``boundary_low_confidence_ratio``);
 - ``F``: ``C`` with ``E``'s average as one more candidate: per structure, one feature or the average, whichever
-  has the lower held-out error on the pooled patients.
+  has the lower held-out error on the pooled patients;
+- ``G`` and ``H``: ``E`` and ``F`` on the same fold's other patients alone, as ``calibseg-train`` would fit them
+  without fold networks.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -54,8 +56,9 @@ Builder = Callable[[Sequence[Observation]], QualityModel]
 FoldProcedure = Callable[[Sequence[Observation], Sequence[str]], Builder]
 
 
-def _own_only(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-    return lambda own: fit_on(own, class_names)
+def _own_only(**options: Any) -> FoldProcedure:
+    """Fit on the same fold's observations alone, as ``calibseg-train`` does; ``options`` as :func:`fit_on`'s."""
+    return lambda others, class_names: lambda own: fit_on(own, class_names, **options)
 
 
 def _chosen_elsewhere(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
@@ -75,12 +78,14 @@ _D_FEATURES = tuple(name for name in FEATURES if name != "boundary_low_confidenc
 
 # key → (what the table calls it, the procedure)
 FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
-    "A": ("own fold only (shipped)", _own_only),
+    "A": ("own fold only (shipped)", _own_only()),
     "B": ("chosen on other folds, fitted on own", _chosen_elsewhere),
     "C": ("other folds + own, pooled", _pooled()),
     "D": ("features averaged, pooled", _pooled(averaged=True, candidates=_D_FEATURES)),
     "E": ("six features averaged, pooled", _pooled(averaged=True)),
     "F": ("one feature or the average, pooled", _pooled(with_average=True)),
+    "G": ("own fold only, six features averaged", _own_only(averaged=True)),
+    "H": ("own fold only, one feature or the average", _own_only(with_average=True)),
 }
 
 
