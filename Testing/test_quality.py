@@ -496,6 +496,9 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     assert bundle.metadata.weights_dtype == "float16"
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
+    # what calibseg-train and calibseg-fit-quality fit without fold networks: every feature averaged (procedure G)
+    assert {(structure.form, structure.inputs) for structure in stored.structures.values()} == {
+        ("linear_mean", tuple(FEATURES))}
     cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
     assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
     printed = capsys.readouterr().out

@@ -134,7 +134,7 @@ def test_the_other_folds_choose_better_where_one_fold_is_too_small_to():
         if seed == 0:  # the bias column: mean predicted − measured of the held-out predictions
             residuals = np.concatenate([predicted - measured for predicted, measured, _ in
                                         fold_held_out(folds, NAMES, FOLD_PROCEDURES["A"][1])["class 1"]])
-            row = next(row for row in table if row.startswith("| A: own fold only (shipped) | class 1 |"))
+            row = next(row for row in table if row.startswith("| A: own fold only, one feature chosen | class 1 |"))
             assert float(row.split("|")[6]) == pytest.approx(residuals.mean(), abs=5e-5)
             assert abs(residuals.mean()) > 1e-4  # not trivially zero
     mean_rho = {key: np.mean(values) for key, values in rho.items()}

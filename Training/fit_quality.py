@@ -7,11 +7,12 @@ The validation patients are the ones the bundle records (``bundle.json``: ``data
 read from ``--data`` or the folder of the dataset the bundle records
 (:func:`Datasets.cases.data_folder`). Every validation volume is
 predicted with the bundle as it is (its temperature), its Dice per structure measured against
-the reference, and :func:`CalibSegLib.quality.fit_quality_model` chooses and fits each
-structure's predicted-Dice model (the rule is in :mod:`CalibSegLib.quality`). The bundle is
+the reference, and :func:`CalibSegLib.quality.fit_quality_model` fits each structure's
+predicted-Dice model: the mean of one linear fit per feature, as ``calibseg-train`` fits it
+(the rule is in :mod:`CalibSegLib.quality.fitting`). The bundle is
 then rewritten atomically (``--out``: elsewhere; a shipped model is never rewritten inside the
 package: its default is ``runs/<name>/<name>.calibseg`` under the current folder) with the same
-weights in the same dtype (float16 stays float16), so only ``quality_model`` changes. Prints what was chosen and its
+weights in the same dtype (float16 stays float16), so only ``quality_model`` changes. Prints what was fitted and its
 held-out error beside the constant baseline's.
 """
 

@@ -9,7 +9,7 @@ each validated on a fold of the training patients) predict all 55 training patie
 Every fold then plays the part a shipped bundle's validation split plays, and each procedure of
 :data:`FOLD_PROCEDURES` predicts each of its patients from a model built without that patient:
 
-- ``A``: chosen and fitted on the other patients of the same fold (what ``calibseg-train`` ships);
+- ``A``: chosen and fitted on the other patients of the same fold (what ``calibseg-train`` fitted before ``G``);
 - ``B``: feature and form chosen on the other folds' patients, fitted on the same fold's others;
 - ``C``: chosen and fitted on the other folds' patients and the same fold's others together;
 - ``D``: nothing chosen: the mean of one linear fit per feature, fitted on the same patients as ``C``, of the
@@ -18,8 +18,8 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
   ``boundary_low_confidence_ratio``);
 - ``F``: ``C`` with ``E``'s average as one more candidate: per structure, one feature or the average, whichever
   has the lower held-out error on the pooled patients;
-- ``G`` and ``H``: ``E`` and ``F`` on the same fold's other patients alone, as ``calibseg-train`` would fit them
-  without fold networks.
+- ``G`` and ``H``: ``E`` and ``F`` on the same fold's other patients alone, as a bundle without fold networks is
+  fitted (``calibseg-train`` fits ``G`` since a rule in docs/results.md adopted it).
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -57,7 +57,7 @@ FoldProcedure = Callable[[Sequence[Observation], Sequence[str]], Builder]
 
 
 def _own_only(**options: Any) -> FoldProcedure:
-    """Fit on the same fold's observations alone, as ``calibseg-train`` does; ``options`` as :func:`fit_on`'s."""
+    """Fit on the same fold's observations alone, as ``calibseg-train`` does with its own; ``options`` as :func:`fit_on`'s."""
     return lambda others, class_names: lambda own: fit_on(own, class_names, **options)
 
 
@@ -78,7 +78,7 @@ _D_FEATURES = tuple(name for name in FEATURES if name != "boundary_low_confidenc
 
 # key → (what the table calls it, the procedure)
 FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
-    "A": ("own fold only (shipped)", _own_only()),
+    "A": ("own fold only, one feature chosen", _own_only()),
     "B": ("chosen on other folds, fitted on own", _chosen_elsewhere),
     "C": ("other folds + own, pooled", _pooled()),
     "D": ("features averaged, pooled", _pooled(averaged=True, candidates=_D_FEATURES)),

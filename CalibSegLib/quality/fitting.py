@@ -12,7 +12,10 @@ With ``averaged=True`` nothing is chosen: each candidate feature gets a linear f
 prediction is their mean (form :data:`~CalibSegLib.quality.model.AVERAGED`; procedure D of
 ``Training/quality_folds.py``), scored by the same held-out error. With ``with_average=True`` that
 average is one more candidate, after the single fits, and wins a structure only where its held-out
-error is the lowest (procedure F).
+error is the lowest (procedure F). :func:`fit_quality_model`, what ``calibseg-train`` and
+``calibseg-fit-quality`` fit on a bundle's own validation patients, averages by default: out of
+fold on a dozen patients per fold, averaging ranked better than choosing (procedure G against A,
+docs/results.md).
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -226,7 +229,7 @@ def fit_from_observations(
 
 
 def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], class_names: Sequence[str] | None = None,
-                      review_below: float = REVIEW_BELOW) -> QualityModel:
+                      review_below: float = REVIEW_BELOW, averaged: bool = True) -> QualityModel:
     """Predict every validation case, measure its Dice per structure and fit the quality model.
 
     Args:
@@ -235,6 +238,9 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
             and optionally ``patient_id`` (``Datasets.cases.Case`` works as it is).
         class_names: C names, background first (default: the predictor's bundle's).
         review_below: predicted Dice under which a structure is flagged.
+        averaged: every structure the mean of one linear fit per feature (the default: on a dozen
+            validation patients it ranked better out of fold than choosing one feature, procedure G
+            against A in docs/results.md); False chooses one feature and form per structure.
 
     Returns:
         The model; store it with ``dataclasses.replace(metadata, quality_model=model.to_dict())``.
@@ -246,4 +252,5 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
     observed = [observe_case(predictor, case.image, case.label, case.spacing) for case in cases]
     groups = [str(getattr(case, "patient_id", None) or index) for index, case in enumerate(cases)]
     dice = np.array([scores for _, scores in observed]).reshape(len(cases), len(class_names) - 1)
-    return fit_from_observations([features for features, _ in observed], dice, class_names, groups, review_below)
+    return fit_from_observations([features for features, _ in observed], dice, class_names, groups, review_below,
+                                 averaged=averaged)
