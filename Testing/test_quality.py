@@ -281,11 +281,11 @@ def test_with_average_the_average_competes_with_the_single_fits_by_held_out_erro
     signal = rng.uniform(0.1, 0.4, 24)
     features = []
     for value in signal:
-        values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
         if shared_signal:  # each feature follows the signal in its own direction, with its own noise
             values = {name: float((value if direction > 0 else 1 - value) + rng.normal(0, 0.05))
                       for name, direction in FEATURES.items()}
-        else:
+        else:  # mean entropy follows it, the other features are noise
+            values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
             values["mean_entropy"] = float(1 - value)
         features.append([values])
     dice = signal[:, None]

@@ -23,9 +23,10 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
-error and the bias (mean predicted − measured) over all volumes. ``--refit`` applies a procedure to a bundle: the fold networks' patients
-play "the other folds" and the bundle's own validation patients "the same fold"; the bundle is
-written as ``calibseg-fit-quality`` writes it. No test patient is read.
+error and the bias (mean predicted − measured) over all volumes. ``--refit`` applies a procedure
+to a bundle: the fold networks' patients play "the other folds" and the bundle's own validation
+patients "the same fold"; the bundle is written as ``calibseg-fit-quality`` writes it. No test
+patient is read.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ FoldProcedure = Callable[[Sequence[Observation], Sequence[str]], Builder]
 
 
 def _own_only(**options: Any) -> FoldProcedure:
-    """Fit on the same fold's observations alone, as ``calibseg-train`` does with its own; ``options`` as :func:`fit_on`'s."""
+    """Fit on the same fold's observations alone, as ``calibseg-train`` fits on its own validation patients;
+    ``options`` as :func:`fit_on`'s."""
     return lambda others, class_names: lambda own: fit_on(own, class_names, **options)
 
 

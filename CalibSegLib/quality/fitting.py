@@ -207,7 +207,9 @@ def fit_from_observations(
         elif averaged:
             pairs = [(AVERAGED_FEATURES, AVERAGED)]
         else:
-            pairs = [*itertools.product(candidates, FORMS), *([(AVERAGED_FEATURES, AVERAGED)] if with_average else [])]
+            pairs = list(itertools.product(candidates, FORMS))
+            if with_average:  # last, so that a tie keeps the single fit
+                pairs.append((AVERAGED_FEATURES, AVERAGED))
         best = None
         for feature, form in pairs:
             x = ({candidate: _column(rows, candidate) for candidate in candidates} if form == AVERAGED
