@@ -14,6 +14,7 @@ import pytest
 from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Prediction
 from CalibSegLib.quality import (
+    DEFAULT_CANDIDATES,
     FEATURES,
     HOT_SPOT_LEVEL,
     QualityModel,
@@ -84,6 +85,22 @@ def test_features_equal_loop_references():
         }
         for key, value in expected.items():
             assert features[label - 1][key] == pytest.approx(value, rel=1e-9), (label, key)
+        assert "log_volume_ml" not in features[label - 1]  # no spacing, no volume
+
+
+def test_log_volume_is_the_log_of_the_count_times_the_voxel_volume_in_ml():
+    prediction = _prediction()
+    spacing = (2.5, 1.25, 0.8)  # 2.5 mm³ per voxel
+    features = structure_features(prediction, 4, spacing=spacing)
+    by_size = StructureQuality("log_volume_ml", "linear", {"intercept": 1.0, "slope": 0.1}, (-0.1, 0.05), 0.05, 0.1, 20)
+    metadata = make_test_metadata(quality_model=_model(**{"class 1": by_size, "class 2": by_size}).to_dict())
+    summary = quality_summary(prediction, spacing, metadata)  # the summary gives the model the size it reads
+    for label, name in ((1, "class 1"), (2, "class 2")):
+        count = int(np.count_nonzero(prediction.labels == label))
+        volume_ml = count * 2.5 / 1000
+        assert features[label - 1]["log_volume_ml"] == pytest.approx(np.log(volume_ml), rel=1e-12)
+        assert summary["structures"][name]["volume_ml"] == pytest.approx(volume_ml, rel=1e-12)
+        assert summary["structures"][name]["predicted_dice"] == pytest.approx(1.0 + 0.1 * np.log(volume_ml))
 
 
 def _probabilistic_prediction(shape=(4, 9, 11), seed=1) -> Prediction:
@@ -247,14 +264,15 @@ def test_averaged_fit_is_the_mean_of_per_feature_linear_fits_scored_held_out():
     dice = np.clip(dice + rng.normal(0, 0.03, dice.shape), 0, 1)
     groups = [f"p{index // 2}" for index in range(len(features))]
     averaged = fit_from_observations(features, dice, CLASS_NAMES[:2], groups, averaged=True).structures["class 1"]
-    assert averaged.form == "linear_mean" and averaged.inputs == tuple(FEATURES)
+    assert averaged.form == "linear_mean" and averaged.inputs == DEFAULT_CANDIDATES
     y = dice[:, 0]
 
     def by_hand(keep: np.ndarray, at: dict[str, float]) -> float:
         """Each feature's least-squares line on the kept cases (zero slope where it runs against the feature's
         direction), clipped to [0, 1] at ``at``, then averaged."""
         values = []
-        for name, direction in FEATURES.items():
+        for name in DEFAULT_CANDIDATES:
+            direction = FEATURES[name]
             x = np.array([case[0][name] for case in features])
             slope = np.polyfit(x[keep], y[keep], 1)[0]
             slope = slope if slope * direction > 0 else 0.0
@@ -496,9 +514,9 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     assert bundle.metadata.weights_dtype == "float16"
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
-    # what calibseg-train and calibseg-fit-quality fit without fold networks: every feature averaged (procedure G)
+    # what calibseg-train and calibseg-fit-quality fit without fold networks: the six features averaged (procedure G)
     assert {(structure.form, structure.inputs) for structure in stored.structures.values()} == {
-        ("linear_mean", tuple(FEATURES))}
+        ("linear_mean", DEFAULT_CANDIDATES)}
     cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
     assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
     printed = capsys.readouterr().out

@@ -4,34 +4,50 @@ from __future__ import annotations
 
 import zipfile
 from collections import Counter
+from typing import Callable
 
 import numpy as np
 import pytest
 
-from CalibSegLib.quality import FEATURES, QualityModelError
+from CalibSegLib.quality import DEFAULT_CANDIDATES, FEATURES, QualityModelError
 from Training.quality_choice import CLEAN, Observation, fit_on
 from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table
 
 NAMES = ["background", "class 1"]
 
 
-def _fold(prefix: str, patients: int, informative: str, rng: np.random.Generator,
+Generators = tuple[np.random.Generator, np.random.Generator]
+
+
+def _generators(seed: int) -> Generators:
+    """One generator for the six features and the Dice, one for the size: adding the size to the features left the
+    others' draws, and so what these tests measure, as they were."""
+    return np.random.default_rng(seed), np.random.default_rng(seed + 1000)
+
+
+def _draw(generators: Generators, value: Callable[[np.random.Generator, str], float]) -> dict[str, float]:
+    """Every feature's ``value(generator, name)``, the size's from its own generator."""
+    rng, size_rng = generators
+    return {name: value(rng if name in DEFAULT_CANDIDATES else size_rng, name) for name in FEATURES}
+
+
+def _fold(prefix: str, patients: int, informative: str, generators: Generators,
           noise: float = 0.01) -> list[Observation]:
     """Two volumes per patient whose Dice follows ``informative`` (1 − the feature for decreasing ones) plus
     normal noise of sd ``noise``; the other features are noise."""
     observations = []
     for patient in range(patients):
         for _ in range(2):
-            values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
+            values = _draw(generators, lambda rng, _: float(rng.uniform(0.05, 0.5)))
             signal = values[informative] if FEATURES[informative] > 0 else 1.0 - values[informative]
             observations.append(Observation(CLEAN, f"{prefix}{patient}", [values],
-                                            np.array([signal + rng.normal(0, noise)])))
+                                            np.array([signal + generators[0].normal(0, noise)])))
     return observations
 
 
 def _folds(seed=0) -> dict[str, list[Observation]]:
-    rng = np.random.default_rng(seed)
-    return {f"fold{k}": _fold(f"f{k}p", 4, "mean_entropy", rng) for k in range(3)}
+    generators = _generators(seed)
+    return {f"fold{k}": _fold(f"f{k}p", 4, "mean_entropy", generators) for k in range(3)}
 
 
 def test_a_fixed_choice_is_fitted_without_choosing_and_bad_ones_are_refused():
@@ -62,11 +78,14 @@ def test_procedure_b_chooses_on_the_other_folds_and_fits_on_the_same_fold_withou
 
 
 @pytest.mark.parametrize("procedure, features, pooled", [
-    ("D", tuple(name for name in FEATURES if name != "boundary_low_confidence_ratio"), True),
-    ("E", tuple(FEATURES), True),
-    ("G", tuple(FEATURES), False)])
-def test_procedures_d_e_and_g_average_their_features_fitted_without_the_patient(procedure, features, pooled):
-    """D and E fit on the other folds and the same fold's others; G on the same fold's others alone."""
+    ("D", tuple(name for name in DEFAULT_CANDIDATES if name != "boundary_low_confidence_ratio"), True),
+    ("E", DEFAULT_CANDIDATES, True),
+    ("G", DEFAULT_CANDIDATES, False),
+    ("I", tuple(FEATURES), True),
+    ("K", tuple(FEATURES), False)])
+def test_procedures_d_e_g_i_and_k_average_their_features_fitted_without_the_patient(procedure, features, pooled):
+    """D, E and I fit on the other folds and the same fold's others; G and K on the same fold's others alone;
+    I and K average the size too."""
     folds = _folds(seed=1)
     per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES[procedure][1])["class 1"]
     for (name, own), (predicted, _, chosen) in zip(folds.items(), per_fold, strict=True):
@@ -83,30 +102,34 @@ def test_procedures_d_e_and_g_average_their_features_fitted_without_the_patient(
 
 def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
     """Three folds of four patients whose every feature reads the Dice (in its own direction) with noise."""
-    rng = np.random.default_rng(seed)
+    generators = _generators(seed)
     folds = {}
     for k in range(3):
         folds[f"fold{k}"] = []
         for patient in range(8):
-            dice = float(rng.uniform(0.6, 0.95))
-            values = {name: float((dice if direction > 0 else 1 - dice) + rng.normal(0, 0.05))
-                      for name, direction in FEATURES.items()}
+            dice = float(generators[0].uniform(0.6, 0.95))
+            values = _draw(generators, lambda rng, name: float((dice if FEATURES[name] > 0 else 1 - dice)
+                                                                 + rng.normal(0, 0.05)))
             folds[f"fold{k}"].append(Observation(CLEAN, f"f{k}p{patient // 2}", [values], np.array([dice])))
     return folds
 
 
-@pytest.mark.parametrize("procedure, pooled", [("F", True), ("H", False)])
+@pytest.mark.parametrize("procedure, pooled, candidates", [("F", True, DEFAULT_CANDIDATES),
+                                                            ("H", False, DEFAULT_CANDIDATES),
+                                                            ("J", True, tuple(FEATURES))])
 @pytest.mark.parametrize("folds, winner", [(_folds(seed=2), "mean_entropy"),
                                             (_shared_signal_folds(seed=2), "features, averaged")])
-def test_procedures_f_and_h_choose_one_feature_or_the_average_without_the_patient(folds, winner, procedure, pooled):
-    """F is C with the average among the candidates; H is A with it (the same fold's others alone)."""
+def test_procedures_f_h_and_j_choose_one_feature_or_the_average_without_the_patient(folds, winner, procedure, pooled,
+                                                                                     candidates):
+    """F is C with the average among the candidates; H is A with it (the same fold's others alone); J is F with
+    the size among the candidates."""
     per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES[procedure][1])["class 1"]
     for (name, own), (predicted, _, chosen) in zip(folds.items(), per_fold, strict=True):
         others = [item for other, items in folds.items() if other != name and pooled for item in items]
         by_hand, expected = [], Counter()
         for patient in sorted({item.patient for item in own}):
             fitted_on = [*others, *(item for item in own if item.patient != patient)]
-            single, averaged = (fit_on(fitted_on, NAMES, **options).structures["class 1"]
+            single, averaged = (fit_on(fitted_on, NAMES, candidates=candidates, **options).structures["class 1"]
                                 for options in ({}, {"averaged": True}))
             model = averaged if averaged.loo_mae < single.loo_mae - 1e-12 else single
             held = [item for item in own if item.patient == patient]
@@ -121,8 +144,8 @@ def test_the_other_folds_choose_better_where_one_fold_is_too_small_to():
     and picks spurious ones; choosing on the other folds (B) or pooling them (C) finds the informative one."""
     rho, error = {}, {}
     for seed in range(5):  # one draw can favour A by chance; over five the gap is the procedures'
-        rng = np.random.default_rng(seed)
-        folds = {f"fold{k}": _fold(f"f{k}p", 3, "low_confidence_fraction", rng, noise=0.03) for k in range(4)}
+        generators = _generators(seed)
+        folds = {f"fold{k}": _fold(f"f{k}p", 3, "low_confidence_fraction", generators, noise=0.03) for k in range(4)}
         table = fold_table(folds, NAMES)
         for row in table:
             cells = [cell.strip() for cell in row.strip("|").split("|")]

@@ -14,12 +14,13 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``C``: chosen and fitted on the other folds' patients and the same fold's others together;
 - ``D``: nothing chosen: the mean of one linear fit per feature, fitted on the same patients as ``C``, of the
   five features there were when it was measured and shipped;
-- ``E``: ``D`` with every feature of :data:`~CalibSegLib.quality.FEATURES` (the five and
+- ``E``: ``D`` with the six features of :data:`~CalibSegLib.quality.DEFAULT_CANDIDATES` (the five and
   ``boundary_low_confidence_ratio``);
 - ``F``: ``C`` with ``E``'s average as one more candidate: per structure, one feature or the average, whichever
   has the lower held-out error on the pooled patients;
 - ``G`` and ``H``: ``E`` and ``F`` on the same fold's other patients alone, as a bundle without fold networks is
-  fitted (``calibseg-train`` fits ``G`` since a rule in docs/results.md adopted it).
+  fitted (``calibseg-train`` fits ``G`` since a rule in docs/results.md adopted it);
+- ``I``, ``J`` and ``K``: ``E``, ``F`` and ``G`` with the structure's size, ``log_volume_ml``, as a seventh feature.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -43,7 +44,7 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bun
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import FEATURES, QualityModel, QualityModelError
+from CalibSegLib.quality import DEFAULT_CANDIDATES, FEATURES, QualityModel, QualityModelError
 from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
@@ -75,7 +76,8 @@ def _pooled(**options: Any) -> FoldProcedure:
 
 
 # D's features: those it was measured and shipped with before the sixth was added (docs/results.md).
-_D_FEATURES = tuple(name for name in FEATURES if name != "boundary_low_confidence_ratio")
+_D_FEATURES = tuple(name for name in DEFAULT_CANDIDATES if name != "boundary_low_confidence_ratio")
+_WITH_SIZE = tuple(FEATURES)
 
 
 # key → (what the table calls it, the procedure)
@@ -88,6 +90,9 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "F": ("one feature or the average, pooled", _pooled(with_average=True)),
     "G": ("own fold only, six features averaged", _own_only(averaged=True)),
     "H": ("own fold only, one feature or the average", _own_only(with_average=True)),
+    "I": ("seven features averaged, pooled", _pooled(averaged=True, candidates=_WITH_SIZE)),
+    "J": ("one of seven features or their average, pooled", _pooled(with_average=True, candidates=_WITH_SIZE)),
+    "K": ("own fold only, seven features averaged", _own_only(averaged=True, candidates=_WITH_SIZE)),
 }
 
 

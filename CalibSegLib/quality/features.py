@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from scipy import ndimage
@@ -38,6 +39,7 @@ def structure_features(
     num_classes: int,
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
     boundary_ring: int = BOUNDARY_RING,
+    spacing: Sequence[float] | None = None,
 ) -> list[dict[str, float] | None]:
     """Uncertainty features of each foreground class of one predicted volume.
 
@@ -47,12 +49,14 @@ def structure_features(
         low_confidence_threshold: confidence below this counts as low, in [0, 1].
         boundary_ring: face-neighbour steps around a structure included in ``boundary_entropy_ratio`` and
             ``boundary_low_confidence_ratio``.
+        spacing: the voxel size ``(z, y, x)`` in mm, for ``log_volume_ml``.
 
     Returns:
         C-1 entries, class 1 first: ``{"voxels", "mean_confidence", "mean_entropy",
         "low_confidence_fraction", "boundary_entropy_ratio", "boundary_low_confidence_ratio",
-        "expected_dice"}``, or None for a class predicted nowhere. ``expected_dice`` is left out
-        when the prediction carries neither ``probability_sums`` nor ``probabilities``.
+        "expected_dice", "log_volume_ml"}``, or None for a class predicted nowhere. ``expected_dice``
+        is left out when the prediction carries neither ``probability_sums`` nor ``probabilities``,
+        ``log_volume_ml`` (natural log of the volume in mL) when ``spacing`` is None.
     """
     labels = prediction.labels
     counts = _class_sums(labels, None, num_classes)
@@ -62,6 +66,7 @@ def structure_features(
     expected_counts = _expected_counts(prediction)
     boxes = ndimage.find_objects(labels, max_label=num_classes - 1)
     cross = ndimage.generate_binary_structure(3, 1)
+    voxel_ml = None if spacing is None else math.prod(float(value) for value in spacing) / 1000.0
     features: list[dict[str, float] | None] = []
     for label in range(1, num_classes):
         count = counts[label]
@@ -86,6 +91,8 @@ def structure_features(
             # Inside the predicted structure the class is the argmax (post-processing only removes
             # voxels), so its probability there is the confidence.
             values["expected_dice"] = float(2.0 * confidence[label] / (count + expected_counts[label]))
+        if voxel_ml is not None:
+            values["log_volume_ml"] = math.log(count * voxel_ml)
         features.append(values)
     return features
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
-from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FORMS,
-                                       INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
+from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, DEFAULT_CANDIDATES, FEATURES,
+                                       FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
                                        QualityModelError, StructureQuality, evaluate_form)
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def observe_case(predictor: "Predictor", image: np.ndarray, label: np.ndarray, s
     """Predict one case; return its :func:`structure_features` and measured Dice ``(C-1,)``."""
     metadata = predictor.metadata
     prediction = predictor.predict(image, spacing)
-    features = structure_features(prediction, metadata.num_classes, low_confidence_threshold, boundary_ring)
+    features = structure_features(prediction, metadata.num_classes, low_confidence_threshold, boundary_ring, spacing)
     return features, dice_scores(prediction.labels, np.asarray(label).astype(np.int64), metadata.num_classes)
 
 
@@ -152,7 +152,7 @@ def fit_from_observations(
     interval_coverage: float = INTERVAL_COVERAGE,
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
     boundary_ring: int = BOUNDARY_RING,
-    candidates: Sequence[str] = tuple(FEATURES),
+    candidates: Sequence[str] = DEFAULT_CANDIDATES,
     fixed: Mapping[str, tuple[str, str]] | None = None,
     averaged: bool = False,
     with_average: bool = False,
@@ -167,8 +167,9 @@ def fit_from_observations(
             every case is its own group.
         review_below, interval_coverage: stored in the model (see :class:`QualityModel`).
         low_confidence_threshold, boundary_ring: the settings ``features`` were computed with.
-        candidates: the features to choose from, a subset of :data:`FEATURES` (all by default;
-            fewer to measure what one adds, as ``Training/quality_choice.py`` does).
+        candidates: the features to choose from (or average), a subset of :data:`FEATURES`
+            (:data:`DEFAULT_CANDIDATES` by default; others to measure what one adds, as
+            ``Training/quality_choice.py`` and ``Training/quality_folds.py`` do).
         fixed: structure name → ``(feature, form)`` to fit without choosing (chosen on other
             patients, as ``Training/quality_folds.py`` does); its held-out residuals still set the
             interval and the stored error.

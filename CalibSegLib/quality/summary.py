@@ -24,6 +24,8 @@ Definitions (every number a reader sees is one of these):
   probability mass outside the structure, which the other features do not see. The shipped
   models' quality models average one linear fit of each of these features rather than
   choosing one (docs/results.md, "Averaging the features instead of choosing one").
+- ``log_volume_ml`` (a model feature, not shown): the natural logarithm of ``volume_ml``. A
+  boundary error of a given thickness costs a small structure more of its Dice than a large one.
 - ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
   slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is
@@ -114,7 +116,7 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
     threshold = model.low_confidence_threshold if model else LOW_CONFIDENCE_THRESHOLD
     ring = model.boundary_ring if model else BOUNDARY_RING
     axis = metadata.preprocessing.slice_axis
-    features = structure_features(prediction, metadata.num_classes, threshold, ring)
+    features = structure_features(prediction, metadata.num_classes, threshold, ring, spacing)
     voxel_mm3 = float(np.prod([float(value) for value in spacing]))
     review_below = model.review_below if model else REVIEW_BELOW
     structures = {
