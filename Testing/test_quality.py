@@ -14,7 +14,6 @@ import pytest
 from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Prediction
 from CalibSegLib.quality import (
-    DEFAULT_CANDIDATES,
     FEATURES,
     HOT_SPOT_LEVEL,
     QualityModel,
@@ -264,15 +263,14 @@ def test_averaged_fit_is_the_mean_of_per_feature_linear_fits_scored_held_out():
     dice = np.clip(dice + rng.normal(0, 0.03, dice.shape), 0, 1)
     groups = [f"p{index // 2}" for index in range(len(features))]
     averaged = fit_from_observations(features, dice, CLASS_NAMES[:2], groups, averaged=True).structures["class 1"]
-    assert averaged.form == "linear_mean" and averaged.inputs == DEFAULT_CANDIDATES
+    assert averaged.form == "linear_mean" and averaged.inputs == tuple(FEATURES)
     y = dice[:, 0]
 
     def by_hand(keep: np.ndarray, at: dict[str, float]) -> float:
         """Each feature's least-squares line on the kept cases (zero slope where it runs against the feature's
         direction), clipped to [0, 1] at ``at``, then averaged."""
         values = []
-        for name in DEFAULT_CANDIDATES:
-            direction = FEATURES[name]
+        for name, direction in FEATURES.items():
             x = np.array([case[0][name] for case in features])
             slope = np.polyfit(x[keep], y[keep], 1)[0]
             slope = slope if slope * direction > 0 else 0.0
@@ -329,7 +327,7 @@ def test_an_averaged_quality_model_round_trips_and_predicts_in_the_summary(tmp_p
         quality_summary(_prediction(seed=3), (1.0, 1.0, 1.0), metadata)  # no probability sums: no expected_dice
     prediction = dataclasses.replace(_prediction(seed=3), probability_sums=np.array([200.0, 180.0, 120.0, 100.0]))
     summary = quality_summary(prediction, (1.0, 1.0, 1.0), metadata)
-    present = structure_features(prediction, 4)[0]
+    present = structure_features(prediction, 4, spacing=(1.0, 1.0, 1.0))[0]
     entry = summary["structures"]["class 1"]
     assert entry["predicted_dice"] == pytest.approx(stored.structures["class 1"].predict(present))
     assert entry["review"] is (entry["predicted_dice"] < 0.8)
@@ -514,9 +512,9 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     assert bundle.metadata.weights_dtype == "float16"
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
-    # what calibseg-train and calibseg-fit-quality fit without fold networks: the six features averaged (procedure G)
+    # what calibseg-train and calibseg-fit-quality fit without fold networks: the seven features averaged (procedure K)
     assert {(structure.form, structure.inputs) for structure in stored.structures.values()} == {
-        ("linear_mean", DEFAULT_CANDIDATES)}
+        ("linear_mean", tuple(FEATURES))}
     cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
     assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
     printed = capsys.readouterr().out

@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from CalibSegLib.quality import DEFAULT_CANDIDATES, FEATURES, QualityModelError
+from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, FEATURES, QualityModelError
 from Training.quality_choice import CLEAN, Observation, fit_on
 from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table
 
@@ -28,7 +28,7 @@ def _generators(seed: int) -> Generators:
 def _draw(generators: Generators, value: Callable[[np.random.Generator, str], float]) -> dict[str, float]:
     """Every feature's ``value(generator, name)``, the size's from its own generator."""
     rng, size_rng = generators
-    return {name: value(rng if name in DEFAULT_CANDIDATES else size_rng, name) for name in FEATURES}
+    return {name: value(rng if name in FEATURES_WITHOUT_SIZE else size_rng, name) for name in FEATURES}
 
 
 def _fold(prefix: str, patients: int, informative: str, generators: Generators,
@@ -78,9 +78,9 @@ def test_procedure_b_chooses_on_the_other_folds_and_fits_on_the_same_fold_withou
 
 
 @pytest.mark.parametrize("procedure, features, pooled", [
-    ("D", tuple(name for name in DEFAULT_CANDIDATES if name != "boundary_low_confidence_ratio"), True),
-    ("E", DEFAULT_CANDIDATES, True),
-    ("G", DEFAULT_CANDIDATES, False),
+    ("D", tuple(name for name in FEATURES_WITHOUT_SIZE if name != "boundary_low_confidence_ratio"), True),
+    ("E", FEATURES_WITHOUT_SIZE, True),
+    ("G", FEATURES_WITHOUT_SIZE, False),
     ("I", tuple(FEATURES), True),
     ("K", tuple(FEATURES), False)])
 def test_procedures_d_e_g_i_and_k_average_their_features_fitted_without_the_patient(procedure, features, pooled):
@@ -114,8 +114,8 @@ def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
     return folds
 
 
-@pytest.mark.parametrize("procedure, pooled, candidates", [("F", True, DEFAULT_CANDIDATES),
-                                                            ("H", False, DEFAULT_CANDIDATES),
+@pytest.mark.parametrize("procedure, pooled, candidates", [("F", True, FEATURES_WITHOUT_SIZE),
+                                                            ("H", False, FEATURES_WITHOUT_SIZE),
                                                             ("J", True, tuple(FEATURES))])
 @pytest.mark.parametrize("folds, winner", [(_folds(seed=2), "mean_entropy"),
                                             (_shared_signal_folds(seed=2), "features, averaged")])

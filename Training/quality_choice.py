@@ -33,7 +33,7 @@ from scipy.stats import spearmanr
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import resolve_bundle_path
-from CalibSegLib.quality import DEFAULT_CANDIDATES, QualityModel, QualityModelError, fit_from_observations, observe_case
+from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, QualityModel, QualityModelError, fit_from_observations, observe_case
 from Datasets.cases import Case, DataError
 from Evaluation.quality_report import degraded_images
 from Training.fit_quality import validation_cases
@@ -66,12 +66,12 @@ class Procedure:
     fit_variants: tuple[str, ...]
 
 
-_WITHOUT_EXPECTED = tuple(name for name in DEFAULT_CANDIDATES if name != "expected_dice")
+_WITHOUT_EXPECTED = tuple(name for name in FEATURES_WITHOUT_SIZE if name != "expected_dice")
 PROCEDURES: tuple[Procedure, ...] = (
     Procedure("without expected_dice", _WITHOUT_EXPECTED, (CLEAN,)),
-    Procedure("all features (shipped)", DEFAULT_CANDIDATES, (CLEAN,)),
+    Procedure("all features (shipped)", FEATURES_WITHOUT_SIZE, (CLEAN,)),
     Procedure("without expected_dice, + degraded copies", _WITHOUT_EXPECTED, (CLEAN, *FIT_DEGRADATIONS)),
-    Procedure("all features, + degraded copies", DEFAULT_CANDIDATES, (CLEAN, *FIT_DEGRADATIONS)),
+    Procedure("all features, + degraded copies", FEATURES_WITHOUT_SIZE, (CLEAN, *FIT_DEGRADATIONS)),
 )
 
 

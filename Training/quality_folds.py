@@ -10,17 +10,19 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 :data:`FOLD_PROCEDURES` predicts each of its patients from a model built without that patient:
 
 - ``A``: chosen and fitted on the other patients of the same fold (what ``calibseg-train`` fitted before ``G``);
+  ``A`` to ``H`` with the six features there were before ``log_volume_ml``;
 - ``B``: feature and form chosen on the other folds' patients, fitted on the same fold's others;
 - ``C``: chosen and fitted on the other folds' patients and the same fold's others together;
 - ``D``: nothing chosen: the mean of one linear fit per feature, fitted on the same patients as ``C``, of the
   five features there were when it was measured and shipped;
-- ``E``: ``D`` with the six features of :data:`~CalibSegLib.quality.DEFAULT_CANDIDATES` (the five and
+- ``E``: ``D`` with the six features of :data:`~CalibSegLib.quality.FEATURES_WITHOUT_SIZE` (the five and
   ``boundary_low_confidence_ratio``);
 - ``F``: ``C`` with ``E``'s average as one more candidate: per structure, one feature or the average, whichever
   has the lower held-out error on the pooled patients;
 - ``G`` and ``H``: ``E`` and ``F`` on the same fold's other patients alone, as a bundle without fold networks is
-  fitted (``calibseg-train`` fits ``G`` since a rule in docs/results.md adopted it);
-- ``I``, ``J`` and ``K``: ``E``, ``F`` and ``G`` with the structure's size, ``log_volume_ml``, as a seventh feature.
+  fitted (``calibseg-train`` fitted ``G`` after a rule in docs/results.md adopted it over ``A``);
+- ``I``, ``J`` and ``K``: ``E``, ``F`` and ``G`` with the structure's size, ``log_volume_ml``, as a seventh feature
+  (``calibseg-train`` fits ``K`` since the next rule adopted it over ``G``).
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -44,7 +46,7 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bun
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import DEFAULT_CANDIDATES, FEATURES, QualityModel, QualityModelError
+from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, FEATURES, QualityModel, QualityModelError
 from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
@@ -65,7 +67,7 @@ def _own_only(**options: Any) -> FoldProcedure:
 
 
 def _chosen_elsewhere(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-    structures = fit_on(others, class_names).structures
+    structures = fit_on(others, class_names, candidates=_SIX).structures
     choices = {name: (quality.feature, quality.form) for name, quality in structures.items()}
     return lambda own: fit_on(own, class_names, fixed=choices)
 
@@ -75,21 +77,23 @@ def _pooled(**options: Any) -> FoldProcedure:
     return lambda others, class_names: lambda own: fit_on([*others, *own], class_names, **options)
 
 
+# A-H were measured (and C-F shipped) before the size feature existed: they keep the six features before it.
+_SIX = FEATURES_WITHOUT_SIZE
 # D's features: those it was measured and shipped with before the sixth was added (docs/results.md).
-_D_FEATURES = tuple(name for name in DEFAULT_CANDIDATES if name != "boundary_low_confidence_ratio")
+_D_FEATURES = tuple(name for name in _SIX if name != "boundary_low_confidence_ratio")
 _WITH_SIZE = tuple(FEATURES)
 
 
 # key → (what the table calls it, the procedure)
 FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
-    "A": ("own fold only, one feature chosen", _own_only()),
+    "A": ("own fold only, one feature chosen", _own_only(candidates=_SIX)),
     "B": ("chosen on other folds, fitted on own", _chosen_elsewhere),
-    "C": ("other folds + own, pooled", _pooled()),
+    "C": ("other folds + own, pooled", _pooled(candidates=_SIX)),
     "D": ("features averaged, pooled", _pooled(averaged=True, candidates=_D_FEATURES)),
-    "E": ("six features averaged, pooled", _pooled(averaged=True)),
-    "F": ("one feature or the average, pooled", _pooled(with_average=True)),
-    "G": ("own fold only, six features averaged", _own_only(averaged=True)),
-    "H": ("own fold only, one feature or the average", _own_only(with_average=True)),
+    "E": ("six features averaged, pooled", _pooled(averaged=True, candidates=_SIX)),
+    "F": ("one feature or the average, pooled", _pooled(with_average=True, candidates=_SIX)),
+    "G": ("own fold only, six features averaged", _own_only(averaged=True, candidates=_SIX)),
+    "H": ("own fold only, one feature or the average", _own_only(with_average=True, candidates=_SIX)),
     "I": ("seven features averaged, pooled", _pooled(averaged=True, candidates=_WITH_SIZE)),
     "J": ("one of seven features or their average, pooled", _pooled(with_average=True, candidates=_WITH_SIZE)),
     "K": ("own fold only, seven features averaged", _own_only(averaged=True, candidates=_WITH_SIZE)),

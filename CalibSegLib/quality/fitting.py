@@ -13,9 +13,9 @@ prediction is their mean (form :data:`~CalibSegLib.quality.model.AVERAGED`; proc
 ``Training/quality_folds.py``), scored by the same held-out error. With ``with_average=True`` that
 average is one more candidate, after the single fits, and wins a structure only where its held-out
 error is the lowest (procedure F). :func:`fit_quality_model`, what ``calibseg-train`` and
-``calibseg-fit-quality`` fit on a bundle's own validation patients, averages by default: out of
-fold on a dozen patients per fold, averaging ranked better than choosing (procedure G against A,
-docs/results.md).
+``calibseg-fit-quality`` fit on a bundle's own validation patients, averages all seven features by
+default: out of fold on a dozen patients per fold, averaging ranked better than choosing (procedure
+G against A, docs/results.md), and averaging with the size better than without it (K against G).
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -30,8 +30,8 @@ import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
-from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, DEFAULT_CANDIDATES, FEATURES,
-                                       FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
+from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FORMS,
+                                       INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
                                        QualityModelError, StructureQuality, evaluate_form)
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ def fit_from_observations(
     interval_coverage: float = INTERVAL_COVERAGE,
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
     boundary_ring: int = BOUNDARY_RING,
-    candidates: Sequence[str] = DEFAULT_CANDIDATES,
+    candidates: Sequence[str] = tuple(FEATURES),
     fixed: Mapping[str, tuple[str, str]] | None = None,
     averaged: bool = False,
     with_average: bool = False,
@@ -168,8 +168,8 @@ def fit_from_observations(
         review_below, interval_coverage: stored in the model (see :class:`QualityModel`).
         low_confidence_threshold, boundary_ring: the settings ``features`` were computed with.
         candidates: the features to choose from (or average), a subset of :data:`FEATURES`
-            (:data:`DEFAULT_CANDIDATES` by default; others to measure what one adds, as
-            ``Training/quality_choice.py`` and ``Training/quality_folds.py`` do).
+            (all by default; fewer to measure what one adds, as ``Training/quality_choice.py`` and
+            ``Training/quality_folds.py`` do).
         fixed: structure name → ``(feature, form)`` to fit without choosing (chosen on other
             patients, as ``Training/quality_folds.py`` does); its held-out residuals still set the
             interval and the stored error.
@@ -241,9 +241,10 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
             and optionally ``patient_id`` (``Datasets.cases.Case`` works as it is).
         class_names: C names, background first (default: the predictor's bundle's).
         review_below: predicted Dice under which a structure is flagged.
-        averaged: every structure the mean of one linear fit per feature (the default: on a dozen
-            validation patients it ranked better out of fold than choosing one feature, procedure G
-            against A in docs/results.md); False chooses one feature and form per structure.
+        averaged: every structure the mean of one linear fit per feature, all seven (the default: on a
+            dozen validation patients it ranked better out of fold than choosing one feature, and with
+            the size than without, procedures G against A and K against G in docs/results.md); False
+            chooses one feature and form per structure.
 
     Returns:
         The model; store it with ``dataclasses.replace(metadata, quality_model=model.to_dict())``.

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
-           "FEATURES", "DEFAULT_CANDIDATES", "FORMS", "AVERAGED", "AVERAGED_FEATURES", "QualityModelError",
+           "FEATURES", "FEATURES_WITHOUT_SIZE", "FORMS", "AVERAGED", "AVERAGED_FEATURES", "QualityModelError",
            "StructureQuality", "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
@@ -33,9 +33,10 @@ FEATURES: dict[str, int] = {
     "boundary_low_confidence_ratio": -1,
     "log_volume_ml": 1,
 }
-# The features fitting considers unless told otherwise: the six before size, until a rule in docs/results.md
-# ("Structure size as a seventh feature") adopts ``log_volume_ml``.
-DEFAULT_CANDIDATES: tuple[str, ...] = tuple(name for name in FEATURES if name != "log_volume_ml")
+# The six features before size, with which the shipped quality models were chosen and fitted (procedures D-H of
+# Training/quality_folds.py); size helped only averaged on a bundle's own validation patients (docs/results.md,
+# "Structure size as a seventh feature").
+FEATURES_WITHOUT_SIZE: tuple[str, ...] = tuple(name for name in FEATURES if name != "log_volume_ml")
 FORMS: tuple[str, ...] = ("linear", "isotonic")  # forms of one feature, chosen among by the fitting rule
 # The form that chooses no feature: one linear fit per feature (each held to its direction), their mean.
 AVERAGED = "linear_mean"
