@@ -100,6 +100,27 @@ def test_procedures_d_e_g_i_and_k_average_their_features_fitted_without_the_pati
         assert chosen == {"features, averaged": len(own)}
 
 
+def test_a_second_set_of_fold_networks_joins_the_other_folds_without_the_held_out_patients():
+    """--also-folds: the same patients predicted by other networks; a fold's own patients stay out of both sets."""
+    folds = _folds(seed=3)
+    second = [Observation(CLEAN, item.patient, [{name: value + 0.01 for name, value in item.features[0].items()}],
+                          item.dice - 0.02) for items in _folds(seed=4).values() for item in items]
+    per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES["E"][1], extra=second)["class 1"]
+    without = fold_held_out(folds, NAMES, FOLD_PROCEDURES["E"][1])["class 1"]
+    for (name, own), (predicted, _, _), (alone, _, _) in zip(folds.items(), per_fold, without, strict=True):
+        held = {item.patient for item in own}
+        others = [*(item for other, items in folds.items() if other != name for item in items),
+                  *(item for item in second if item.patient not in held)]
+        assert len(others) == 2 * sum(len(items) for other, items in folds.items() if other != name)
+        by_hand = []
+        for patient in sorted(held):
+            model = fit_on([*others, *(item for item in own if item.patient != patient)], NAMES, averaged=True,
+                           candidates=FEATURES_WITHOUT_SIZE).structures["class 1"]
+            by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
+        np.testing.assert_allclose(predicted, by_hand)
+        assert not np.allclose(predicted, alone)  # the second set changed the fits
+
+
 def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
     """Three folds of four patients whose every feature reads the Dice (in its own direction) with noise."""
     generators = _generators(seed)
@@ -192,9 +213,20 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
         "cases": 18, "patients": 9, "scheme": "leave-one-patient-out", "procedure": "C: other folds + own, pooled",
         "fold_patients": 6, "fold_networks": 2}
 
+    # a second set of the same folds (here the same networks again): the other folds' patients twice
+    assert quality_folds.main(["--folds", *folds, "--also-folds", *folds, "--device", "cpu"]) == 0
+    assert ("2 folds: held-out predictions of 12 volumes of 6 patients; the other folds also as 1 more set(s) of "
+            "fold networks predict them") in capsys.readouterr().out
+    assert quality_folds.main(["--folds", *folds, "--also-folds", *folds, "--refit", str(target), "--procedure", "E",
+                               "--out", str(out), "--device", "cpu"]) == 0
+    validation = load_bundle(out).metadata.quality_model["validation"]
+    assert (validation["fold_patients"], validation["fold_networks"]) == (6, 4)
+
     overlapping, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient041"])
     with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):
         quality_folds.main(["--folds", folds[0], str(overlapping), "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):
+        quality_folds.main(["--folds", *folds, "--also-folds", folds[0], str(overlapping), "--device", "cpu"])
 
     # Another method's fold networks must not fit this bundle's quality model, nor mix with each other.
     crac, _ = _shipped_copy(tmp_path, sample_acdc_dir, method="crac", val=["patient069", "patient091"])

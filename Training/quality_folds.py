@@ -28,8 +28,10 @@ The table has per structure the Spearman ρ of those held-out predictions agains
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
 error and the bias (mean predicted − measured) over all volumes. ``--refit`` applies a procedure
 to a bundle: the fold networks' patients play "the other folds" and the bundle's own validation
-patients "the same fold"; the bundle is written as ``calibseg-fit-quality`` writes it. No test
-patient is read.
+patients "the same fold"; the bundle is written as ``calibseg-fit-quality`` writes it.
+``--also-folds`` adds a second set of fold networks of the same folds (another seed): the other
+folds' patients then enter the pooled fits as both sets predict them, the held-out fold's patients
+left out of both. No test patient is read.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
 
-__all__ = ["FoldProcedure", "FOLD_PROCEDURES", "observe_folds", "fold_held_out", "fold_table", "refit_with_folds",
+__all__ = ["FoldProcedure", "FOLD_PROCEDURES", "observe_fold_sets", "fold_held_out", "fold_table", "refit_with_folds",
            "main"]
 
 # A procedure, given the other folds' observations and the class names, returns how to build a model from the
@@ -100,48 +102,60 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
 }
 
 
-def observe_folds(bundles: Sequence[str | Path], data: str | Path | None = None, device: str = "auto",
-                  batch_size: int = 16, method: str | None = None) -> tuple[dict[str, list[Observation]], list[str]]:
-    """Each fold bundle's clean validation observations, by bundle name, and the class names they share.
+def observe_fold_sets(sets: Sequence[Sequence[str | Path]], data: str | Path | None = None, device: str = "auto",
+                      batch_size: int = 16, method: str | None = None,
+                      ) -> tuple[list[dict[str, list[Observation]]], list[str]]:
+    """Per set of fold networks, each fold bundle's clean validation observations by bundle name; the class names.
 
-    ``method``: the training method the fold networks must share (default: the first fold's). Uncertainty
-    features depend on the loss a network was trained with, so one method's observations do not fit another's.
+    A set is one bundle per fold of one fold split (its bundles validate on disjoint patients); several sets are
+    the same folds trained again (another seed). ``method``: the training method every fold network must share
+    (default: the first one's). Uncertainty features depend on the loss a network was trained with, so one
+    method's observations do not fit another's.
 
     Raises:
-        DataError: no bundle; two bundles share a validation patient or disagree on the classes or the method; a
-            bundle records no validation patients (all checked before anything is predicted).
+        DataError: a set without bundles; two bundles of a set share a validation patient; bundles disagree on the
+            classes or the method; a bundle records no validation patients (all checked before anything is
+            predicted).
     """
-    loaded = {str(bundle): load_bundle(resolve_bundle_path(bundle)) for bundle in bundles}
-    if not loaded:
-        raise DataError("No fold bundle given; pass --folds with the fold networks' bundles.")
-    first = next(iter(loaded.values())).metadata
+    loaded = [{str(bundle): load_bundle(resolve_bundle_path(bundle)) for bundle in bundles} for bundles in sets]
+    if not loaded or not all(loaded):
+        raise DataError("No fold bundle given; pass --folds (and --also-folds) with the fold networks' bundles.")
+    first = next(iter(loaded[0].values())).metadata
     class_names = list(first.class_names)
     method = method if method is not None else first.training.get("method")
-    held: dict[str, str] = {}
-    for name, bundle in loaded.items():
-        if list(bundle.metadata.class_names) != class_names:
-            raise DataError(f"{name} has classes {bundle.metadata.class_names}, the first fold {class_names}; "
-                            "pass fold networks of one task.")
-        if bundle.metadata.training.get("method") != method:
-            raise DataError(f"{name} was trained with {bundle.metadata.training.get('method')}, not {method}; pass "
-                            f"fold networks trained with {method}.")
-        for patient in bundle.metadata.data.get("val") or []:
-            if patient in held:
-                raise DataError(f"{name} validates on {patient}, which fold {held[patient]} already holds; pass "
-                                "one bundle per fold of one fold split.")
-            held[patient] = name
-    cases = {name: validation_cases(bundle.metadata, name, data, "observe") for name, bundle in loaded.items()}
-    folds = {name: observe_validation(Predictor(bundle, device, batch_size), cases[name], degradations=())
-             for name, bundle in loaded.items()}
-    return folds, class_names
+    for bundles in loaded:
+        held: dict[str, str] = {}
+        for name, bundle in bundles.items():
+            if list(bundle.metadata.class_names) != class_names:
+                raise DataError(f"{name} has classes {bundle.metadata.class_names}, the first fold {class_names}; "
+                                "pass fold networks of one task.")
+            if bundle.metadata.training.get("method") != method:
+                raise DataError(f"{name} was trained with {bundle.metadata.training.get('method')}, not {method}; "
+                                f"pass fold networks trained with {method}.")
+            for patient in bundle.metadata.data.get("val") or []:
+                if patient in held:
+                    raise DataError(f"{name} validates on {patient}, which fold {held[patient]} already holds; pass "
+                                    "one bundle per fold of one fold split.")
+                held[patient] = name
+    cases = [{name: validation_cases(bundle.metadata, name, data, "observe") for name, bundle in bundles.items()}
+             for bundles in loaded]
+    observed = [{name: observe_validation(Predictor(bundle, device, batch_size), set_cases[name], degradations=())
+                 for name, bundle in bundles.items()} for bundles, set_cases in zip(loaded, cases)]
+    return observed, class_names
 
 
 def fold_held_out(folds: Mapping[str, Sequence[Observation]], class_names: Sequence[str], procedure: FoldProcedure,
-                  ) -> dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]]:
-    """Per structure, per fold: held-out predicted and measured Dice of the fold's volumes and the features chosen."""
+                  extra: Sequence[Observation] = ()) -> dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]]:
+    """Per structure, per fold: held-out predicted and measured Dice of the fold's volumes and the features chosen.
+
+    ``extra``: observations by another set of fold networks, added to the other folds' except the fold's own
+    patients'.
+    """
     results: dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]] = {name: [] for name in class_names[1:]}
     for name, own in folds.items():
-        others = [item for other, items in folds.items() if other != name for item in items]
+        held = {item.patient for item in own}
+        others = [*(item for other, items in folds.items() if other != name for item in items),
+                  *(item for item in extra if item.patient not in held)]
         build = procedure(others, class_names)
         per_structure = held_out_predictions(own, class_names,
                                              lambda patient: build([item for item in own if item.patient != patient]))
@@ -151,16 +165,17 @@ def fold_held_out(folds: Mapping[str, Sequence[Observation]], class_names: Seque
 
 
 def fold_table(folds: Mapping[str, Sequence[Observation]], class_names: Sequence[str],
-               procedures: Mapping[str, tuple[str, FoldProcedure]] = FOLD_PROCEDURES) -> list[str]:
+               procedures: Mapping[str, tuple[str, FoldProcedure]] = FOLD_PROCEDURES,
+               extra: Sequence[Observation] = ()) -> list[str]:
     """Markdown rows: per procedure and structure, the within-fold ρ (each fold, their mean), the MAE and the bias
     (mean predicted − measured: above 0, optimistic) over all volumes and the most chosen feature; then the means
-    over the structures."""
+    over the structures. ``extra`` as :func:`fold_held_out`'s."""
     lines = ["| Procedure | Structure | ρ per fold | mean ρ | MAE | bias | feature chosen (volumes) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for key, (description, procedure) in procedures.items():
         label = f"{key}: {description}"
         means, errors, biases = [], [], []
-        for structure, per_fold in fold_held_out(folds, class_names, procedure).items():
+        for structure, per_fold in fold_held_out(folds, class_names, procedure, extra).items():
             rhos = [rank_correlation(predicted, measured) for predicted, measured, _ in per_fold]
             residuals = np.concatenate([predicted - measured for predicted, measured, _ in per_fold])
             chosen = sum((counts for _, _, counts in per_fold), Counter())
@@ -176,13 +191,14 @@ def fold_table(folds: Mapping[str, Sequence[Observation]], class_names: Sequence
 
 def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], procedure: str,
                      data: str | Path | None = None, out: str | Path | None = None, device: str = "auto",
-                     batch_size: int = 16) -> tuple[Path, QualityModel]:
+                     batch_size: int = 16, also_folds: Sequence[str | Path] = ()) -> tuple[Path, QualityModel]:
     """Fit ``bundle``'s quality model by ``procedure`` (a key of :data:`FOLD_PROCEDURES`), the fold bundles'
     validation patients as the other folds and the bundle's own as its fold; save as ``calibseg-fit-quality`` does.
+    ``also_folds``: a second set of fold networks whose observations join the other folds'.
 
     Raises:
-        BundleError, DataError, QualityModelError: as :func:`observe_folds` (whose fold networks must be trained
-            with ``bundle``'s method) and ``calibseg-fit-quality``.
+        BundleError, DataError, QualityModelError: as :func:`observe_fold_sets` (whose fold networks must be
+            trained with ``bundle``'s method) and ``calibseg-fit-quality``.
     """
     path = resolve_bundle_path(bundle)
     shipped = shipped_name(path)
@@ -192,15 +208,17 @@ def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], pro
     loaded = load_bundle(path)
     metadata = loaded.metadata
     cases = validation_cases(metadata, path.name, data, "fit")
-    folds, _ = observe_folds(fold_bundles, data, device, batch_size, metadata.training.get("method"))
+    sets = [fold_bundles, *([also_folds] if also_folds else [])]
+    observed, _ = observe_fold_sets(sets, data, device, batch_size, metadata.training.get("method"))
     own = observe_validation(Predictor(loaded, device, batch_size), cases, degradations=())
-    others = [item for items in folds.values() for item in items]
+    others = [item for folds in observed for items in folds.values() for item in items]
     description, build = FOLD_PROCEDURES[procedure]
     model = build(others, metadata.class_names)(own)
     # The bundle says how its quality model was made: which procedure, on how many out-of-fold patients.
     model = dataclasses.replace(model, validation={
         **model.validation, "procedure": f"{procedure}: {description}",
-        "fold_patients": len({item.patient for item in others}), "fold_networks": len(folds)})
+        "fold_patients": len({item.patient for item in others}),
+        "fold_networks": sum(len(folds) for folds in observed)})
     refitted = dataclasses.replace(metadata, quality_model=model.to_dict())
     return save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16"), model
 
@@ -209,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the fold table, or refit a bundle with ``--refit``; returns 0. Bad input exits with one sentence."""
     parser = argparse.ArgumentParser(prog="python -m Training.quality_folds", description=__doc__.split("\n\n")[0])
     parser.add_argument("--folds", nargs="+", required=True, help="the fold networks' bundles, one per fold")
+    parser.add_argument("--also-folds", nargs="+", default=[],
+                        help="a second set of fold networks of the same folds (another seed), one per fold: their "
+                             "observations join the other folds' in every pooled fit")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundles record)")
     parser.add_argument("--refit", default=None, help="bundle (.calibseg) or shipped model to refit by --procedure")
@@ -220,20 +241,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments.refit is not None:
             written, model = refit_with_folds(arguments.refit, arguments.folds, arguments.procedure, arguments.data,
-                                              arguments.out, arguments.device, arguments.batch_size)
+                                              arguments.out, arguments.device, arguments.batch_size,
+                                              arguments.also_folds)
             print(f"{written}: quality model by procedure {arguments.procedure} "
                   f"({FOLD_PROCEDURES[arguments.procedure][0]})")
             print("\n".join(describe(model)))
             return 0
-        folds, class_names = observe_folds(arguments.folds, arguments.data, arguments.device, arguments.batch_size)
-        lines = fold_table(folds, class_names)
+        sets = [arguments.folds, *([arguments.also_folds] if arguments.also_folds else [])]
+        observed, class_names = observe_fold_sets(sets, arguments.data, arguments.device, arguments.batch_size)
+        folds = observed[0]
+        extra = [item for added in observed[1:] for items in added.values() for item in items]
+        lines = fold_table(folds, class_names, extra=extra)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     patients = len({item.patient for items in folds.values() for item in items})
-    print(f"{len(folds)} folds: held-out predictions of {sum(map(len, folds.values()))} volumes of {patients} patients")
+    print(f"{len(folds)} folds: held-out predictions of {sum(map(len, folds.values()))} volumes of {patients} patients"
+          + (f"; the other folds also as {len(observed) - 1} more set(s) of fold networks predict them" if extra
+             else ""))
     print("\n".join(lines))
     return 0
-
 
 if __name__ == "__main__":
     main()
