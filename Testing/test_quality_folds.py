@@ -225,7 +225,7 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
     overlapping, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient041"])
     with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):
         quality_folds.main(["--folds", folds[0], str(overlapping), "--device", "cpu"])
-    with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):
+    with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold "):
         quality_folds.main(["--folds", *folds, "--also-folds", folds[0], str(overlapping), "--device", "cpu"])
 
     # Another method's fold networks must not fit this bundle's quality model, nor mix with each other.

@@ -33,7 +33,8 @@ from scipy.stats import spearmanr
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import resolve_bundle_path
-from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, QualityModel, QualityModelError, fit_from_observations, observe_case
+from CalibSegLib.quality import (FEATURES_WITHOUT_SIZE, QualityModel, QualityModelError, fit_from_observations,
+                                  observe_case)
 from Datasets.cases import Case, DataError
 from Evaluation.quality_report import degraded_images
 from Training.fit_quality import validation_cases
@@ -66,6 +67,7 @@ class Procedure:
     fit_variants: tuple[str, ...]
 
 
+# "All features" are those there were when this comparison was made and recorded: the six before the size.
 _WITHOUT_EXPECTED = tuple(name for name in FEATURES_WITHOUT_SIZE if name != "expected_dice")
 PROCEDURES: tuple[Procedure, ...] = (
     Procedure("without expected_dice", _WITHOUT_EXPECTED, (CLEAN,)),

@@ -19,8 +19,9 @@ stored model with it, and the summary and the fitting, which read bundles and ru
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
 from CalibSegLib.quality.fitting import (QualityCase, fit_from_observations, fit_quality_model, isotonic_fit,
                                          observe_case)
-from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES_WITHOUT_SIZE, FEATURES, FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
-                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality)
+from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_SIZE, FORMS, INTERVAL_COVERAGE,
+                                       LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel, QualityModelError,
+                                       StructureQuality)
 from CalibSegLib.quality.summary import (quality_model_of, quality_summary, review_text, structure_key,
                                          summary_columns, with_predicted_dice)
 

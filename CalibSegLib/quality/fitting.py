@@ -87,7 +87,8 @@ def observe_case(predictor: "Predictor", image: np.ndarray, label: np.ndarray, s
     """Predict one case; return its :func:`structure_features` and measured Dice ``(C-1,)``."""
     metadata = predictor.metadata
     prediction = predictor.predict(image, spacing)
-    features = structure_features(prediction, metadata.num_classes, low_confidence_threshold, boundary_ring, spacing)
+    features = structure_features(prediction, metadata.num_classes, low_confidence_threshold, boundary_ring,
+                                  spacing)
     return features, dice_scores(prediction.labels, np.asarray(label).astype(np.int64), metadata.num_classes)
 
 
