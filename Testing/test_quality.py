@@ -333,6 +333,23 @@ def test_an_averaged_quality_model_round_trips_and_predicts_in_the_summary(tmp_p
     assert entry["review"] is (entry["predicted_dice"] < 0.8)
 
 
+def test_extra_candidates_join_one_structure_only_and_bad_ones_are_refused():
+    features, dice = _observations(lambda entropy: 1.0 - entropy, count=12)
+    both = [case * 2 for case in features]
+    names = CLASS_NAMES[:3]
+    six = tuple(name for name in FEATURES if name != "log_volume_ml")
+    model = fit_from_observations(both, np.repeat(dice, 2, axis=1), names, averaged=True, candidates=six,
+                                  extra_candidates={"class 2": ("log_volume_ml",)})
+    assert model.structures["class 1"].inputs == six
+    assert model.structures["class 2"].inputs == (*six, "log_volume_ml")
+    by_hand = fit_from_observations([[case[1]] for case in both], dice, ["background", "class 2"], averaged=True,
+                                    candidates=(*six, "log_volume_ml")).structures["class 2"]
+    assert model.structures["class 2"] == by_hand
+    for bad in ({"class 9": ("log_volume_ml",)}, {"class 2": ("volume",)}):
+        with pytest.raises(QualityModelError, match="^Extra candidates must map a structure to some of "):
+            fit_from_observations(both, np.repeat(dice, 2, axis=1), names, extra_candidates=bad)
+
+
 def test_fit_needs_three_cases_of_two_patients_per_structure():
     features, dice = _observations(lambda entropy: 1.0 - entropy, count=4)
     with pytest.raises(QualityModelError, match="Only 4 validation case\\(s\\) of 1 patient\\(s\\) predict 'class 1'"):

@@ -121,6 +121,22 @@ def test_a_second_set_of_fold_networks_joins_the_other_folds_without_the_held_ou
         assert not np.allclose(predicted, alone)  # the second set changed the fits
 
 
+def test_procedure_l_adds_the_size_to_the_left_ventricle_alone():
+    """L is E where a structure is called "left ventricle" (ACDC's), with the size among its averaged features."""
+    folds = _folds(seed=5)
+    for names, inputs in ((["background", "left ventricle"], (*FEATURES_WITHOUT_SIZE, "log_volume_ml")),
+                          (NAMES, FEATURES_WITHOUT_SIZE)):
+        per_fold = fold_held_out(folds, names, FOLD_PROCEDURES["L"][1])[names[1]]
+        for (name, own), (predicted, _, _) in zip(folds.items(), per_fold, strict=True):
+            others = [item for other, items in folds.items() if other != name for item in items]
+            by_hand = []
+            for patient in sorted({item.patient for item in own}):
+                model = fit_on([*others, *(item for item in own if item.patient != patient)], names, averaged=True,
+                               candidates=inputs).structures[names[1]]
+                by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
+            np.testing.assert_allclose(predicted, by_hand)
+
+
 def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
     """Three folds of four patients whose every feature reads the Dice (in its own direction) with noise."""
     generators = _generators(seed)
@@ -214,9 +230,12 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
         "fold_patients": 6, "fold_networks": 2}
 
     # a second set of the same folds (here the same networks again): the other folds' patients twice
-    assert quality_folds.main(["--folds", *folds, "--also-folds", *folds, "--device", "cpu"]) == 0
+    assert quality_folds.main(["--folds", *folds, "--also-folds", *folds, "--procedures", "E", "L",
+                               "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
     assert ("2 folds: held-out predictions of 12 volumes of 6 patients; the other folds also as 1 more set(s) of "
-            "fold networks predict them") in capsys.readouterr().out
+            "fold networks predict them") in printed
+    assert [line.split("|")[1].strip()[0] for line in printed.splitlines() if "| mean |" in line] == ["E", "L"]
     assert quality_folds.main(["--folds", *folds, "--also-folds", *folds, "--refit", str(target), "--procedure", "E",
                                "--out", str(out), "--device", "cpu"]) == 0
     validation = load_bundle(out).metadata.quality_model["validation"]

@@ -157,6 +157,7 @@ def fit_from_observations(
     fixed: Mapping[str, tuple[str, str]] | None = None,
     averaged: bool = False,
     with_average: bool = False,
+    extra_candidates: Mapping[str, Sequence[str]] | None = None,
 ) -> QualityModel:
     """Choose and fit each structure's predicted-Dice model (the rule is in the module docstring).
 
@@ -177,6 +178,8 @@ def fit_from_observations(
         averaged: every structure not in ``fixed`` predicted by the mean of one linear fit per candidate
             feature instead of the chosen one.
         with_average: that mean competes with the single fits instead (ignored where ``averaged``).
+        extra_candidates: structure name → features added to ``candidates`` for that structure alone
+            (procedure L of ``Training/quality_folds.py``: the size for the left ventricle).
 
     Raises:
         QualityModelError: fewer than 3 cases predict a structure, or they come from one group,
@@ -190,6 +193,12 @@ def fit_from_observations(
     if unknown:
         raise QualityModelError(f"Fixed choices must name a structure, one of {', '.join(FEATURES)} and one of "
                                 f"{', '.join(FORMS)}; got {unknown}.")
+    extra_candidates = dict(extra_candidates or {})
+    unknown_extra = {name: added for name, added in extra_candidates.items()
+                     if name not in class_names[1:] or any(feature not in FEATURES for feature in added)}
+    if unknown_extra:
+        raise QualityModelError(f"Extra candidates must map a structure to some of {', '.join(FEATURES)}; got "
+                                f"{unknown_extra}.")
     dice = np.asarray(dice, dtype=np.float64)
     groups = np.asarray(groups if groups is not None else [str(index) for index in range(len(features))])
     if dice.shape != (len(features), len(class_names) - 1) or len(groups) != len(features):
@@ -204,17 +213,19 @@ def fit_from_observations(
                                     f"{len(np.unique(held_groups))} patient(s) predict {name!r}; at least "
                                     f"{MIN_FIT_CASES} cases of 2 patients are needed to fit and check a model.")
         rows = [case[index] for case in features if case[index] is not None]
+        added = [feature for feature in extra_candidates.get(name, ()) if feature not in candidates]
+        considered = (*candidates, *added)
         if name in fixed:
             pairs = [fixed[name]]
         elif averaged:
             pairs = [(AVERAGED_FEATURES, AVERAGED)]
         else:
-            pairs = list(itertools.product(candidates, FORMS))
+            pairs = list(itertools.product(considered, FORMS))
             if with_average:  # last, so that a tie keeps the single fit
                 pairs.append((AVERAGED_FEATURES, AVERAGED))
         best = None
         for feature, form in pairs:
-            x = ({candidate: _column(rows, candidate) for candidate in candidates} if form == AVERAGED
+            x = ({candidate: _column(rows, candidate) for candidate in considered} if form == AVERAGED
                  else _column(rows, feature))
             direction = FEATURES.get(feature, 0)
             residuals = _held_out_residuals(form, x, y, held_groups, direction)
