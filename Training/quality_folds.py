@@ -50,7 +50,7 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bun
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, FEATURES, QualityModel, QualityModelError
+from CalibSegLib.quality import FEATURES, FEATURES_WITHOUT_SIZE, QualityModel, QualityModelError
 from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
