@@ -24,7 +24,8 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``I``, ``J`` and ``K``: ``E``, ``F`` and ``G`` with the structure's size, ``log_volume_ml``, as a seventh feature
   (``calibseg-train`` fits ``K`` since the next rule adopted it over ``G``);
 - ``L``: ``E`` with the size in the left ventricle's average only (ACDC's class name; a task without one gets
-  ``E``).
+  ``E``); the shipped models' procedure since its rule, decided on a third set of fold networks, adopted it
+  for all three.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -81,7 +82,7 @@ def _pooled(**options: Any) -> FoldProcedure:
     return lambda others, class_names: lambda own: fit_on([*others, *own], class_names, **options)
 
 
-# A-H were measured (and C-F shipped) before the size feature existed: they keep the six features before it.
+# A-H were measured (and C-F shipped, before L) before the size feature existed: they keep the six features before it.
 _SIX = FEATURES_WITHOUT_SIZE
 # D's features: those it was measured and shipped with before the sixth was added (docs/results.md).
 _D_FEATURES = tuple(name for name in _SIX if name != "boundary_low_confidence_ratio")
