@@ -333,6 +333,24 @@ def test_an_averaged_quality_model_round_trips_and_predicts_in_the_summary(tmp_p
     assert entry["review"] is (entry["predicted_dice"] < 0.8)
 
 
+def test_a_shifted_fit_predicts_the_offset_higher_below_the_clip_in_every_form():
+    values = {name: 0.2 for name in FEATURES}
+    forms = [StructureQuality("mean_entropy", "linear", {"intercept": 0.9, "slope": -0.5}, (-0.1, 0.1), 0.1, 0.2, 9),
+             StructureQuality("features, averaged", "linear_mean",
+                              {"terms": [{"feature": "mean_entropy", "intercept": 0.9, "slope": -0.5},
+                                         {"feature": "mean_confidence", "intercept": 0.1, "slope": 0.6}]},
+                              (-0.1, 0.1), 0.1, 0.2, 9),
+             StructureQuality("mean_entropy", "isotonic", {"x": [0.0, 0.5], "y": [0.9, 0.5]}, (-0.1, 0.1), 0.1, 0.2, 9)]
+    for quality in forms:
+        shifted = quality.shifted(-0.05)
+        assert shifted.predict(values) == pytest.approx(quality.predict(values) - 0.05)
+        assert (shifted.interval, shifted.loo_mae, shifted.form) == (quality.interval, quality.loo_mae, quality.form)
+        assert quality.shifted(1.0).predict({name: 0.0 for name in FEATURES}) == 1.0  # clipped to [0, 1]
+    # The stored form stays readable: a shifted model round-trips like a fitted one.
+    model = QualityModel({"class 1": forms[1].shifted(0.03), "class 2": forms[0], "class 3": forms[2].shifted(0.2)})
+    assert QualityModel.from_dict(model.to_dict(), CLASS_NAMES) == model
+
+
 def test_extra_candidates_join_one_structure_only_and_bad_ones_are_refused():
     features, dice = _observations(lambda entropy: 1.0 - entropy, count=12)
     both = [case * 2 for case in features]

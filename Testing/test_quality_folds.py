@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 from collections import Counter
 from typing import Callable
@@ -137,6 +138,32 @@ def test_procedure_l_adds_the_size_to_the_left_ventricle_alone():
             np.testing.assert_allclose(predicted, by_hand)
 
 
+def test_procedure_m_is_l_shifted_by_the_own_volumes_mean_residual_and_removes_a_network_level():
+    """M is L moved by the mean residual of the same fold's other patients under that fit; where a fold's network
+    sits at a level of its own (here fold 0's Dice 0.1 below what its features say), M finds it."""
+    names = ["background", "left ventricle"]
+    folds = _shared_signal_folds(seed=6)
+    for name, own in folds.items():
+        level = -0.1 if name == "fold0" else 0.0
+        folds[name] = [dataclasses.replace(item, dice=item.dice + level) for item in own]
+    per_fold = fold_held_out(folds, names, FOLD_PROCEDURES["M"][1])[names[1]]
+    plain = fold_held_out(folds, names, FOLD_PROCEDURES["L"][1])[names[1]]
+    inputs = (*FEATURES_WITHOUT_SIZE, "log_volume_ml")
+    for (name, own), (predicted, measured, _) in zip(folds.items(), per_fold, strict=True):
+        others = [item for other, items in folds.items() if other != name for item in items]
+        by_hand = []
+        for patient in sorted({item.patient for item in own}):
+            rest = [item for item in own if item.patient != patient]
+            model = fit_on([*others, *rest], names, averaged=True, candidates=inputs).structures[names[1]]
+            offset = np.mean([item.dice[0] - model.predict(item.features[0]) for item in rest])
+            by_hand += [model.shifted(offset).predict(item.features[0]) for item in own if item.patient == patient]
+        np.testing.assert_allclose(predicted, by_hand)
+    bias = {key: (results[0][0] - results[0][1]).mean() for key, results in (("L", plain), ("M", per_fold))}
+    assert bias["L"] > 0.05 and abs(bias["M"]) < 0.02  # fold 0's level: L, fitted mostly on the others, misses it
+    for (predicted, measured, _), (plain_predicted, _, _) in zip(per_fold, plain, strict=True):
+        assert np.abs(predicted - measured).mean() < np.abs(plain_predicted - measured).mean()
+
+
 def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
     """Three folds of four patients whose every feature reads the Dice (in its own direction) with noise."""
     generators = _generators(seed)
@@ -240,6 +267,17 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
                                "--out", str(out), "--device", "cpu"]) == 0
     validation = load_bundle(out).metadata.quality_model["validation"]
     assert (validation["fold_patients"], validation["fold_networks"]) == (6, 4)
+
+    # --own: the bundle's own validation patients as the one fold, the fold networks' patients as the others
+    assert quality_folds.main(["--folds", *folds, "--own", str(target), "--procedures", "L", "M",
+                               "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert ("shipped.calibseg: held-out predictions of its 6 validation volumes of 3 patients; the other folds are "
+            "6 patients as 2 fold networks predict them") in printed
+    assert [line.split("|")[1].strip()[0] for line in printed.splitlines() if "| mean |" in line] == ["L", "M"]
+    rows = [line.split("|") for line in printed.splitlines()
+            if line.startswith(("| L", "| M")) and "| mean |" not in line]
+    assert all(len(row[3].split()) == 1 for row in rows)  # one fold: one ρ per structure
 
     overlapping, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient041"])
     with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):

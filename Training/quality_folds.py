@@ -2,6 +2,7 @@
 
     python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg [--data DIR]
     python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg --refit acdc_crac --procedure B
+    python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg --own acdc_crac --procedures L M
 
 Ten validation patients are too few to choose a quality model's feature reliably (docs/results.md,
 "Predicted Dice and the review flag"). Fold networks (trained on ``Datasets/splits/acdc_folds``,
@@ -25,7 +26,9 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
   (``calibseg-train`` fits ``K`` since the next rule adopted it over ``G``);
 - ``L``: ``E`` with the size in the left ventricle's average only (ACDC's class name; a task without one gets
   ``E``); the shipped models' procedure since its rule, decided on a third set of fold networks, adopted it
-  for all three.
+  for all three;
+- ``M``: ``L``, each structure then shifted by the mean residual of the same fold's volumes under that fit: at
+  refit, the level of the bundle's own network on its validation patients.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -34,7 +37,9 @@ to a bundle: the fold networks' patients play "the other folds" and the bundle's
 patients "the same fold"; the bundle is written as ``calibseg-fit-quality`` writes it.
 ``--also-folds`` adds a second set of fold networks of the same folds (another seed): the other
 folds' patients then enter the pooled fits as both sets predict them, the held-out fold's patients
-left out of both. No test patient is read.
+left out of both. ``--own`` scores the procedures on a bundle's own validation patients as one fold, the fold
+networks' patients its other folds: what each procedure does with the network it is refitted for. No test patient
+is read.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
@@ -56,8 +61,8 @@ from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
 
-__all__ = ["FoldProcedure", "FOLD_PROCEDURES", "observe_fold_sets", "fold_held_out", "fold_table", "refit_with_folds",
-           "main"]
+__all__ = ["FoldProcedure", "FOLD_PROCEDURES", "observe_fold_sets", "observe_own_and_folds", "fold_held_out",
+           "fold_table", "refit_with_folds", "main"]
 
 # A procedure, given the other folds' observations and the class names, returns how to build a model from the
 # same fold's observations (the choice on the other folds is made once per fold, not once per held-out patient).
@@ -95,6 +100,24 @@ def _size_for_left_ventricle(others: Sequence[Observation], class_names: Sequenc
     return _pooled(averaged=True, candidates=_SIX, extra_candidates=extra)(others, class_names)
 
 
+def _own_level(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
+    """L, each structure then shifted by the mean residual (measured − predicted) of the same fold's volumes (a
+    bundle's own validation volumes) under that fit: the level of the network that predicted them."""
+    build = _size_for_left_ventricle(others, class_names)
+
+    def build_with_level(own: Sequence[Observation]) -> QualityModel:
+        model = build(own)
+        structures = dict(model.structures)
+        for index, name in enumerate(class_names[1:]):
+            residuals = [float(item.dice[index]) - model.structures[name].predict(item.features[index])
+                         for item in own if item.features[index] is not None]
+            if residuals:
+                structures[name] = structures[name].shifted(float(np.mean(residuals)))
+        return dataclasses.replace(model, structures=structures)
+
+    return build_with_level
+
+
 # key → (what the table calls it, the procedure)
 FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "A": ("own fold only, one feature chosen", _own_only(candidates=_SIX)),
@@ -109,6 +132,7 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "J": ("one of seven features or their average, pooled", _pooled(with_average=True, candidates=_WITH_SIZE)),
     "K": ("own fold only, seven features averaged", _own_only(averaged=True, candidates=_WITH_SIZE)),
     "L": ("six features averaged, the size too for the left ventricle, pooled", _size_for_left_ventricle),
+    "M": ("L at the level of the own fold's network", _own_level),
 }
 
 
@@ -199,6 +223,28 @@ def fold_table(folds: Mapping[str, Sequence[Observation]], class_names: Sequence
     return lines
 
 
+def observe_own_and_folds(loaded: Bundle, name: str, sets: Sequence[Sequence[str | Path]],
+                          data: str | Path | None, device: str, batch_size: int, purpose: str,
+                          ) -> tuple[list[Observation], list[Observation], int]:
+    """A bundle's own clean validation observations, every fold network's of ``sets`` (trained with the bundle's
+    method, on its classes) in one list, and how many fold networks predicted them. ``purpose``: what the bundle's
+    validation patients are for, in the error when it records none.
+
+    Raises:
+        DataError: as :func:`observe_fold_sets` and ``validation_cases``; the fold networks' classes are not the
+            bundle's (all checked before anything is predicted).
+    """
+    metadata = loaded.metadata
+    cases = validation_cases(metadata, name, data, purpose)
+    observed, class_names = observe_fold_sets(sets, data, device, batch_size, metadata.training.get("method"))
+    if class_names != list(metadata.class_names):
+        raise DataError(f"The fold networks have classes {class_names}, {name} {list(metadata.class_names)}; pass "
+                        "fold networks of the bundle's task.")
+    own = observe_validation(Predictor(loaded, device, batch_size), cases, degradations=())
+    others = [item for folds in observed for items in folds.values() for item in items]
+    return own, others, sum(len(folds) for folds in observed)
+
+
 def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], procedure: str,
                      data: str | Path | None = None, out: str | Path | None = None, device: str = "auto",
                      batch_size: int = 16, also_folds: Sequence[str | Path] = ()) -> tuple[Path, QualityModel]:
@@ -217,18 +263,15 @@ def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], pro
     check_output_file(out)  # before the predictions: a bad destination must not cost them
     loaded = load_bundle(path)
     metadata = loaded.metadata
-    cases = validation_cases(metadata, path.name, data, "fit")
     sets = [fold_bundles, *([also_folds] if also_folds else [])]
-    observed, _ = observe_fold_sets(sets, data, device, batch_size, metadata.training.get("method"))
-    own = observe_validation(Predictor(loaded, device, batch_size), cases, degradations=())
-    others = [item for folds in observed for items in folds.values() for item in items]
+    own, others, fold_networks = observe_own_and_folds(loaded, path.name, sets, data, device, batch_size, "fit")
     description, build = FOLD_PROCEDURES[procedure]
     model = build(others, metadata.class_names)(own)
     # The bundle says how its quality model was made: which procedure, on how many out-of-fold patients.
     model = dataclasses.replace(model, validation={
         **model.validation, "procedure": f"{procedure}: {description}",
         "fold_patients": len({item.patient for item in others}),
-        "fold_networks": sum(len(folds) for folds in observed)})
+        "fold_networks": fold_networks})
     refitted = dataclasses.replace(metadata, quality_model=model.to_dict())
     return save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16"), model
 
@@ -243,6 +286,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundles record)")
     parser.add_argument("--refit", default=None, help="bundle (.calibseg) or shipped model to refit by --procedure")
+    parser.add_argument("--own", default=None,
+                        help="bundle (.calibseg) or shipped model: score the procedures on its own validation patients "
+                             "instead, each predicted by the procedure run without it on the fold networks' patients "
+                             "and its other validation patients")
     parser.add_argument("--procedure", choices=sorted(FOLD_PROCEDURES), default="B")
     parser.add_argument("--procedures", nargs="+", choices=sorted(FOLD_PROCEDURES), default=sorted(FOLD_PROCEDURES),
                         help="the procedures the table scores (default: all)")
@@ -260,10 +307,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(describe(model)))
             return 0
         sets = [arguments.folds, *([arguments.also_folds] if arguments.also_folds else [])]
+        chosen = {key: FOLD_PROCEDURES[key] for key in arguments.procedures}
+        if arguments.own is not None:
+            path = resolve_bundle_path(arguments.own)
+            loaded = load_bundle(path)
+            own, others, fold_networks = observe_own_and_folds(loaded, path.name, sets, arguments.data,
+                                                                arguments.device, arguments.batch_size, "score")
+            # One "fold": the bundle's own patients, the fold networks' patients its other folds.
+            lines = fold_table({path.name: own}, list(loaded.metadata.class_names), chosen, extra=others)
+            print(f"{path.name}: held-out predictions of its {len(own)} validation volumes of "
+                  f"{len({item.patient for item in own})} patients; the other folds are "
+                  f"{len({item.patient for item in others})} patients as {fold_networks} fold networks predict them")
+            print("\n".join(lines))
+            return 0
         observed, class_names = observe_fold_sets(sets, arguments.data, arguments.device, arguments.batch_size)
         folds = observed[0]
         extra = [item for added in observed[1:] for items in added.values() for item in items]
-        chosen = {key: FOLD_PROCEDURES[key] for key in arguments.procedures}
         lines = fold_table(folds, class_names, chosen, extra=extra)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None

@@ -9,7 +9,7 @@ so the bundle schema validates it without importing them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -96,6 +96,18 @@ class StructureQuality:
         if self.form == AVERAGED:
             return float(evaluate_form(self.form, self.parameters, features))
         return float(evaluate_form(self.form, self.parameters, np.float64(features[self.feature])))
+
+    def shifted(self, offset: float) -> "StructureQuality":
+        """The same fit moved by ``offset`` (Dice units): a linear fit's intercept, each averaged term's, or an
+        isotonic fit's knots (clipped to [0, 1]); the interval stays relative to the prediction."""
+        if self.form == "linear":
+            parameters = {**self.parameters, "intercept": self.parameters["intercept"] + offset}
+        elif self.form == AVERAGED:
+            parameters = {"terms": [{**term, "intercept": term["intercept"] + offset}
+                                    for term in self.parameters["terms"]]}
+        else:
+            parameters = {**self.parameters, "y": np.clip(np.asarray(self.parameters["y"]) + offset, 0.0, 1.0).tolist()}
+        return replace(self, parameters=parameters)
 
     def predict_interval(self, dice: float) -> tuple[float, float]:
         """The interval around a predicted Dice, clipped to [0, 1]."""
