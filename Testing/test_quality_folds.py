@@ -278,6 +278,9 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
     rows = [line.split("|") for line in printed.splitlines()
             if line.startswith(("| L", "| M")) and "| mean |" not in line]
     assert all(len(row[3].split()) == 1 for row in rows)  # one fold: one ρ per structure
+    with pytest.raises(SystemExit):  # scoring on a bundle's patients and refitting it are two runs
+        quality_folds.main(["--folds", *folds, "--own", str(target), "--refit", str(target)])
+    assert "argument --refit: not allowed with argument --own" in capsys.readouterr().err
 
     overlapping, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient041"])
     with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):

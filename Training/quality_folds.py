@@ -285,8 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "observations join the other folds' in every pooled fit")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundles record)")
-    parser.add_argument("--refit", default=None, help="bundle (.calibseg) or shipped model to refit by --procedure")
-    parser.add_argument("--own", default=None,
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--refit", default=None, help="bundle (.calibseg) or shipped model to refit by --procedure")
+    target.add_argument("--own", default=None,
                         help="bundle (.calibseg) or shipped model: score the procedures on its own validation patients "
                              "instead, each predicted by the procedure run without it on the fold networks' patients "
                              "and its other validation patients")
