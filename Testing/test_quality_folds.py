@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, FEATURES, QualityModelError
+from Datasets.cases import DataError
 from Training.quality_choice import CLEAN, Observation, fit_on
 from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table
 
@@ -149,7 +150,7 @@ def test_procedure_m_is_l_shifted_by_the_own_volumes_mean_residual_and_removes_a
     per_fold = fold_held_out(folds, names, FOLD_PROCEDURES["M"][1])[names[1]]
     plain = fold_held_out(folds, names, FOLD_PROCEDURES["L"][1])[names[1]]
     inputs = (*FEATURES_WITHOUT_SIZE, "log_volume_ml")
-    for (name, own), (predicted, measured, _) in zip(folds.items(), per_fold, strict=True):
+    for (name, own), (predicted, _, _) in zip(folds.items(), per_fold, strict=True):
         others = [item for other, items in folds.items() if other != name for item in items]
         by_hand = []
         for patient in sorted({item.patient for item in own}):
@@ -281,6 +282,9 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
     with pytest.raises(SystemExit):  # scoring on a bundle's patients and refitting it are two runs
         quality_folds.main(["--folds", *folds, "--own", str(target), "--refit", str(target)])
     assert "argument --refit: not allowed with argument --own" in capsys.readouterr().err
+    # the bundle's classes are checked against every fold network's before anything is predicted
+    with pytest.raises(DataError, match=r"fold0.calibseg has classes .*, the bundle \['background', 'tumour'\]; "):
+        quality_folds.observe_fold_sets([folds], class_names=["background", "tumour"])
 
     overlapping, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient041"])
     with pytest.raises(SystemExit, match=r"^error: .*shipped.calibseg validates on patient013, which fold .*fold0.calibseg already holds"):

@@ -137,14 +137,15 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
 
 
 def observe_fold_sets(sets: Sequence[Sequence[str | Path]], data: str | Path | None = None, device: str = "auto",
-                      batch_size: int = 16, method: str | None = None,
+                      batch_size: int = 16, method: str | None = None, class_names: Sequence[str] | None = None,
                       ) -> tuple[list[dict[str, list[Observation]]], list[str]]:
     """Per set of fold networks, each fold bundle's clean validation observations by bundle name; the class names.
 
     A set is one bundle per fold of one fold split (its bundles validate on disjoint patients); several sets are
     the same folds trained again (another seed). ``method``: the training method every fold network must share
     (default: the first one's). Uncertainty features depend on the loss a network was trained with, so one
-    method's observations do not fit another's.
+    method's observations do not fit another's. ``class_names``: the classes (background first) every fold network
+    must have (default: the first one's).
 
     Raises:
         DataError: a set without bundles; two bundles of a set share a validation patient; bundles disagree on the
@@ -155,13 +156,14 @@ def observe_fold_sets(sets: Sequence[Sequence[str | Path]], data: str | Path | N
     if not loaded or not all(loaded):
         raise DataError("No fold bundle given; pass --folds (and --also-folds) with the fold networks' bundles.")
     first = next(iter(loaded[0].values())).metadata
-    class_names = list(first.class_names)
+    whose = "the first fold" if class_names is None else "the bundle"
+    class_names = list(first.class_names if class_names is None else class_names)
     method = method if method is not None else first.training.get("method")
     for bundles in loaded:
         held: dict[str, str] = {}
         for name, bundle in bundles.items():
             if list(bundle.metadata.class_names) != class_names:
-                raise DataError(f"{name} has classes {bundle.metadata.class_names}, the first fold {class_names}; "
+                raise DataError(f"{name} has classes {bundle.metadata.class_names}, {whose} {class_names}; "
                                 "pass fold networks of one task.")
             if bundle.metadata.training.get("method") != method:
                 raise DataError(f"{name} was trained with {bundle.metadata.training.get('method')}, not {method}; "
@@ -236,10 +238,8 @@ def observe_own_and_folds(loaded: Bundle, name: str, sets: Sequence[Sequence[str
     """
     metadata = loaded.metadata
     cases = validation_cases(metadata, name, data, purpose)
-    observed, class_names = observe_fold_sets(sets, data, device, batch_size, metadata.training.get("method"))
-    if class_names != list(metadata.class_names):
-        raise DataError(f"The fold networks have classes {class_names}, {name} {list(metadata.class_names)}; pass "
-                        "fold networks of the bundle's task.")
+    observed, _ = observe_fold_sets(sets, data, device, batch_size, metadata.training.get("method"),
+                                    metadata.class_names)
     own = observe_validation(Predictor(loaded, device, batch_size), cases, degradations=())
     others = [item for folds in observed for items in folds.values() for item in items]
     return own, others, sum(len(folds) for folds in observed)
