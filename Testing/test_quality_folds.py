@@ -123,14 +123,16 @@ def test_a_second_set_of_fold_networks_joins_the_other_folds_without_the_held_ou
         assert not np.allclose(predicted, alone)  # the second set changed the fits
 
 
-def test_procedure_l_adds_the_size_to_the_left_ventricle_alone():
-    """L is E where a structure is called "left ventricle" (ACDC's), with the size among its averaged features."""
+@pytest.mark.parametrize("procedure, pooled", [("L", True), ("N", False)])
+def test_procedures_l_and_n_add_the_size_to_the_left_ventricle_alone(procedure, pooled):
+    """L is E, N is G, where a structure is called "left ventricle" (ACDC's), with the size among its averaged
+    features; L fits on the other folds' patients too, N on the same fold's alone."""
     folds = _folds(seed=5)
     for names, inputs in ((["background", "left ventricle"], (*FEATURES_WITHOUT_SIZE, "log_volume_ml")),
                           (NAMES, FEATURES_WITHOUT_SIZE)):
-        per_fold = fold_held_out(folds, names, FOLD_PROCEDURES["L"][1])[names[1]]
+        per_fold = fold_held_out(folds, names, FOLD_PROCEDURES[procedure][1])[names[1]]
         for (name, own), (predicted, _, _) in zip(folds.items(), per_fold, strict=True):
-            others = [item for other, items in folds.items() if other != name for item in items]
+            others = [item for other, items in folds.items() if other != name for item in items] if pooled else []
             by_hand = []
             for patient in sorted({item.patient for item in own}):
                 model = fit_on([*others, *(item for item in own if item.patient != patient)], names, averaged=True,

@@ -29,6 +29,8 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
   for all three;
 - ``M``: ``L``, each structure then shifted by the mean residual of the same fold's volumes under that fit: at
   refit, the level of the bundle's own network on its validation patients.
+- ``N``: ``K`` with the size in the left ventricle's average only, as ``L`` is ``I`` with it there only (``G`` for a
+  task without one).
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -94,16 +96,23 @@ _D_FEATURES = tuple(name for name in _SIX if name != "boundary_low_confidence_ra
 _WITH_SIZE = tuple(FEATURES)
 
 
-def _size_for_left_ventricle(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-    """E with ``log_volume_ml`` in the average of the structure named ``left ventricle`` (ACDC's); without one, E."""
-    extra = {name: ("log_volume_ml",) for name in class_names[1:] if name == "left ventricle"}
-    return _pooled(averaged=True, candidates=_SIX, extra_candidates=extra)(others, class_names)
+def _size_for_left_ventricle(fit: Callable[..., FoldProcedure]) -> FoldProcedure:
+    """``fit`` (:func:`_pooled` or :func:`_own_only`) averaging the six features, with ``log_volume_ml`` in the
+    average of the structure named ``left ventricle`` (ACDC's) too; without one, the six alone."""
+    def procedure(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
+        extra = {name: ("log_volume_ml",) for name in class_names[1:] if name == "left ventricle"}
+        return fit(averaged=True, candidates=_SIX, extra_candidates=extra)(others, class_names)
+
+    return procedure
+
+
+_L = _size_for_left_ventricle(_pooled)
 
 
 def _own_level(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
     """L, each structure then shifted by the mean residual (measured − predicted) of the same fold's volumes (a
     bundle's own validation volumes) under that fit: the level of the network that predicted them."""
-    build = _size_for_left_ventricle(others, class_names)
+    build = _L(others, class_names)
 
     def build_with_level(own: Sequence[Observation]) -> QualityModel:
         model = build(own)
@@ -131,8 +140,10 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "I": ("seven features averaged, pooled", _pooled(averaged=True, candidates=_WITH_SIZE)),
     "J": ("one of seven features or their average, pooled", _pooled(with_average=True, candidates=_WITH_SIZE)),
     "K": ("own fold only, seven features averaged", _own_only(averaged=True, candidates=_WITH_SIZE)),
-    "L": ("six features averaged, the size too for the left ventricle, pooled", _size_for_left_ventricle),
+    "L": ("six features averaged, the size too for the left ventricle, pooled", _L),
     "M": ("L at the level of the own fold's network", _own_level),
+    "N": ("own fold only, six features averaged, the size too for the left ventricle",
+          _size_for_left_ventricle(_own_only)),
 }
 
 
