@@ -15,6 +15,7 @@ from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Prediction
 from CalibSegLib.quality import (
     FEATURES,
+    FEATURES_WITHOUT_SIZE,
     HOT_SPOT_LEVEL,
     QualityModel,
     QualityModelError,
@@ -22,6 +23,7 @@ from CalibSegLib.quality import (
     fit_from_observations,
     isotonic_fit,
     quality_summary,
+    size_candidates,
     structure_features,
     summary_columns,
     uncertain_slices,
@@ -351,6 +353,12 @@ def test_a_shifted_fit_predicts_the_offset_higher_below_the_clip_in_every_form()
     assert QualityModel.from_dict(model.to_dict(), CLASS_NAMES) == model
 
 
+def test_the_size_is_a_candidate_for_a_foreground_left_ventricle_only():
+    assert size_candidates(["background", "right ventricle", "myocardium", "left ventricle"]) == {
+        "left ventricle": ("log_volume_ml",)}
+    assert size_candidates(["left ventricle", "liver"]) == {}  # the first name is the background's
+
+
 def test_extra_candidates_join_one_structure_only_and_bad_ones_are_refused():
     features, dice = _observations(lambda entropy: 1.0 - entropy, count=12)
     both = [case * 2 for case in features]
@@ -547,9 +555,11 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     assert bundle.metadata.weights_dtype == "float16"
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
-    # what calibseg-train and calibseg-fit-quality fit without fold networks: the seven features averaged (procedure K)
-    assert {(structure.form, structure.inputs) for structure in stored.structures.values()} == {
-        ("linear_mean", tuple(FEATURES))}
+    # what calibseg-train and calibseg-fit-quality fit without fold networks: the six features averaged, the size too
+    # for the left ventricle (procedure N)
+    assert {name: (structure.form, structure.inputs) for name, structure in stored.structures.items()} == {
+        "right ventricle": ("linear_mean", FEATURES_WITHOUT_SIZE), "myocardium": ("linear_mean", FEATURES_WITHOUT_SIZE),
+        "left ventricle": ("linear_mean", (*FEATURES_WITHOUT_SIZE, "log_volume_ml"))}
     cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
     assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
     printed = capsys.readouterr().out

@@ -23,14 +23,14 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``G`` and ``H``: ``E`` and ``F`` on the same fold's other patients alone, as a bundle without fold networks is
   fitted (``calibseg-train`` fitted ``G`` after a rule in docs/results.md adopted it over ``A``);
 - ``I``, ``J`` and ``K``: ``E``, ``F`` and ``G`` with the structure's size, ``log_volume_ml``, as a seventh feature
-  (``calibseg-train`` fits ``K`` since the next rule adopted it over ``G``);
+  (``calibseg-train`` fitted ``K`` after the next rule adopted it over ``G``, until ``N``);
 - ``L``: ``E`` with the size in the left ventricle's average only (ACDC's class name; a task without one gets
   ``E``); the shipped models' procedure since its rule, decided on a third set of fold networks, adopted it
   for all three;
 - ``M``: ``L``, each structure then shifted by the mean residual of the same fold's volumes under that fit: at
   refit, the level of the bundle's own network on its validation patients.
 - ``N``: ``K`` with the size in the left ventricle's average only, as ``L`` is ``I`` with it there only (``G`` for a
-  task without one).
+  task without one); what ``calibseg-train`` fits since its rule, decided on the third set, adopted it over ``K``.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -58,7 +58,7 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle, 
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import FEATURES, FEATURES_WITHOUT_SIZE, QualityModel, QualityModelError
+from CalibSegLib.quality import FEATURES, FEATURES_WITHOUT_SIZE, QualityModel, QualityModelError, size_candidates
 from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
@@ -98,10 +98,11 @@ _WITH_SIZE = tuple(FEATURES)
 
 def _size_for_left_ventricle(fit: Callable[..., FoldProcedure]) -> FoldProcedure:
     """``fit`` (:func:`_pooled` or :func:`_own_only`) averaging the six features, with ``log_volume_ml`` in the
-    average of the structure named ``left ventricle`` (ACDC's) too; without one, the six alone."""
+    average of a structure named ``left ventricle`` (ACDC's, :data:`~CalibSegLib.quality.SIZED_STRUCTURES`) too;
+    without one, the six alone."""
     def procedure(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-        extra = {name: ("log_volume_ml",) for name in class_names[1:] if name == "left ventricle"}
-        return fit(averaged=True, candidates=_SIX, extra_candidates=extra)(others, class_names)
+        build = fit(averaged=True, candidates=_SIX, extra_candidates=size_candidates(class_names))
+        return build(others, class_names)
 
     return procedure
 

@@ -17,8 +17,8 @@ stored model with it, and the summary and the fitting, which read bundles and ru
 """
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
-from CalibSegLib.quality.fitting import (QualityCase, fit_from_observations, fit_quality_model, isotonic_fit,
-                                         observe_case)
+from CalibSegLib.quality.fitting import (SIZED_STRUCTURES, QualityCase, fit_from_observations, fit_quality_model,
+                                         isotonic_fit, observe_case, size_candidates)
 from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_SIZE, FORMS, INTERVAL_COVERAGE,
                                        LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel, QualityModelError,
                                        StructureQuality)
@@ -34,6 +34,7 @@ __all__ = [
     "MAX_UNCERTAIN_SLICES",
     "FEATURES",
     "FEATURES_WITHOUT_SIZE",
+    "SIZED_STRUCTURES",
     "FORMS",
     "QualityModelError",
     "StructureQuality",
@@ -43,6 +44,7 @@ __all__ = [
     "structure_features",
     "uncertain_slices",
     "isotonic_fit",
+    "size_candidates",
     "quality_model_of",
     "quality_summary",
     "summary_columns",

@@ -13,9 +13,11 @@ prediction is their mean (form :data:`~CalibSegLib.quality.model.AVERAGED`; proc
 ``Training/quality_folds.py``), scored by the same held-out error. With ``with_average=True`` that
 average is one more candidate, after the single fits, and wins a structure only where its held-out
 error is the lowest (procedure F). :func:`fit_quality_model`, what ``calibseg-train`` and
-``calibseg-fit-quality`` fit on a bundle's own validation patients, averages all seven features by
-default: out of fold on a dozen patients per fold, averaging ranked better than choosing (procedure
-G against A, docs/results.md), and averaging with the size better than without it (K against G).
+``calibseg-fit-quality`` fit on a bundle's own validation patients, averages the six features of
+:data:`~CalibSegLib.quality.model.FEATURES_WITHOUT_SIZE` by default, and the size too for the
+structures of :data:`SIZED_STRUCTURES`: out of fold on a dozen patients per fold, averaging ranked
+better than choosing (procedure G against A, docs/results.md), averaging with the size better than
+without it (K against G), and with the size for the left ventricle alone better still (N against K).
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -30,17 +32,26 @@ import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
-from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FORMS,
-                                       INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
+from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_SIZE,
+                                       FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
                                        QualityModelError, StructureQuality, evaluate_form)
 
 if TYPE_CHECKING:
     from CalibSegLib.inference import Predictor
 
-__all__ = ["MIN_FIT_CASES", "QualityCase", "isotonic_fit", "observe_case", "fit_from_observations",
-           "fit_quality_model"]
+__all__ = ["MIN_FIT_CASES", "SIZED_STRUCTURES", "QualityCase", "isotonic_fit", "observe_case", "size_candidates",
+           "fit_from_observations", "fit_quality_model"]
 
 MIN_FIT_CASES = 3
+# Structures (ACDC's name) whose average takes the size too: a small left ventricle is one the network finds hard
+# (end-systole), while the size ranked the myocardium worse out of fold (procedures L and N, docs/results.md).
+SIZED_STRUCTURES: tuple[str, ...] = ("left ventricle",)
+
+
+def size_candidates(class_names: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """``extra_candidates`` of :func:`fit_from_observations` adding ``log_volume_ml`` to the foreground classes of
+    ``class_names`` (background first) named in :data:`SIZED_STRUCTURES`; empty for a task without one."""
+    return {name: ("log_volume_ml",) for name in class_names[1:] if name in SIZED_STRUCTURES}
 
 
 def isotonic_fit(x: Sequence[float], y: Sequence[float], increasing: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -253,10 +264,10 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
             and optionally ``patient_id`` (``Datasets.cases.Case`` works as it is).
         class_names: C names, background first (default: the predictor's bundle's).
         review_below: predicted Dice under which a structure is flagged.
-        averaged: every structure the mean of one linear fit per feature, all seven (the default: on a
-            dozen validation patients it ranked better out of fold than choosing one feature, and with
-            the size than without, procedures G against A and K against G in docs/results.md); False
-            chooses one feature and form per structure.
+        averaged: every structure the mean of one linear fit per feature, the six without the size and
+            the size too for :data:`SIZED_STRUCTURES` (the default: on a dozen validation patients it
+            ranked better out of fold than choosing one feature, procedure N against A, G and K in
+            docs/results.md); False chooses one feature and form per structure among all seven.
 
     Returns:
         The model; store it with ``dataclasses.replace(metadata, quality_model=model.to_dict())``.
@@ -268,5 +279,7 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
     observed = [observe_case(predictor, case.image, case.label, case.spacing) for case in cases]
     groups = [str(getattr(case, "patient_id", None) or index) for index, case in enumerate(cases)]
     dice = np.array([scores for _, scores in observed]).reshape(len(cases), len(class_names) - 1)
+    options = ({"averaged": True, "candidates": FEATURES_WITHOUT_SIZE, "extra_candidates": size_candidates(class_names)}
+               if averaged else {})
     return fit_from_observations([features for features, _ in observed], dice, class_names, groups, review_below,
-                                 averaged=averaged)
+                                 **options)
