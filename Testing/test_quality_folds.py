@@ -13,7 +13,7 @@ import pytest
 from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, FEATURES, QualityModelError
 from Datasets.cases import DataError
 from Training.quality_choice import CLEAN, Observation, fit_on
-from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table
+from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table, match_folds
 
 NAMES = ["background", "class 1"]
 
@@ -121,6 +121,32 @@ def test_a_second_set_of_fold_networks_joins_the_other_folds_without_the_held_ou
             by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
         np.testing.assert_allclose(predicted, by_hand)
         assert not np.allclose(predicted, alone)  # the second set changed the fits
+
+
+def test_own_folds_predict_each_fold_while_the_fold_networks_predict_the_others():
+    """own_by: a fold's own volumes come from other networks (trained longer), the other folds' from ``folds``."""
+    folds = _folds(seed=7)
+
+    def predicted_longer(item: Observation) -> Observation:
+        features = {key: value + 0.02 for key, value in item.features[0].items()}
+        return dataclasses.replace(item, features=[features], dice=item.dice + 0.03)
+
+    longer = {name: [predicted_longer(item) for item in items] for name, items in folds.items()}
+    per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES["E"][1], own_by=longer)["class 1"]
+    for (name, own), (predicted, measured, _) in zip(longer.items(), per_fold, strict=True):
+        others = [item for other, items in folds.items() if other != name for item in items]
+        by_hand = []
+        for patient in sorted({item.patient for item in own}):
+            model = fit_on([*others, *(item for item in own if item.patient != patient)], NAMES, averaged=True,
+                           candidates=FEATURES_WITHOUT_SIZE).structures["class 1"]
+            by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
+        np.testing.assert_allclose(predicted, by_hand)
+        np.testing.assert_allclose(np.sort(measured), np.sort([item.dice[0] for item in own]))
+    # matched by patients, whatever the bundles are called; a fold nobody else predicts is refused
+    renamed = {f"long {name}": items for name, items in reversed(longer.items())}
+    assert match_folds(folds, renamed) == longer
+    with pytest.raises(DataError, match=r"^No network of --own-folds validates on exactly the patients of fold2; "):
+        match_folds(folds, {name: items for name, items in renamed.items() if name != "long fold2"})
 
 
 @pytest.mark.parametrize("procedure, pooled", [("L", True), ("N", False)])
@@ -284,6 +310,17 @@ def test_command_prints_the_fold_table_and_refits_a_bundle(tmp_path, sample_acdc
     with pytest.raises(SystemExit):  # scoring on a bundle's patients and refitting it are two runs
         quality_folds.main(["--folds", *folds, "--own", str(target), "--refit", str(target)])
     assert "argument --refit: not allowed with argument --own" in capsys.readouterr().err
+    # --own-folds: each fold's own patients as other networks of the same folds predict them (here the same ones
+    # again, so the table is the plain one)
+    assert quality_folds.main(["--folds", *folds, "--own-folds", *reversed(folds), "--procedures", "E", "M",
+                               "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("2 folds: held-out predictions of 12 volumes of 6 patients; each fold's own patients "
+                              "as the networks of --own-folds predict them\n")
+    assert quality_folds.main(["--folds", *folds, "--procedures", "E", "M", "--device", "cpu"]) == 0
+    assert printed.splitlines()[1:] == capsys.readouterr().out.splitlines()[1:]
+    with pytest.raises(SystemExit, match=r"^error: No network of --own-folds validates on exactly the patients of "):
+        quality_folds.main(["--folds", *folds, "--own-folds", folds[0], str(target), "--device", "cpu"])
     # the bundle's classes are checked against every fold network's before anything is predicted
     with pytest.raises(DataError, match=r"fold0.calibseg has classes .*, the bundle \['background', 'tumour'\]; "):
         quality_folds.observe_fold_sets([folds], class_names=["background", "tumour"])

@@ -3,6 +3,7 @@
     python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg [--data DIR]
     python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg --refit acdc_crac --procedure B
     python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg --own acdc_crac --procedures L M
+    python -m Training.quality_folds --folds runs/oof/crac-fold*/model.calibseg --own-folds LONG0 LONG1 …
 
 Ten validation patients are too few to choose a quality model's feature reliably (docs/results.md,
 "Predicted Dice and the review flag"). Fold networks (trained on ``Datasets/splits/acdc_folds``,
@@ -40,8 +41,10 @@ patients "the same fold"; the bundle is written as ``calibseg-fit-quality`` writ
 ``--also-folds`` adds a second set of fold networks of the same folds (another seed): the other
 folds' patients then enter the pooled fits as both sets predict them, the held-out fold's patients
 left out of both. ``--own`` scores the procedures on a bundle's own validation patients as one fold, the fold
-networks' patients its other folds: what each procedure does with the network it is refitted for. No test patient
-is read.
+networks' patients its other folds: what each procedure does with the network it is refitted for. ``--own-folds``
+does the same across all folds without a shipped bundle: networks of the same folds trained otherwise (longer, as
+the shipped ones are) predict each fold's own patients, ``--folds`` (and ``--also-folds``) the other folds'. No test
+patient is read.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
 
 __all__ = ["FoldProcedure", "FOLD_PROCEDURES", "observe_fold_sets", "observe_own_and_folds", "fold_held_out",
-           "fold_table", "refit_with_folds", "main"]
+           "fold_table", "match_folds", "refit_with_folds", "main"]
 
 # A procedure, given the other folds' observations and the class names, returns how to build a model from the
 # same fold's observations (the choice on the other folds is made once per fold, not once per held-out patient).
@@ -193,14 +196,17 @@ def observe_fold_sets(sets: Sequence[Sequence[str | Path]], data: str | Path | N
 
 
 def fold_held_out(folds: Mapping[str, Sequence[Observation]], class_names: Sequence[str], procedure: FoldProcedure,
-                  extra: Sequence[Observation] = ()) -> dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]]:
+                  extra: Sequence[Observation] = (), own_by: Mapping[str, Sequence[Observation]] | None = None,
+                  ) -> dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]]:
     """Per structure, per fold: held-out predicted and measured Dice of the fold's volumes and the features chosen.
 
     ``extra``: observations by another set of fold networks, added to the other folds' except the fold's own
-    patients'.
+    patients'. ``own_by``: per fold of ``folds`` (same keys), its patients as other networks predict them (trained
+    longer, as a shipped bundle's network is); they are then the fold's own volumes, and ``folds`` only the others'.
     """
     results: dict[str, list[tuple[np.ndarray, np.ndarray, Counter]]] = {name: [] for name in class_names[1:]}
     for name, own in folds.items():
+        own = own if own_by is None else own_by[name]
         held = {item.patient for item in own}
         others = [*(item for other, items in folds.items() if other != name for item in items),
                   *(item for item in extra if item.patient not in held)]
@@ -214,16 +220,17 @@ def fold_held_out(folds: Mapping[str, Sequence[Observation]], class_names: Seque
 
 def fold_table(folds: Mapping[str, Sequence[Observation]], class_names: Sequence[str],
                procedures: Mapping[str, tuple[str, FoldProcedure]] = FOLD_PROCEDURES,
-               extra: Sequence[Observation] = ()) -> list[str]:
+               extra: Sequence[Observation] = (), own_by: Mapping[str, Sequence[Observation]] | None = None,
+               ) -> list[str]:
     """Markdown rows: per procedure and structure, the within-fold ρ (each fold, their mean), the MAE and the bias
     (mean predicted − measured: above 0, optimistic) over all volumes and the most chosen feature; then the means
-    over the structures. ``extra`` as :func:`fold_held_out`'s."""
+    over the structures. ``extra`` and ``own_by`` as :func:`fold_held_out`'s."""
     lines = ["| Procedure | Structure | ρ per fold | mean ρ | MAE | bias | feature chosen (volumes) |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for key, (description, procedure) in procedures.items():
         label = f"{key}: {description}"
         means, errors, biases = [], [], []
-        for structure, per_fold in fold_held_out(folds, class_names, procedure, extra).items():
+        for structure, per_fold in fold_held_out(folds, class_names, procedure, extra, own_by).items():
             rhos = [rank_correlation(predicted, measured) for predicted, measured, _ in per_fold]
             residuals = np.concatenate([predicted - measured for predicted, measured, _ in per_fold])
             chosen = sum((counts for _, _, counts in per_fold), Counter())
@@ -255,6 +262,24 @@ def observe_own_and_folds(loaded: Bundle, name: str, sets: Sequence[Sequence[str
     own = observe_validation(Predictor(loaded, device, batch_size), cases, degradations=())
     others = [item for folds in observed for items in folds.values() for item in items]
     return own, others, sum(len(folds) for folds in observed)
+
+
+def match_folds(folds: Mapping[str, Sequence[Observation]], own_set: Mapping[str, Sequence[Observation]],
+                ) -> dict[str, list[Observation]]:
+    """``own_set``'s observations keyed by the fold of ``folds`` that holds the same patients.
+
+    Raises:
+        DataError: a fold of ``folds`` has no network in ``own_set`` that validates on exactly its patients.
+    """
+    by_patients = {frozenset(item.patient for item in items): list(items) for items in own_set.values()}
+    matched = {}
+    for name, items in folds.items():
+        patients = frozenset(item.patient for item in items)
+        if patients not in by_patients:
+            raise DataError(f"No network of --own-folds validates on exactly the patients of {name}; pass one network "
+                            "per fold of the same fold split as --folds.")
+        matched[name] = by_patients[patients]
+    return matched
 
 
 def refit_with_folds(bundle: str | Path, fold_bundles: Sequence[str | Path], procedure: str,
@@ -303,6 +328,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="bundle (.calibseg) or shipped model: score the procedures on its own validation patients "
                              "instead, each predicted by the procedure run without it on the fold networks' patients "
                              "and its other validation patients")
+    target.add_argument("--own-folds", nargs="+", default=None,
+                        help="networks of the same folds trained otherwise (longer, as a shipped network is), one per "
+                             "fold: each fold's own patients as these predict them, the other folds' as --folds (and "
+                             "--also-folds) predict them")
     parser.add_argument("--procedure", choices=sorted(FOLD_PROCEDURES), default="B")
     parser.add_argument("--procedures", nargs="+", choices=sorted(FOLD_PROCEDURES), default=sorted(FOLD_PROCEDURES),
                         help="the procedures the table scores (default: all)")
@@ -333,18 +362,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{len({item.patient for item in others})} patients as {fold_networks} fold networks predict them")
             print("\n".join(lines))
             return 0
-        observed, class_names = observe_fold_sets(sets, arguments.data, arguments.device, arguments.batch_size)
+        own_folds = [arguments.own_folds] if arguments.own_folds else []
+        observed, class_names = observe_fold_sets([*sets, *own_folds], arguments.data, arguments.device,
+                                                  arguments.batch_size)
+        own_by = match_folds(observed[0], observed.pop()) if own_folds else None
         folds = observed[0]
         extra = [item for added in observed[1:] for items in added.values() for item in items]
-        lines = fold_table(folds, class_names, chosen, extra=extra)
+        lines = fold_table(folds, class_names, chosen, extra=extra, own_by=own_by)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     patients = len({item.patient for items in folds.values() for item in items})
     print(f"{len(folds)} folds: held-out predictions of {sum(map(len, folds.values()))} volumes of {patients} patients"
           + (f"; the other folds also as {len(observed) - 1} more set(s) of fold networks predict them" if extra
-             else ""))
+             else "")
+          + ("; each fold's own patients as the networks of --own-folds predict them" if own_by else ""))
     print("\n".join(lines))
     return 0
+
 
 if __name__ == "__main__":
     main()
