@@ -52,6 +52,20 @@ def _folds(seed=0) -> dict[str, list[Observation]]:
     return {f"fold{k}": _fold(f"f{k}p", 4, "mean_entropy", generators) for k in range(3)}
 
 
+def _averaged_by_hand(own: list[Observation], others: list[Observation], names: list[str],
+                      features: tuple[str, ...]) -> list[float]:
+    """Each patient's volumes of ``own``, in patient order, predicted by the average of ``features`` fitted on
+    ``others`` and ``own``'s other patients: what a pooled averaging procedure (``others`` empty: an own-fold one)
+    should give."""
+    predictions = []
+    for patient in sorted({item.patient for item in own}):
+        model = fit_on([*others, *(item for item in own if item.patient != patient)], names, averaged=True,
+                       candidates=features).structures[names[1]]
+        assert model.inputs == features
+        predictions += [model.predict(item.features[0]) for item in own if item.patient == patient]
+    return predictions
+
+
 def test_a_fixed_choice_is_fitted_without_choosing_and_bad_ones_are_refused():
     observations = _folds()["fold0"]
     chosen = fit_on(observations, NAMES).structures["class 1"]
@@ -92,13 +106,7 @@ def test_procedures_d_e_g_i_and_k_average_their_features_fitted_without_the_pati
     per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES[procedure][1])["class 1"]
     for (name, own), (predicted, _, chosen) in zip(folds.items(), per_fold, strict=True):
         others = [item for other, items in folds.items() if other != name and pooled for item in items]
-        by_hand = []
-        for patient in sorted({item.patient for item in own}):
-            model = fit_on([*others, *(item for item in own if item.patient != patient)], NAMES,
-                           averaged=True, candidates=features).structures["class 1"]
-            assert model.inputs == features
-            by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
-        np.testing.assert_allclose(predicted, by_hand)
+        np.testing.assert_allclose(predicted, _averaged_by_hand(own, others, NAMES, features))
         assert chosen == {"features, averaged": len(own)}
 
 
@@ -114,12 +122,7 @@ def test_a_second_set_of_fold_networks_joins_the_other_folds_without_the_held_ou
         others = [*(item for other, items in folds.items() if other != name for item in items),
                   *(item for item in second if item.patient not in held)]
         assert len(others) == 2 * sum(len(items) for other, items in folds.items() if other != name)
-        by_hand = []
-        for patient in sorted(held):
-            model = fit_on([*others, *(item for item in own if item.patient != patient)], NAMES, averaged=True,
-                           candidates=FEATURES_WITHOUT_SIZE).structures["class 1"]
-            by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
-        np.testing.assert_allclose(predicted, by_hand)
+        np.testing.assert_allclose(predicted, _averaged_by_hand(own, others, NAMES, FEATURES_WITHOUT_SIZE))
         assert not np.allclose(predicted, alone)  # the second set changed the fits
 
 
@@ -135,12 +138,7 @@ def test_own_folds_predict_each_fold_while_the_fold_networks_predict_the_others(
     per_fold = fold_held_out(folds, NAMES, FOLD_PROCEDURES["E"][1], own_by=longer)["class 1"]
     for (name, own), (predicted, measured, _) in zip(longer.items(), per_fold, strict=True):
         others = [item for other, items in folds.items() if other != name for item in items]
-        by_hand = []
-        for patient in sorted({item.patient for item in own}):
-            model = fit_on([*others, *(item for item in own if item.patient != patient)], NAMES, averaged=True,
-                           candidates=FEATURES_WITHOUT_SIZE).structures["class 1"]
-            by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
-        np.testing.assert_allclose(predicted, by_hand)
+        np.testing.assert_allclose(predicted, _averaged_by_hand(own, others, NAMES, FEATURES_WITHOUT_SIZE))
         np.testing.assert_allclose(np.sort(measured), np.sort([item.dice[0] for item in own]))
     # matched by patients, whatever the bundles are called; a fold nobody else predicts is refused
     renamed = {f"long {name}": items for name, items in reversed(longer.items())}
@@ -159,12 +157,7 @@ def test_procedures_l_and_n_add_the_size_to_the_left_ventricle_alone(procedure, 
         per_fold = fold_held_out(folds, names, FOLD_PROCEDURES[procedure][1])[names[1]]
         for (name, own), (predicted, _, _) in zip(folds.items(), per_fold, strict=True):
             others = [item for other, items in folds.items() if other != name for item in items] if pooled else []
-            by_hand = []
-            for patient in sorted({item.patient for item in own}):
-                model = fit_on([*others, *(item for item in own if item.patient != patient)], names, averaged=True,
-                               candidates=inputs).structures[names[1]]
-                by_hand += [model.predict(item.features[0]) for item in own if item.patient == patient]
-            np.testing.assert_allclose(predicted, by_hand)
+            np.testing.assert_allclose(predicted, _averaged_by_hand(own, others, names, inputs))
 
 
 def test_procedure_m_is_l_shifted_by_the_own_volumes_mean_residual_and_removes_a_network_level():
