@@ -6,7 +6,8 @@ Data flow per batch of slices along the bundle's slice axis (every step from the
 2. resample the slices in-plane from the image's real spacing to the model's
    ``target_spacing``, so the network sees every image at the physical scale it was trained at;
 3. run the network in overlapping windows of its training crop size, blended with a Gaussian
-   weight, optionally mirrored (:mod:`CalibSegLib.sliding_window`);
+   weight, optionally mirrored (:mod:`CalibSegLib.sliding_window`; how far the mirrored passes agree is
+   counted on the way);
 4. divide the logits by the bundle's temperature, softmax, and resample the *probabilities*
    back onto the input's exact grid; labels = argmax there, confidence = max probability,
    entropy normalised by log C;
@@ -33,7 +34,7 @@ from CalibSegLib.bundle import Bundle, BundleMetadata, load_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.preprocessing import (check_volume, in_plane_spacing, intensity_range, network_grid_shape,
                                        resample_slices, scale_intensity)
-from CalibSegLib.sliding_window import window_logits
+from CalibSegLib.sliding_window import MirrorAgreement, window_logits
 from CalibSegLib.temperature import apply_temperature
 
 __all__ = [
@@ -61,7 +62,11 @@ class Prediction:
     ``entropy`` float32 softmax entropy divided by log C, in [0, 1];
     ``probabilities`` ``(C, z, y, x)`` float32 when asked for, else None;
     ``probability_sums`` ``(C,)`` float64 Σ over all voxels of each class's probability (the
-    voxel count each class is expected to cover), filled by :class:`Predictor`, None when unknown.
+    voxel count each class is expected to cover), filled by :class:`Predictor`, None when unknown;
+    ``mirror_agreement`` ``(C,)`` float64 per class the mean over the mirrored passes of the Dice between the
+    pass's argmax and the averaged logits' argmax, on the network's grid before post-processing
+    (:class:`~CalibSegLib.sliding_window.MirrorAgreement`; NaN for a class no pass draws), None for a bundle
+    that does not mirror.
     """
 
     labels: np.ndarray
@@ -69,6 +74,7 @@ class Prediction:
     entropy: np.ndarray
     probabilities: np.ndarray | None = None
     probability_sums: np.ndarray | None = None
+    mirror_agreement: np.ndarray | None = None
 
 
 def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,22 +147,23 @@ class Predictor:
         return self.metadata.num_classes
 
     @torch.inference_mode()
-    def network_logits(self, images: torch.Tensor) -> torch.Tensor:
+    def network_logits(self, images: torch.Tensor, agreement: MirrorAgreement | None = None) -> torch.Tensor:
         """Blended ``(n, C, y, x)`` float32 logits (before temperature) of normalised ``images (n, 1, y, x)``
-        already on the model's grid (any in-plane size), on ``device``."""
+        already on the model's grid (any in-plane size), on ``device``; ``agreement`` counts the mirrored passes."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return window_logits(self.model, images.to(self.device), self.metadata.sliding_window)
+            return window_logits(self.model, images.to(self.device), self.metadata.sliding_window, agreement)
         finally:
             self.model.train(was_training)
 
-    def slice_logits(self, slices: np.ndarray, spacing: Sequence[float]) -> torch.Tensor:
+    def slice_logits(self, slices: np.ndarray, spacing: Sequence[float],
+                     agreement: MirrorAgreement | None = None) -> torch.Tensor:
         """Normalised ``(n, y, x)`` slices with in-plane ``spacing (y, x)`` mm → ``(n, C, y', x')`` float32 logits
-        (before temperature) on the model's grid, on ``device``."""
+        (before temperature) on the model's grid, on ``device``; ``agreement`` counts the mirrored passes."""
         batch = torch.from_numpy(np.ascontiguousarray(slices, dtype=np.float32)).unsqueeze(1)
         grid = network_grid_shape(slices.shape[1:], spacing, self.metadata.preprocessing.target_spacing)
-        return self.network_logits(resample_slices(batch, grid))
+        return self.network_logits(resample_slices(batch, grid), agreement)
 
     @staticmethod
     def input_grid_probabilities(logits: torch.Tensor, temperature: float | Sequence[float],
@@ -230,6 +237,8 @@ class Predictor:
             )
             for _ in temperatures
         ]
+        mirror_axes = self.metadata.sliding_window.mirror_axes
+        agreement = MirrorAgreement(self.num_classes, 2 ** len(mirror_axes)) if mirror_axes else None
         # Slice-first views: writing into them fills the outputs in the input's own layout.
         source = np.moveaxis(image, axis, 0)
         count = source.shape[0]
@@ -237,7 +246,7 @@ class Predictor:
             if cancel is not None and cancel.is_set():
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
-            logits = self.slice_logits(scale_intensity(source[batch], intensity), plane_spacing)
+            logits = self.slice_logits(scale_intensity(source[batch], intensity), plane_spacing, agreement)
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
                 probabilities = self.input_grid_probabilities(logits, temperature, in_plane_shape)
                 _write_batch(prediction, axis, batch, probabilities, sink)
@@ -245,6 +254,7 @@ class Predictor:
                 progress(batch.stop / count)
         for prediction in predictions:
             self.metadata.postprocessing.apply(prediction.labels)
+            prediction.mirror_agreement = None if agreement is None else agreement.dice()
         if progress is not None:
             progress(1.0)
         return predictions

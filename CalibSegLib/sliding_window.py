@@ -6,7 +6,7 @@ the windows' logits are blended with a Gaussian weight that trusts window centre
 their borders (MONAI's :func:`~monai.inferers.sliding_window_inference`, as nnU-Net does).
 So the network always sees inputs like those it was trained on, whatever the field of view.
 ``mirror_axes`` adds test-time mirroring: logits are averaged over every combination of
-flips along those in-plane axes.
+flips along those in-plane axes, and :class:`MirrorAgreement` can count how far the passes agree.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import torch
 from monai.inferers import sliding_window_inference
 from torch import nn
 
-__all__ = ["SlidingWindow", "MAX_PATCH", "MAX_VOXELS_PER_PASS", "windows_per_pass", "window_logits"]
+__all__ = ["SlidingWindow", "MAX_PATCH", "MAX_VOXELS_PER_PASS", "MirrorAgreement", "windows_per_pass",
+           "window_logits"]
 
 # Largest accepted window side, and voxels per forward pass (window × windows per pass): a 2D
 # network's activations take tens of bytes per voxel and channel, so anything larger in a bundle is
@@ -97,11 +98,52 @@ def windows_per_pass(patch_size: tuple[int, int], preferred: int = SlidingWindow
     return max(1, min(preferred, MAX_VOXELS_PER_PASS // voxels))
 
 
-def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindow) -> torch.Tensor:
+class MirrorAgreement:
+    """Per class, how each mirrored pass's argmax agrees with the argmax of the passes' average, counted over every
+    batch of slices :func:`window_logits` adds: where the passes draw a structure differently, the average can still
+    be confident, so their disagreement is a signal of its own (a quality-model feature, ``mirror_agreement``).
+
+    Args:
+        num_classes: C, background included.
+        passes: the mirrored passes per slice, ``2 ** len(mirror_axes)``.
+    """
+
+    def __init__(self, num_classes: int, passes: int) -> None:
+        self.num_classes = num_classes
+        self.shared = np.zeros((passes, num_classes))  # voxels where pass p and the average both say class c
+        self.pass_voxels = np.zeros((passes, num_classes))
+        self.average_voxels = np.zeros(num_classes)
+
+    def _counts(self, labels: torch.Tensor) -> np.ndarray:
+        return torch.bincount(labels.reshape(-1), minlength=self.num_classes)[:self.num_classes].double().cpu().numpy()
+
+    def add(self, pass_logits: Sequence[torch.Tensor], average_logits: torch.Tensor) -> None:
+        """Count one batch: each pass's ``(n, C, y, x)`` logits (unflipped back) against their average's."""
+        if len(pass_logits) != len(self.shared):
+            raise ValueError(f"Got {len(pass_logits)} passes for an agreement of {len(self.shared)}.")
+        average = average_logits.argmax(dim=1)
+        self.average_voxels += self._counts(average)
+        for index, logits in enumerate(pass_logits):
+            labels = logits.argmax(dim=1)
+            self.pass_voxels[index] += self._counts(labels)
+            self.shared[index] += self._counts(average[labels == average])
+
+    def dice(self) -> np.ndarray:
+        """``(C,)`` mean over the passes of the Dice between the pass's class and the average's; NaN for a class
+        that neither any pass nor the average draws."""
+        total = self.pass_voxels + self.average_voxels
+        drawn = total > 0  # all passes when the average draws the class; else the passes that draw it
+        per_pass = np.divide(2.0 * self.shared, total, out=np.zeros_like(total), where=drawn)
+        counted = drawn.sum(axis=0)
+        return np.divide(per_pass.sum(axis=0), counted, out=np.full(self.num_classes, np.nan), where=counted > 0)
+
+
+def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindow,
+                  agreement: MirrorAgreement | None = None) -> torch.Tensor:
     """Blended logits ``(n, C, y, x)`` of ``images (n, 1, y, x)`` (any in-plane size, at the model's spacing).
 
     Slices smaller than the window are zero-padded for the network and cropped back, so
-    every output voxel comes from a full-size window.
+    every output voxel comes from a full-size window. ``agreement``, when given, counts this batch's passes.
     """
 
     def blended(batch: torch.Tensor) -> torch.Tensor:
@@ -113,9 +155,14 @@ def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindo
     # Every subset of the mirror axes, the empty one (no flip) included.
     flips = [dims for count in range(len(settings.mirror_axes) + 1)
              for dims in itertools.combinations([axis + 2 for axis in settings.mirror_axes], count)]
-    total = None
+    passes = []
     for dims in flips:
         logits = blended(images.flip(dims) if dims else images).float()
-        logits = logits.flip(dims) if dims else logits
-        total = logits if total is None else total + logits
-    return total / len(flips)
+        passes.append(logits.flip(dims) if dims else logits)
+    total = passes[0]
+    for logits in passes[1:]:  # summed in pass order, then divided: the shipped models' recorded rows were so
+        total = total + logits
+    average = total / len(passes)
+    if agreement is not None:
+        agreement.add(passes, average)
+    return average

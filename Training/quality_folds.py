@@ -32,6 +32,8 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
   refit, the level of the bundle's own network on its validation patients.
 - ``N``: ``K`` with the size in the left ventricle's average only, as ``L`` is ``I`` with it there only (``G`` for a
   task without one); what ``calibseg-train`` fits since its rule, decided on the third set, adopted it over ``K``.
+- ``O`` and ``P``: ``N`` and ``L`` with the mirrored passes' agreement (``mirror_agreement``) in every structure's
+  average; fold networks that do not mirror cannot be scored by them.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -61,7 +63,8 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle, 
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import FEATURES, FEATURES_WITHOUT_SIZE, QualityModel, QualityModelError, size_candidates
+from CalibSegLib.quality import (FEATURES_WITHOUT_MIRRORING, FEATURES_WITHOUT_SIZE, MIRROR_AGREEMENT, QualityModel,
+                                 QualityModelError, size_candidates)
 from Datasets.cases import DataError
 from Training.fit_quality import describe, validation_cases
 from Training.quality_choice import Observation, fit_on, held_out_predictions, observe_validation, rank_correlation
@@ -96,15 +99,16 @@ def _pooled(**options: Any) -> FoldProcedure:
 _SIX = FEATURES_WITHOUT_SIZE
 # D's features: those it was measured and shipped with before the sixth was added (docs/results.md).
 _D_FEATURES = tuple(name for name in _SIX if name != "boundary_low_confidence_ratio")
-_WITH_SIZE = tuple(FEATURES)
+_WITH_SIZE = FEATURES_WITHOUT_MIRRORING
+_WITH_AGREEMENT = (*_SIX, MIRROR_AGREEMENT)
 
 
-def _size_for_left_ventricle(fit: Callable[..., FoldProcedure]) -> FoldProcedure:
-    """``fit`` (:func:`_pooled` or :func:`_own_only`) averaging the six features, with ``log_volume_ml`` in the
+def _size_for_left_ventricle(fit: Callable[..., FoldProcedure], candidates: Sequence[str] = _SIX) -> FoldProcedure:
+    """``fit`` (:func:`_pooled` or :func:`_own_only`) averaging ``candidates``, with ``log_volume_ml`` in the
     average of a structure named ``left ventricle`` (ACDC's, :data:`~CalibSegLib.quality.SIZED_STRUCTURES`) too;
-    without one, the six alone."""
+    without one, ``candidates`` alone."""
     def procedure(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-        build = fit(averaged=True, candidates=_SIX, extra_candidates=size_candidates(class_names))
+        build = fit(averaged=True, candidates=candidates, extra_candidates=size_candidates(class_names))
         return build(others, class_names)
 
     return procedure
@@ -148,6 +152,10 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "M": ("L at the level of the own fold's network", _own_level),
     "N": ("own fold only, six features averaged, the size too for the left ventricle",
           _size_for_left_ventricle(_own_only)),
+    "O": ("own fold only, six features and the mirrored passes' agreement averaged, the size too for the left "
+          "ventricle", _size_for_left_ventricle(_own_only, _WITH_AGREEMENT)),
+    "P": ("six features and the mirrored passes' agreement averaged, the size too for the left ventricle, pooled",
+          _size_for_left_ventricle(_pooled, _WITH_AGREEMENT)),
 }
 
 

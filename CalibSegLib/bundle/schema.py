@@ -20,7 +20,7 @@ import torch
 from CalibSegLib import __version__
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
-from CalibSegLib.quality.model import QualityModel, QualityModelError
+from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityModelError
 from CalibSegLib.sliding_window import SlidingWindow
 
 __all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError",
@@ -177,11 +177,16 @@ class BundleMetadata:
             )
         if self.quality_model is not None:
             try:
-                QualityModel.from_dict(self.quality_model, self.class_names)
+                quality = QualityModel.from_dict(self.quality_model, self.class_names)
             except QualityModelError as error:
                 raise BundleError(
                     f"The bundle's quality model is malformed ({error}); refit it with calibseg-fit-quality."
                 ) from None
+            if MIRROR_AGREEMENT in quality.inputs and not self.sliding_window.mirror_axes:
+                raise BundleError(
+                    f"The bundle's quality model reads {MIRROR_AGREEMENT}, which needs test-time mirroring, but its "
+                    f"sliding_window has no mirror_axes; refit it with calibseg-fit-quality."
+                )
 
 
 def is_int(value: Any) -> bool:

@@ -19,9 +19,9 @@ stored model with it, and the summary and the fitting, which read bundles and ru
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
 from CalibSegLib.quality.fitting import (SIZED_STRUCTURES, QualityCase, fit_from_observations, fit_quality_model,
                                          isotonic_fit, observe_case, size_candidates)
-from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_SIZE, FORMS, INTERVAL_COVERAGE,
-                                       LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel, QualityModelError,
-                                       StructureQuality)
+from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_MIRRORING, FEATURES_WITHOUT_SIZE,
+                                       FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, MIRROR_AGREEMENT,
+                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality)
 from CalibSegLib.quality.summary import (quality_model_of, quality_summary, review_text, structure_key,
                                          summary_columns, with_predicted_dice)
 
@@ -34,6 +34,8 @@ __all__ = [
     "MAX_UNCERTAIN_SLICES",
     "FEATURES",
     "FEATURES_WITHOUT_SIZE",
+    "FEATURES_WITHOUT_MIRRORING",
+    "MIRROR_AGREEMENT",
     "SIZED_STRUCTURES",
     "FORMS",
     "QualityModelError",

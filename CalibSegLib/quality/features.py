@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from scipy import ndimage
 
-from CalibSegLib.quality.model import BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD
+from CalibSegLib.quality.model import BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MIRROR_AGREEMENT
 
 if TYPE_CHECKING:
     from CalibSegLib.inference import Prediction
@@ -54,9 +54,10 @@ def structure_features(
     Returns:
         C-1 entries, class 1 first: ``{"voxels", "mean_confidence", "mean_entropy",
         "low_confidence_fraction", "boundary_entropy_ratio", "boundary_low_confidence_ratio",
-        "expected_dice", "log_volume_ml"}``, or None for a class predicted nowhere. ``expected_dice``
-        is left out when the prediction carries neither ``probability_sums`` nor ``probabilities``,
-        ``log_volume_ml`` (natural log of the volume in mL) when ``spacing`` is None.
+        "expected_dice", "log_volume_ml", "mirror_agreement"}``, or None for a class predicted nowhere.
+        ``expected_dice`` is left out when the prediction carries neither ``probability_sums`` nor
+        ``probabilities``, ``log_volume_ml`` (natural log of the volume in mL) when ``spacing`` is None,
+        ``mirror_agreement`` when the prediction carries none (a bundle that does not mirror).
     """
     labels = prediction.labels
     counts = _class_sums(labels, None, num_classes)
@@ -93,6 +94,11 @@ def structure_features(
             values["expected_dice"] = float(2.0 * confidence[label] / (count + expected_counts[label]))
         if voxel_ml is not None:
             values["log_volume_ml"] = math.log(count * voxel_ml)
+        if prediction.mirror_agreement is not None:
+            # NaN: no pass drew the class on the network's grid, yet resampling left some voxels of it on the
+            # input's: nothing agrees on it.
+            agreement = float(prediction.mirror_agreement[label])
+            values[MIRROR_AGREEMENT] = agreement if math.isfinite(agreement) else 0.0
         features.append(values)
     return features
 

@@ -32,9 +32,10 @@ import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
-from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_SIZE,
-                                       FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
-                                       QualityModelError, StructureQuality, evaluate_form)
+from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_MIRRORING,
+                                       FEATURES_WITHOUT_SIZE, FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
+                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality,
+                                       evaluate_form)
 
 if TYPE_CHECKING:
     from CalibSegLib.inference import Predictor
@@ -164,7 +165,7 @@ def fit_from_observations(
     interval_coverage: float = INTERVAL_COVERAGE,
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
     boundary_ring: int = BOUNDARY_RING,
-    candidates: Sequence[str] = tuple(FEATURES),
+    candidates: Sequence[str] = FEATURES_WITHOUT_MIRRORING,
     fixed: Mapping[str, tuple[str, str]] | None = None,
     averaged: bool = False,
     with_average: bool = False,
@@ -180,9 +181,9 @@ def fit_from_observations(
             every case is its own group.
         review_below, interval_coverage: stored in the model (see :class:`QualityModel`).
         low_confidence_threshold, boundary_ring: the settings ``features`` were computed with.
-        candidates: the features to choose from (or average), a subset of :data:`FEATURES`
-            (all by default; fewer to measure what one adds, as ``Training/quality_choice.py`` and
-            ``Training/quality_folds.py`` do).
+        candidates: the features to choose from (or average), a subset of :data:`FEATURES` (by default the
+            seven every prediction has, :data:`FEATURES_WITHOUT_MIRRORING`; fewer or more to measure what one
+            adds, as ``Training/quality_choice.py`` and ``Training/quality_folds.py`` do).
         fixed: structure name → ``(feature, form)`` to fit without choosing (chosen on other
             patients, as ``Training/quality_folds.py`` does); its held-out residuals still set the
             interval and the stored error.

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
-           "FEATURES", "FEATURES_WITHOUT_SIZE", "FORMS", "AVERAGED", "AVERAGED_FEATURES", "QualityModelError",
+           "FEATURES", "FEATURES_WITHOUT_SIZE", "FEATURES_WITHOUT_MIRRORING", "MIRROR_AGREEMENT", "FORMS", "AVERAGED", "AVERAGED_FEATURES", "QualityModelError",
            "StructureQuality", "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
@@ -32,12 +32,17 @@ FEATURES: dict[str, int] = {
     "expected_dice": 1,
     "boundary_low_confidence_ratio": -1,
     "log_volume_ml": 1,
+    "mirror_agreement": 1,
 }
 # The six features before size: procedures A-H of Training/quality_folds.py were measured with them. Out of fold the
 # size raised the left ventricle's ranking and lowered the myocardium's, so the shipped quality models (procedure L)
 # average these six for every structure and add the size for the left ventricle only (docs/results.md, "Structure
 # size as a seventh feature" and "The size for the left ventricle only").
-FEATURES_WITHOUT_SIZE: tuple[str, ...] = tuple(name for name in FEATURES if name != "log_volume_ml")
+FEATURES_WITHOUT_SIZE: tuple[str, ...] = ("mean_entropy", "mean_confidence", "low_confidence_fraction",
+                                          "boundary_entropy_ratio", "expected_dice", "boundary_low_confidence_ratio")
+# Every prediction of a Predictor has these seven; the agreement of the mirrored passes only a bundle that mirrors.
+FEATURES_WITHOUT_MIRRORING: tuple[str, ...] = (*FEATURES_WITHOUT_SIZE, "log_volume_ml")
+MIRROR_AGREEMENT = "mirror_agreement"
 FORMS: tuple[str, ...] = ("linear", "isotonic")  # forms of one feature, chosen among by the fitting rule
 # The form that chooses no feature: one linear fit per feature (each held to its direction), their mean.
 AVERAGED = "linear_mean"
@@ -137,6 +142,12 @@ class QualityModel:
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD
     boundary_ring: int = BOUNDARY_RING
     validation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Every feature some structure's prediction reads, in :data:`FEATURES` order."""
+        read = {name for structure in self.structures.values() for name in structure.inputs}
+        return tuple(name for name in FEATURES if name in read)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON numbers and strings, as stored in ``bundle.json``."""

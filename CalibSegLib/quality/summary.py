@@ -26,6 +26,11 @@ Definitions (every number a reader sees is one of these):
   choosing one (docs/results.md, "Averaging the features instead of choosing one").
 - ``log_volume_ml`` (a model feature, not shown): the natural logarithm of ``volume_ml``. A
   boundary error of a given thickness costs a small structure more of its Dice than a large one.
+- ``mirror_agreement`` (a model feature, not shown): a bundle that mirrors at test time runs every
+  slice as it is and mirrored and averages the logits; this is the mean over those passes of the
+  Dice between the pass's structure and the average's, over the whole volume on the network's grid
+  (:class:`~CalibSegLib.sliding_window.MirrorAgreement`) — 1 when every view draws the same
+  structure, lower where the average hides passes that disagree.
 - ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
   slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is
@@ -81,8 +86,8 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
     missing = [feature for feature in model.inputs if feature not in features]
     if missing:
         raise ValueError(f"The quality model predicts Dice from {', '.join(missing)}, which this prediction cannot "
-                         f"give (it carries no class probability sums); predict it with "
-                         f"CalibSegLib.inference.Predictor.")
+                         f"give (it carries no class probability sums or no mirrored passes); predict it with "
+                         f"CalibSegLib.inference.Predictor and the bundle's own sliding_window.")
     dice = model.predict(features)
     return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
             "review": dice < review_below}
