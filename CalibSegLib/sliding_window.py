@@ -117,16 +117,14 @@ class MirrorAgreement:
     def _counts(self, labels: torch.Tensor) -> np.ndarray:
         return torch.bincount(labels.reshape(-1), minlength=self.num_classes)[:self.num_classes].double().cpu().numpy()
 
-    def add(self, pass_logits: Sequence[torch.Tensor], average_logits: torch.Tensor) -> None:
-        """Count one batch: each pass's ``(n, C, y, x)`` logits (unflipped back) against their average's."""
-        if len(pass_logits) != len(self.shared):
-            raise ValueError(f"Got {len(pass_logits)} passes for an agreement of {len(self.shared)}.")
-        average = average_logits.argmax(dim=1)
-        self.average_voxels += self._counts(average)
-        for index, logits in enumerate(pass_logits):
-            labels = logits.argmax(dim=1)
+    def add(self, pass_labels: Sequence[torch.Tensor], average_labels: torch.Tensor) -> None:
+        """Count one batch: each pass's ``(n, y, x)`` argmax labels (unflipped back) against the average's."""
+        if len(pass_labels) != len(self.shared):
+            raise ValueError(f"Got {len(pass_labels)} passes for an agreement of {len(self.shared)}.")
+        self.average_voxels += self._counts(average_labels)
+        for index, labels in enumerate(pass_labels):
             self.pass_voxels[index] += self._counts(labels)
-            self.shared[index] += self._counts(average[labels == average])
+            self.shared[index] += self._counts(average_labels[labels == average_labels])
 
     def dice(self) -> np.ndarray:
         """``(C,)`` mean over the passes of the Dice between the pass's class and the average's; NaN for a class
@@ -155,14 +153,14 @@ def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindo
     # Every subset of the mirror axes, the empty one (no flip) included.
     flips = [dims for count in range(len(settings.mirror_axes) + 1)
              for dims in itertools.combinations([axis + 2 for axis in settings.mirror_axes], count)]
-    passes = []
+    total, pass_labels = None, []
     for dims in flips:
         logits = blended(images.flip(dims) if dims else images).float()
-        passes.append(logits.flip(dims) if dims else logits)
-    total = passes[0]
-    for logits in passes[1:]:  # summed in pass order, then divided: the shipped models' recorded rows were so
-        total = total + logits
-    average = total / len(passes)
+        logits = logits.flip(dims) if dims else logits
+        if agreement is not None:  # a byte per voxel and pass, not the pass's logits
+            pass_labels.append(logits.argmax(dim=1).to(torch.uint8))
+        total = logits if total is None else total + logits
+    average = total / len(flips)
     if agreement is not None:
-        agreement.add(passes, average)
+        agreement.add(pass_labels, average.argmax(dim=1).to(torch.uint8))
     return average

@@ -19,7 +19,7 @@ from CalibSegLib.device import resolve_device
 from CalibSegLib.inference import InferenceCancelled, Predictor, confidence_maps
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
-from CalibSegLib.sliding_window import SlidingWindow
+from CalibSegLib.sliding_window import MirrorAgreement, SlidingWindow
 from tiny_bundles import make_test_bundle, make_test_metadata
 
 SPACING = (8.0, 1.3, 0.7)  # anisotropic, mm
@@ -267,7 +267,7 @@ def test_the_network_sees_slices_at_the_models_spacing(tiny_bundle, monkeypatch,
     """A (30, 40) slice is resampled by its in-plane spacing to the model's 1.5 mm before the windows run."""
     seen = []
 
-    def recording(model, images, settings):
+    def recording(model, images, settings, agreement):
         seen.append(tuple(images.shape[-2:]))
         return torch.zeros(images.shape[0], 4, *images.shape[-2:])
 
@@ -285,19 +285,47 @@ def test_windows_cover_slices_larger_and_smaller_than_the_patch(tiny_bundle):
         np.testing.assert_allclose(probabilities.sum(0), 1.0, atol=1e-5)
 
 
-def test_mirroring_averages_the_logits_of_the_flipped_slices(tiny_bundle):
+def test_mirroring_averages_the_logits_of_the_flipped_slices_and_counts_their_agreement(tiny_bundle):
+    """At the model's own spacing the network's grid is the input's: each flip's labels (the plain predictor's on
+    the flipped slices, flipped back) against the average's give the agreement by hand."""
     image = noise_volume((2, 40, 40))
     mirrored = Bundle(make_test_metadata(sliding_window=SlidingWindow((64, 64), mirror_axes=(0, 1))),
                       tiny_bundle.state_dict)
     plain = Predictor(tiny_bundle, device="cpu")
-    flipped_sum = 0
+    flipped_sum, pass_labels = 0, []
     for dims in ((), (1,), (2,), (1, 2)):
         source = np.ascontiguousarray(np.flip(image, dims)) if dims else image
         logits = np.log(plain.predict(source, (3.0, 1.5, 1.5), keep_probabilities=True).probabilities)
-        flipped_sum = flipped_sum + (np.flip(logits, tuple(d + 1 for d in dims)) if dims else logits)
+        logits = np.flip(logits, tuple(d + 1 for d in dims)) if dims else logits
+        flipped_sum = flipped_sum + logits
+        pass_labels.append(logits.argmax(axis=0))
     expected = torch.softmax(torch.from_numpy(flipped_sum / 4), dim=0).numpy()
     result = Predictor(mirrored, device="cpu").predict(image, (3.0, 1.5, 1.5), keep_probabilities=True)
     np.testing.assert_allclose(result.probabilities, expected, atol=1e-4)
+    average = expected.argmax(axis=0)
+    by_hand = [np.mean([2 * np.sum((labels == c) & (average == c)) / (np.sum(labels == c) + np.sum(average == c))
+                        for labels in pass_labels]) for c in range(4)]
+    assert len({int(c) for c in np.unique(average)}) >= 2  # more than one class drawn: the counts say something
+    np.testing.assert_allclose(result.mirror_agreement, by_hand, rtol=1e-12)
+    assert not np.allclose(by_hand, 1.0)  # the passes disagree somewhere on noise
+    assert plain.predict(image, (3.0, 1.5, 1.5)).mirror_agreement is None  # a bundle that does not mirror
+
+
+def test_mirror_agreement_counts_a_class_only_where_a_pass_draws_it():
+    """Identical passes agree fully; a class one pass of two draws alone has Dice 0 there (the other pass does not
+    count); a class nobody draws has none (NaN)."""
+    agreement = MirrorAgreement(num_classes=4, passes=2)
+    average = torch.tensor([[[0, 1], [1, 0]]], dtype=torch.uint8)
+    odd = average.clone()
+    odd[0, 0, 0] = 2  # the second pass draws class 2 on one of class 0's two voxels
+    agreement.add([average, odd], average)
+    dice = agreement.dice()
+    assert dice[1] == 1.0 and dice[2] == 0.0 and math.isnan(dice[3])
+    assert dice[0] == pytest.approx(np.mean([1.0, 2 * 1 / (1 + 2)]))
+    agreement.add([average, average], average)  # counts add up over batches before the Dice is taken
+    assert agreement.dice()[0] == pytest.approx(np.mean([1.0, 2 * 3 / (3 + 4)]))
+    with pytest.raises(ValueError, match="^Got 1 passes for an agreement of 2"):
+        agreement.add([average], average)
 
 
 def test_bundle_postprocessing_keeps_the_largest_component_of_its_classes(linear_bundle):

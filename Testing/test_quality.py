@@ -15,7 +15,9 @@ from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Prediction
 from CalibSegLib.quality import (
     FEATURES,
+    FEATURES_WITHOUT_MIRRORING,
     FEATURES_WITHOUT_SIZE,
+    MIRROR_AGREEMENT,
     HOT_SPOT_LEVEL,
     QualityModel,
     QualityModelError,
@@ -28,6 +30,7 @@ from CalibSegLib.quality import (
     summary_columns,
     uncertain_slices,
 )
+from CalibSegLib.sliding_window import SlidingWindow
 from tiny_bundles import make_test_bundle, make_test_metadata
 
 CLASS_NAMES = ["background", "class 1", "class 2", "class 3"]
@@ -133,6 +136,31 @@ def test_expected_dice_is_expected_overlap_over_predicted_plus_expected_size():
     assert structure_features(sure, 2)[0]["expected_dice"] == 1.0
 
 
+def test_mirror_agreement_is_the_predictions_own_and_zero_where_no_pass_drew_the_structure():
+    prediction = _prediction()  # class 3 predicted nowhere
+    assert all(MIRROR_AGREEMENT not in values for values in structure_features(prediction, 4) if values)
+    # class 2: on the input's grid, yet no pass drew it on the network's (NaN): nothing agrees on it
+    agreed = dataclasses.replace(prediction, mirror_agreement=np.array([0.99, 0.9, np.nan, 0.5]))
+    features = structure_features(agreed, 4)
+    assert features[0][MIRROR_AGREEMENT] == 0.9 and features[1][MIRROR_AGREEMENT] == 0.0 and features[2] is None
+
+
+def test_a_quality_model_reading_the_mirror_agreement_needs_a_bundle_that_mirrors(tmp_path):
+    by_agreement = StructureQuality(MIRROR_AGREEMENT, "linear", {"intercept": 0.2, "slope": 0.7}, (-0.1, 0.05), 0.05,
+                                    0.1, 20)
+    model = _model(**{"class 2": by_agreement}).to_dict()
+    mirrored = make_test_bundle(tmp_path / "mirrored.calibseg", quality_model=model,
+                                sliding_window=SlidingWindow((64, 64), mirror_axes=(1,)))
+    metadata = load_bundle(mirrored).metadata
+    prediction = dataclasses.replace(_prediction(), mirror_agreement=np.array([1.0, 0.95, 0.8, np.nan]))
+    summary = quality_summary(prediction, (1.0, 1.0, 1.0), metadata)
+    assert summary["structures"]["class 2"]["predicted_dice"] == pytest.approx(0.2 + 0.7 * 0.8)
+    with pytest.raises(BundleError, match=r"^The bundle's quality model reads mirror_agreement, which needs test-time "
+                                          r"mirroring, but its sliding_window has no mirror_axes; refit it") as caught:
+        make_test_bundle(tmp_path / "plain.calibseg", quality_model=model)
+    assert "\n" not in str(caught.value) and not (tmp_path / "plain.calibseg").exists()
+
+
 def test_summary_refuses_a_prediction_without_the_feature_its_model_needs():
     prediction = _prediction()  # labels, confidence and entropy only: no probability sums
     assert "expected_dice" not in structure_features(prediction, 4)[0]
@@ -202,7 +230,7 @@ def _observations(dice_of, count=12, seed=0):
     rng = np.random.default_rng(seed)
     features, dice = [], []
     for _ in range(count):
-        values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
+        values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES_WITHOUT_MIRRORING}
         values["voxels"] = 100.0
         features.append([values])
         dice.append([dice_of(values["mean_entropy"])])
@@ -265,14 +293,15 @@ def test_averaged_fit_is_the_mean_of_per_feature_linear_fits_scored_held_out():
     dice = np.clip(dice + rng.normal(0, 0.03, dice.shape), 0, 1)
     groups = [f"p{index // 2}" for index in range(len(features))]
     averaged = fit_from_observations(features, dice, CLASS_NAMES[:2], groups, averaged=True).structures["class 1"]
-    assert averaged.form == "linear_mean" and averaged.inputs == tuple(FEATURES)
+    assert averaged.form == "linear_mean" and averaged.inputs == FEATURES_WITHOUT_MIRRORING
     y = dice[:, 0]
 
     def by_hand(keep: np.ndarray, at: dict[str, float]) -> float:
         """Each feature's least-squares line on the kept cases (zero slope where it runs against the feature's
         direction), clipped to [0, 1] at ``at``, then averaged."""
         values = []
-        for name, direction in FEATURES.items():
+        for name in FEATURES_WITHOUT_MIRRORING:
+            direction = FEATURES[name]
             x = np.array([case[0][name] for case in features])
             slope = np.polyfit(x[keep], y[keep], 1)[0]
             slope = slope if slope * direction > 0 else 0.0
@@ -300,10 +329,10 @@ def test_with_average_the_average_competes_with_the_single_fits_by_held_out_erro
     features = []
     for value in signal:
         if shared_signal:  # each feature follows the signal in its own direction, with its own noise
-            values = {name: float((value if direction > 0 else 1 - value) + rng.normal(0, 0.05))
-                      for name, direction in FEATURES.items()}
+            values = {name: float((value if FEATURES[name] > 0 else 1 - value) + rng.normal(0, 0.05))
+                      for name in FEATURES_WITHOUT_MIRRORING}
         else:  # mean entropy follows it, the other features are noise
-            values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
+            values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES_WITHOUT_MIRRORING}
             values["mean_entropy"] = float(1 - value)
         features.append([values])
     dice = signal[:, None]
@@ -363,7 +392,7 @@ def test_extra_candidates_join_one_structure_only_and_bad_ones_are_refused():
     features, dice = _observations(lambda entropy: 1.0 - entropy, count=12)
     both = [case * 2 for case in features]
     names = CLASS_NAMES[:3]
-    six = tuple(name for name in FEATURES if name != "log_volume_ml")
+    six = FEATURES_WITHOUT_SIZE
     model = fit_from_observations(both, np.repeat(dice, 2, axis=1), names, averaged=True, candidates=six,
                                   extra_candidates={"class 2": ("log_volume_ml",)})
     assert model.structures["class 1"].inputs == six

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from CalibSegLib.quality import FEATURES, QualityModelError, fit_from_observations
+from CalibSegLib.quality import FEATURES_WITHOUT_MIRRORING as SEVEN, QualityModelError, fit_from_observations
 from Training.quality_choice import CLEAN, Observation, Procedure, choice_table, nested_held_out
 
 NAMES = ["background", "class 1"]
-ALL = Procedure("all", tuple(FEATURES), (CLEAN,))
-WITHOUT = Procedure("without", tuple(name for name in FEATURES if name != "expected_dice"), (CLEAN,))
-WITH_NOISE = Procedure("with noise", tuple(FEATURES), (CLEAN, "noise"))
+ALL = Procedure("all", SEVEN, (CLEAN,))
+WITHOUT = Procedure("without", tuple(name for name in SEVEN if name != "expected_dice"), (CLEAN,))
+WITH_NOISE = Procedure("with noise", SEVEN, (CLEAN, "noise"))
 
 
 def _observations(patients=6, seed=0) -> list[Observation]:
@@ -21,7 +21,7 @@ def _observations(patients=6, seed=0) -> list[Observation]:
     observations = []
     for patient in range(patients):
         for _ in range(2):
-            values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES}
+            values = {name: float(rng.uniform(0.05, 0.5)) for name in SEVEN}
             values["expected_dice"] = float(rng.uniform(0.6, 0.95))
             observations.append(Observation(CLEAN, f"p{patient}", [values], np.array([values["expected_dice"]])))
             observations.append(Observation("noise", f"p{patient}", [dict(values)], np.array([rng.uniform(0, 1)])))

@@ -10,7 +10,8 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from CalibSegLib.quality import FEATURES_WITHOUT_SIZE, FEATURES, QualityModelError
+from CalibSegLib.quality import (FEATURES, FEATURES_WITHOUT_MIRRORING, FEATURES_WITHOUT_SIZE, MIRROR_AGREEMENT,
+                                 QualityModelError)
 from Datasets.cases import DataError
 from Training.quality_choice import CLEAN, Observation, fit_on
 from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table, match_folds
@@ -18,19 +19,20 @@ from Training.quality_folds import FOLD_PROCEDURES, fold_held_out, fold_table, m
 NAMES = ["background", "class 1"]
 
 
-Generators = tuple[np.random.Generator, np.random.Generator]
+Generators = tuple[np.random.Generator, np.random.Generator, np.random.Generator]
 
 
 def _generators(seed: int) -> Generators:
-    """One generator for the six features and the Dice, one for the size: adding the size to the features left the
-    others' draws, and so what these tests measure, as they were."""
-    return np.random.default_rng(seed), np.random.default_rng(seed + 1000)
+    """One generator for the six features and the Dice, one for the size, one for the mirrored passes' agreement:
+    adding a feature left the others' draws, and so what these tests measure, as they were."""
+    return np.random.default_rng(seed), np.random.default_rng(seed + 1000), np.random.default_rng(seed + 2000)
 
 
 def _draw(generators: Generators, value: Callable[[np.random.Generator, str], float]) -> dict[str, float]:
-    """Every feature's ``value(generator, name)``, the size's from its own generator."""
-    rng, size_rng = generators
-    return {name: value(rng if name in FEATURES_WITHOUT_SIZE else size_rng, name) for name in FEATURES}
+    """Every feature's ``value(generator, name)``, the size's and the agreement's from their own generators."""
+    rng, size_rng, agreement_rng = generators
+    own = {"log_volume_ml": size_rng, MIRROR_AGREEMENT: agreement_rng}
+    return {name: value(own.get(name, rng), name) for name in FEATURES}
 
 
 def _fold(prefix: str, patients: int, informative: str, generators: Generators,
@@ -97,8 +99,8 @@ def test_procedure_b_chooses_on_the_other_folds_and_fits_on_the_same_fold_withou
     ("D", tuple(name for name in FEATURES_WITHOUT_SIZE if name != "boundary_low_confidence_ratio"), True),
     ("E", FEATURES_WITHOUT_SIZE, True),
     ("G", FEATURES_WITHOUT_SIZE, False),
-    ("I", tuple(FEATURES), True),
-    ("K", tuple(FEATURES), False)])
+    ("I", FEATURES_WITHOUT_MIRRORING, True),
+    ("K", FEATURES_WITHOUT_MIRRORING, False)])
 def test_procedures_d_e_g_i_and_k_average_their_features_fitted_without_the_patient(procedure, features, pooled):
     """D, E and I fit on the other folds and the same fold's others; G and K on the same fold's others alone;
     I and K average the size too."""
@@ -147,13 +149,16 @@ def test_own_folds_predict_each_fold_while_the_fold_networks_predict_the_others(
         match_folds(folds, {name: items for name, items in renamed.items() if name != "long fold2"})
 
 
-@pytest.mark.parametrize("procedure, pooled", [("L", True), ("N", False)])
-def test_procedures_l_and_n_add_the_size_to_the_left_ventricle_alone(procedure, pooled):
+@pytest.mark.parametrize("procedure, pooled, averaged", [("L", True, FEATURES_WITHOUT_SIZE),
+                                                          ("N", False, FEATURES_WITHOUT_SIZE),
+                                                          ("O", False, (*FEATURES_WITHOUT_SIZE, MIRROR_AGREEMENT)),
+                                                          ("P", True, (*FEATURES_WITHOUT_SIZE, MIRROR_AGREEMENT))])
+def test_procedures_l_n_o_and_p_add_the_size_to_the_left_ventricle_alone(procedure, pooled, averaged):
     """L is E, N is G, where a structure is called "left ventricle" (ACDC's), with the size among its averaged
-    features; L fits on the other folds' patients too, N on the same fold's alone."""
+    features; L fits on the other folds' patients too, N on the same fold's alone. O and P are N and L with the
+    mirrored passes' agreement in every structure's average."""
     folds = _folds(seed=5)
-    for names, inputs in ((["background", "left ventricle"], (*FEATURES_WITHOUT_SIZE, "log_volume_ml")),
-                          (NAMES, FEATURES_WITHOUT_SIZE)):
+    for names, inputs in ((["background", "left ventricle"], (*averaged, "log_volume_ml")), (NAMES, averaged)):
         per_fold = fold_held_out(folds, names, FOLD_PROCEDURES[procedure][1])[names[1]]
         for (name, own), (predicted, _, _) in zip(folds.items(), per_fold, strict=True):
             others = [item for other, items in folds.items() if other != name for item in items] if pooled else []
@@ -202,7 +207,7 @@ def _shared_signal_folds(seed: int) -> dict[str, list[Observation]]:
 
 @pytest.mark.parametrize("procedure, pooled, candidates", [("F", True, FEATURES_WITHOUT_SIZE),
                                                             ("H", False, FEATURES_WITHOUT_SIZE),
-                                                            ("J", True, tuple(FEATURES))])
+                                                            ("J", True, FEATURES_WITHOUT_MIRRORING)])
 @pytest.mark.parametrize("folds, winner", [(_folds(seed=2), "mean_entropy"),
                                             (_shared_signal_folds(seed=2), "features, averaged")])
 def test_procedures_f_h_and_j_choose_one_feature_or_the_average_without_the_patient(folds, winner, procedure, pooled,

@@ -86,8 +86,8 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
     missing = [feature for feature in model.inputs if feature not in features]
     if missing:
         raise ValueError(f"The quality model predicts Dice from {', '.join(missing)}, which this prediction cannot "
-                         f"give (it carries no class probability sums or no mirrored passes); predict it with "
-                         f"CalibSegLib.inference.Predictor and the bundle's own sliding_window.")
+                         f"give (it carries no class probability sums, or no mirrored passes); predict it with the "
+                         f"bundle's own CalibSegLib.inference.Predictor.")
     dice = model.predict(features)
     return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
             "review": dice < review_below}
