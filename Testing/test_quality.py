@@ -584,13 +584,22 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     assert bundle.metadata.weights_dtype == "float16"
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
-    # what calibseg-train and calibseg-fit-quality fit without fold networks: the six features averaged, the size too
-    # for the left ventricle (procedure N)
+    # what calibseg-train and calibseg-fit-quality fit without fold networks: the six features and (the shipped
+    # bundles mirror) the mirrored passes' agreement averaged, the size too for the left ventricle (procedure O)
+    averaged = (*FEATURES_WITHOUT_SIZE, MIRROR_AGREEMENT)
     assert {name: (structure.form, structure.inputs) for name, structure in stored.structures.items()} == {
-        "right ventricle": ("linear_mean", FEATURES_WITHOUT_SIZE), "myocardium": ("linear_mean", FEATURES_WITHOUT_SIZE),
-        "left ventricle": ("linear_mean", (*FEATURES_WITHOUT_SIZE, "log_volume_ml"))}
+        "right ventricle": ("linear_mean", averaged), "myocardium": ("linear_mean", averaged),
+        "left ventricle": ("linear_mean", (*averaged, "log_volume_ml"))}
     cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
     assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
+    # a bundle that does not mirror has no agreement to average: the six, the size too for the left ventricle (N)
+    plain = dataclasses.replace(bundle, metadata=dataclasses.replace(
+        bundle.metadata, quality_model=None,
+        sliding_window=dataclasses.replace(bundle.metadata.sliding_window, mirror_axes=())))
+    assert {name: structure.inputs for name, structure in
+            fit_quality_model(Predictor(plain, device="cpu"), cases).structures.items()} == {
+        "right ventricle": FEATURES_WITHOUT_SIZE, "myocardium": FEATURES_WITHOUT_SIZE,
+        "left ventricle": (*FEATURES_WITHOUT_SIZE, "log_volume_ml")}
     printed = capsys.readouterr().out
     assert "leave-one-patient-out on 4 validation volumes of 2 patients" in printed and f"bundle: {path}" in printed
 

@@ -26,14 +26,14 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``I``, ``J`` and ``K``: ``E``, ``F`` and ``G`` with the structure's size, ``log_volume_ml``, as a seventh feature
   (``calibseg-train`` fitted ``K`` after the next rule adopted it over ``G``, until ``N``);
 - ``L``: ``E`` with the size in the left ventricle's average only (ACDC's class name; a task without one gets
-  ``E``); the shipped models' procedure since its rule, decided on a third set of fold networks, adopted it
-  for all three;
+  ``E``); the shipped models' procedure from its rule, decided on a third set of fold networks, until ``P``;
 - ``M``: ``L``, each structure then shifted by the mean residual of the same fold's volumes under that fit: at
   refit, the level of the bundle's own network on its validation patients.
 - ``N``: ``K`` with the size in the left ventricle's average only, as ``L`` is ``I`` with it there only (``G`` for a
-  task without one); what ``calibseg-train`` fits since its rule, decided on the third set, adopted it over ``K``.
+  task without one); what ``calibseg-train`` fitted from its rule, decided on the third set, until ``O``.
 - ``O`` and ``P``: ``N`` and ``L`` with the mirrored passes' agreement (``mirror_agreement``) in every structure's
-  average; fold networks that do not mirror cannot be scored by them.
+  average; fold networks that do not mirror cannot be scored by them. Their rule, decided on all three sets,
+  adopted ``O`` for what ``calibseg-train`` fits and ``P`` for the shipped models.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute

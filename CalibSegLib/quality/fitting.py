@@ -14,10 +14,11 @@ prediction is their mean (form :data:`~CalibSegLib.quality.model.AVERAGED`; proc
 average is one more candidate, after the single fits, and wins a structure only where its held-out
 error is the lowest (procedure F). :func:`fit_quality_model`, what ``calibseg-train`` and
 ``calibseg-fit-quality`` fit on a bundle's own validation patients, averages the six features of
-:data:`~CalibSegLib.quality.model.FEATURES_WITHOUT_SIZE` by default, and the size too for the
-structures of :data:`SIZED_STRUCTURES`: out of fold on a dozen patients per fold, averaging ranked
-better than choosing (procedure G against A, docs/results.md), averaging with the size better than
-without it (K against G), and with the size for the left ventricle alone better still (N against K).
+:data:`~CalibSegLib.quality.model.FEATURES_WITHOUT_SIZE` by default, the mirrored passes' agreement
+too for a bundle that mirrors, and the size too for the structures of :data:`SIZED_STRUCTURES`: out of
+fold on a dozen patients per fold, averaging ranked better than choosing (procedure G against A,
+docs/results.md), averaging with the size better than without it (K against G), with the size for the
+left ventricle alone better still (N against K), and with the agreement better again (O against N).
 The interval adds split-conformal order statistics of those held-out residuals (measured −
 predicted) to the prediction, clipped to [0, 1].
 """
@@ -34,7 +35,7 @@ from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
 from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_MIRRORING,
                                        FEATURES_WITHOUT_SIZE, FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
-                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality,
+                                       MIRROR_AGREEMENT, REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality,
                                        evaluate_form)
 
 if TYPE_CHECKING:
@@ -265,10 +266,11 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
             and optionally ``patient_id`` (``Datasets.cases.Case`` works as it is).
         class_names: C names, background first (default: the predictor's bundle's).
         review_below: predicted Dice under which a structure is flagged.
-        averaged: every structure the mean of one linear fit per feature, the six without the size and
-            the size too for :data:`SIZED_STRUCTURES` (the default: on a dozen validation patients it
-            ranked better out of fold than choosing one feature, procedure N against A, G and K in
-            docs/results.md); False chooses one feature and form per structure among all seven.
+        averaged: every structure the mean of one linear fit per feature, the six without the size, the
+            mirrored passes' agreement where the predictor's bundle mirrors, and the size too for
+            :data:`SIZED_STRUCTURES` (the default: on a dozen validation patients it ranked better out of
+            fold than choosing one feature, procedure O against A, G, K and N in docs/results.md); False
+            chooses one feature and form per structure among the seven every prediction has.
 
     Returns:
         The model; store it with ``dataclasses.replace(metadata, quality_model=model.to_dict())``.
@@ -280,7 +282,9 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
     observed = [observe_case(predictor, case.image, case.label, case.spacing) for case in cases]
     groups = [str(getattr(case, "patient_id", None) or index) for index, case in enumerate(cases)]
     dice = np.array([scores for _, scores in observed]).reshape(len(cases), len(class_names) - 1)
-    options = ({"averaged": True, "candidates": FEATURES_WITHOUT_SIZE, "extra_candidates": size_candidates(class_names)}
+    mirrors = bool(predictor.metadata.sliding_window.mirror_axes)
+    candidates = (*FEATURES_WITHOUT_SIZE, MIRROR_AGREEMENT) if mirrors else FEATURES_WITHOUT_SIZE
+    options = ({"averaged": True, "candidates": candidates, "extra_candidates": size_candidates(class_names)}
                if averaged else {})
     return fit_from_observations([features for features, _ in observed], dice, class_names, groups, review_below,
                                  **options)
