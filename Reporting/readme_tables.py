@@ -261,7 +261,8 @@ TABLES: dict[str, Table] = {
     "shipped_models": Table(SHIPPED_METRICS, shipped_models_table),
     "shipped_quality": Table(SHIPPED_METRICS, shipped_quality_table),
     "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
-    **{f"benchmark_{name}": _benchmark(name) for name in ("metrics", "losses", "inference", "training_throughput")},
+    **{f"benchmark_{name}": _benchmark(name)
+       for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
