@@ -35,9 +35,10 @@ FEATURES: dict[str, int] = {
     "mirror_agreement": 1,
 }
 # The six features before size: procedures A-H of Training/quality_folds.py were measured with them. Out of fold the
-# size raised the left ventricle's ranking and lowered the myocardium's, so the shipped quality models (procedure L)
-# average these six for every structure and add the size for the left ventricle only (docs/results.md, "Structure
-# size as a seventh feature" and "The size for the left ventricle only").
+# size raised the left ventricle's ranking and lowered the myocardium's, so the shipped quality models average these
+# six for every structure and add the size for the left ventricle only (procedure L, docs/results.md, "Structure size
+# as a seventh feature" and "The size for the left ventricle only"); since procedure P, with the mirrored passes'
+# agreement in every average too ("Agreement between the mirrored passes").
 FEATURES_WITHOUT_SIZE: tuple[str, ...] = ("mean_entropy", "mean_confidence", "low_confidence_fraction",
                                           "boundary_entropy_ratio", "expected_dice", "boundary_low_confidence_ratio")
 # Every prediction of a Predictor has these seven; the agreement of the mirrored passes only a bundle that mirrors.
