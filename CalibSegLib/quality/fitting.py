@@ -33,10 +33,10 @@ import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
-from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_MIRRORING,
-                                       FEATURES_WITHOUT_SIZE, FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
-                                       MIRROR_AGREEMENT, REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality,
-                                       evaluate_form)
+from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, BOUNDARY_RING, FEATURES,
+                                       FEATURES_WITHOUT_MIRRORING, FEATURES_WITHOUT_SIZE, FORMS, INTERVAL_COVERAGE,
+                                       LOW_CONFIDENCE_THRESHOLD, MIRROR_AGREEMENT, REVIEW_BELOW, QualityModel,
+                                       QualityModelError, StructureQuality, evaluate_form)
 
 if TYPE_CHECKING:
     from CalibSegLib.inference import Predictor

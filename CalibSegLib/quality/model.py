@@ -15,14 +15,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
-           "FEATURES", "FEATURES_WITHOUT_SIZE", "FEATURES_WITHOUT_MIRRORING", "MIRROR_AGREEMENT", "FORMS", "AVERAGED", "AVERAGED_FEATURES", "QualityModelError",
-           "StructureQuality", "QualityModel", "evaluate_form"]
+           "FEATURES", "FEATURES_WITHOUT_SIZE", "FEATURES_WITHOUT_MIRRORING", "MIRROR_AGREEMENT", "FORMS", "AVERAGED",
+           "AVERAGED_FEATURES", "QualityModelError", "StructureQuality", "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
 LOW_CONFIDENCE_THRESHOLD = 0.6  # the Slicer module's default low-confidence slider
 REVIEW_BELOW = 0.80  # the issue's default: a structure predicted below Dice 0.80 goes to review
 INTERVAL_COVERAGE = 0.8
 BOUNDARY_RING = 2  # face-neighbour steps around a structure counted by the boundary_* features
+# The agreement of the mirrored passes: only a bundle that mirrors has it (CalibSegLib.sliding_window.MirrorAgreement).
+MIRROR_AGREEMENT = "mirror_agreement"
 # Feature -> the direction Dice moves when the feature grows (+1 up, -1 down).
 FEATURES: dict[str, int] = {
     "mean_entropy": -1,
@@ -32,7 +34,7 @@ FEATURES: dict[str, int] = {
     "expected_dice": 1,
     "boundary_low_confidence_ratio": -1,
     "log_volume_ml": 1,
-    "mirror_agreement": 1,
+    MIRROR_AGREEMENT: 1,
 }
 # The six features before size: procedures A-H of Training/quality_folds.py were measured with them. Out of fold the
 # size raised the left ventricle's ranking and lowered the myocardium's, so the shipped quality models average these
@@ -43,7 +45,6 @@ FEATURES_WITHOUT_SIZE: tuple[str, ...] = ("mean_entropy", "mean_confidence", "lo
                                           "boundary_entropy_ratio", "expected_dice", "boundary_low_confidence_ratio")
 # Every prediction of a Predictor has these seven; the agreement of the mirrored passes only a bundle that mirrors.
 FEATURES_WITHOUT_MIRRORING: tuple[str, ...] = (*FEATURES_WITHOUT_SIZE, "log_volume_ml")
-MIRROR_AGREEMENT = "mirror_agreement"
 FORMS: tuple[str, ...] = ("linear", "isotonic")  # forms of one feature, chosen among by the fitting rule
 # The form that chooses no feature: one linear fit per feature (each held to its direction), their mean.
 AVERAGED = "linear_mean"
