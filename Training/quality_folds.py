@@ -34,6 +34,7 @@ Every fold then plays the part a shipped bundle's validation split plays, and ea
 - ``O`` and ``P``: ``N`` and ``L`` with the mirrored passes' agreement (``mirror_agreement``) in every structure's
   average; fold networks that do not mirror cannot be scored by them. Their rule, decided on all three sets,
   adopted ``O`` for what ``calibseg-train`` fits and ``P`` for the shipped models.
+- ``Q``: ``P`` shifted as ``M`` shifts ``L``; for the level test of full-length fold networks under ``P``.
 
 The table has per structure the Spearman ρ of those held-out predictions against the measured
 Dice within each fold (a fold is about the test split's size), their mean, and the mean absolute
@@ -115,24 +116,28 @@ def _size_for_left_ventricle(fit: Callable[..., FoldProcedure], candidates: Sequ
 
 
 _L = _size_for_left_ventricle(_pooled)
+_P = _size_for_left_ventricle(_pooled, _WITH_AGREEMENT)
 
 
-def _own_level(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
-    """L, each structure then shifted by the mean residual (measured − predicted) of the same fold's volumes (a
-    bundle's own validation volumes) under that fit: the level of the network that predicted them."""
-    build = _L(others, class_names)
+def _at_own_level(base: FoldProcedure) -> FoldProcedure:
+    """``base``, each structure then shifted by the mean residual (measured − predicted) of the same fold's volumes
+    (a bundle's own validation volumes) under that fit: the level of the network that predicted them."""
+    def procedure(others: Sequence[Observation], class_names: Sequence[str]) -> Builder:
+        build = base(others, class_names)
 
-    def build_with_level(own: Sequence[Observation]) -> QualityModel:
-        model = build(own)
-        structures = dict(model.structures)
-        for index, name in enumerate(class_names[1:]):
-            residuals = [float(item.dice[index]) - model.structures[name].predict(item.features[index])
-                         for item in own if item.features[index] is not None]
-            if residuals:
-                structures[name] = structures[name].shifted(float(np.mean(residuals)))
-        return dataclasses.replace(model, structures=structures)
+        def build_with_level(own: Sequence[Observation]) -> QualityModel:
+            model = build(own)
+            structures = dict(model.structures)
+            for index, name in enumerate(class_names[1:]):
+                residuals = [float(item.dice[index]) - model.structures[name].predict(item.features[index])
+                             for item in own if item.features[index] is not None]
+                if residuals:
+                    structures[name] = structures[name].shifted(float(np.mean(residuals)))
+            return dataclasses.replace(model, structures=structures)
 
-    return build_with_level
+        return build_with_level
+
+    return procedure
 
 
 # key → (what the table calls it, the procedure)
@@ -149,13 +154,14 @@ FOLD_PROCEDURES: dict[str, tuple[str, FoldProcedure]] = {
     "J": ("one of seven features or their average, pooled", _pooled(with_average=True, candidates=_WITH_SIZE)),
     "K": ("own fold only, seven features averaged", _own_only(averaged=True, candidates=_WITH_SIZE)),
     "L": ("six features averaged, the size too for the left ventricle, pooled", _L),
-    "M": ("L at the level of the own fold's network", _own_level),
+    "M": ("L at the level of the own fold's network", _at_own_level(_L)),
     "N": ("own fold only, six features averaged, the size too for the left ventricle",
           _size_for_left_ventricle(_own_only)),
     "O": ("own fold only, six features and the mirrored passes' agreement averaged, the size too for the left "
           "ventricle", _size_for_left_ventricle(_own_only, _WITH_AGREEMENT)),
     "P": ("six features and the mirrored passes' agreement averaged, the size too for the left ventricle, pooled",
-          _size_for_left_ventricle(_pooled, _WITH_AGREEMENT)),
+          _P),
+    "Q": ("P at the level of the own fold's network", _at_own_level(_P)),
 }
 
 
