@@ -237,8 +237,8 @@ class Predictor:
             )
             for _ in temperatures
         ]
-        mirror_axes = self.metadata.sliding_window.mirror_axes
-        agreement = MirrorAgreement(self.num_classes, 2 ** len(mirror_axes)) if mirror_axes else None
+        window = self.metadata.sliding_window
+        agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
         # Slice-first views: writing into them fills the outputs in the input's own layout.
         source = np.moveaxis(image, axis, 0)
         count = source.shape[0]

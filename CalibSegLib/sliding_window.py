@@ -82,13 +82,18 @@ class SlidingWindow:
                 "lower batch_size or patch_size."
             )
 
+    @property
+    def passes(self) -> int:
+        """Network passes per slice: one per combination of flips along ``mirror_axes``, the unflipped one included."""
+        return 2 ** len(self.mirror_axes)
+
     def windows_per_slice(self, shape: Sequence[int]) -> int:
         """Number of windows covering a ``(y, x)`` slice (MONAI's placement), times the mirrorings."""
         counts = []
         for size, patch in zip(shape, self.patch_size):
             step = max(int(patch * (1 - self.overlap)), 1)
             counts.append(1 if size <= patch else math.ceil((size - patch) / step) + 1)
-        return counts[0] * counts[1] * 2 ** len(self.mirror_axes)
+        return counts[0] * counts[1] * self.passes
 
 
 def windows_per_pass(patch_size: tuple[int, int], preferred: int = SlidingWindow.batch_size) -> int:
@@ -105,7 +110,7 @@ class MirrorAgreement:
 
     Args:
         num_classes: C, background included.
-        passes: the mirrored passes per slice, ``2 ** len(mirror_axes)``.
+        passes: the mirrored passes per slice, :attr:`SlidingWindow.passes`.
     """
 
     def __init__(self, num_classes: int, passes: int) -> None:
