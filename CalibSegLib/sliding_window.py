@@ -87,14 +87,6 @@ class SlidingWindow:
         """Network passes per slice: one per combination of flips along ``mirror_axes``, the unflipped one included."""
         return 2 ** len(self.mirror_axes)
 
-    def windows_per_slice(self, shape: Sequence[int]) -> int:
-        """Number of windows covering a ``(y, x)`` slice (MONAI's placement), times the mirrorings."""
-        counts = []
-        for size, patch in zip(shape, self.patch_size):
-            step = max(int(patch * (1 - self.overlap)), 1)
-            counts.append(1 if size <= patch else math.ceil((size - patch) / step) + 1)
-        return counts[0] * counts[1] * self.passes
-
 
 def windows_per_pass(patch_size: tuple[int, int], preferred: int = SlidingWindow.batch_size) -> int:
     """Windows of ``patch_size`` (y, x voxels) per forward pass: ``preferred``, fewer where that would exceed
