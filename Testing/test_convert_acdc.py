@@ -5,41 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import SimpleITK as sitk
 
 from CalibSegLib.io import read_image
+from acdc_release import SPACING_XYZ, write_release, write_volume
 from fault_checks import assert_one_sentence, tree_snapshot
 from Datasets import convert_acdc
 from Datasets.cases import dataset_name, default_classes, find_cases, load_cases
 
-SPACING_XYZ = (1.37, 1.37, 9.0)  # ACDC-like: ~1.4 mm in-plane, thick slices
-ORIGIN_XYZ = (-120.0, 80.5, 12.0)
 FRAMES = {"patient001": (1, 12), "patient002": (1, 9)}
-
-
-def _write(path, array, dtype):
-    image = sitk.GetImageFromArray(array.astype(dtype))
-    image.SetSpacing(SPACING_XYZ)
-    image.SetOrigin(ORIGIN_XYZ)
-    sitk.WriteImage(image, str(path))
 
 
 @pytest.fixture
 def release(tmp_path):
-    """``training/patientNNN/`` folders as the challenge ships them (4D cine file left out)."""
-    rng = np.random.default_rng(0)
-    for patient, (ed, es) in FRAMES.items():
-        folder = tmp_path / "database" / "training" / patient
-        folder.mkdir(parents=True)
-        (folder / "Info.cfg").write_text(f"ED: {ed}\nES: {es}\nGroup: NOR\nHeight: 180.0\nNbFrame: 30\nWeight: 80.0\n")
-        for frame in (ed, es):
-            image = rng.integers(0, 800, (4, 20, 18))
-            label = np.zeros(image.shape)
-            label[:, 5:12, 4:10], label[:, 7:10, 6:8] = 2, 3
-            label[1, 12:15, 4:8] = 1
-            _write(folder / f"{patient}_frame{frame:02d}.nii.gz", image, np.int16)
-            _write(folder / f"{patient}_frame{frame:02d}_gt.nii.gz", label, np.uint8)
-    return tmp_path / "database"
+    return write_release(tmp_path / "database", FRAMES)
 
 
 def test_pairs_keep_the_real_spacing_and_group_by_patient(release, tmp_path, capsys):
@@ -71,11 +49,11 @@ def _no_es_line(release):
 
 
 def _label_on_another_grid(release):
-    _write(release / "training" / "patient002" / "patient002_frame01_gt.nii.gz", np.zeros((4, 20, 17)), np.uint8)
+    write_volume(release / "training" / "patient002" / "patient002_frame01_gt.nii.gz", np.zeros((4, 20, 17)), np.uint8)
 
 
 def _label_out_of_range(release):
-    _write(release / "training" / "patient002" / "patient002_frame09_gt.nii.gz", np.full((4, 20, 18), 7), np.uint8)
+    write_volume(release / "training" / "patient002" / "patient002_frame09_gt.nii.gz", np.full((4, 20, 18), 7), np.uint8)
 
 
 @pytest.mark.parametrize("damage,pattern", [

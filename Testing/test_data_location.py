@@ -12,14 +12,17 @@ import pytest
 import CalibSegLib.pretrained as pretrained
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.quality import QualityModel, StructureQuality
+from acdc_release import write_release
 from tiny_bundles import make_test_bundle
 from fault_checks import assert_one_sentence, tree_snapshot
 from Evaluation import evaluate as evaluate_cli
 from Training import fit_quality as fit_quality_cli
 from Training import train as train_cli
+from Datasets import convert_acdc
 from Datasets.cases import (ACDC_ENVIRONMENT, SAMPLE_DATA, DataError, data_folder, dataset_name, find_cases,
                            recorded_dataset)
 from Datasets.splits import SPLITS_DIR, default_split_for, load_split, recorded_split, split_reference
+from Datasets.splits.make_splits import RELEASE_PATIENTS, split_unseen
 
 SAMPLE_SPLIT = load_split(SPLITS_DIR / "acdc_sample.json")
 # A model trained on the full split: the sample's "test" patients 016 and 054 are among its training patients.
@@ -124,6 +127,24 @@ def test_evaluating_seen_patients_is_refused_unless_forced(tmp_path, monkeypatch
     with pytest.raises(Stop):
         evaluate_cli.main(arguments + ["--force"])
     assert seen["cases"] == ["patient016_frame01", "patient016_frame12", "patient054_frame01", "patient054_frame12"]
+
+
+def test_the_unseen_split_evaluates_every_shipped_model_on_the_release_patients_our_copy_lacks(tmp_path, monkeypatch):
+    unseen = load_split(SPLITS_DIR / "acdc_unseen.json")
+    copy = {patient for side in FULL.values() for patient in side}
+    assert unseen == split_unseen(sorted(copy))  # the committed file is what make_splits.py writes
+    assert not copy & set(unseen["test"]) and len(copy | set(unseen["test"])) == RELEASE_PATIENTS
+    release = write_release(tmp_path / "database", {patient: (1, 12) for patient in unseen["test"]})
+    converted = tmp_path / "acdc"
+    assert convert_acdc.main(["--source", str(release), "--out", str(converted)]) == 0
+    monkeypatch.chdir(tmp_path)
+    seen = _captured_evaluation(monkeypatch)
+    for name in pretrained.pretrained_models():
+        seen.clear()
+        with pytest.raises(Stop):  # not refused: no shipped model was trained or validated on any of them
+            evaluate_cli.main(["--bundle", name, "--data", str(converted), "--split-file",
+                               str(SPLITS_DIR / "acdc_unseen.json"), "--device", "cpu"])
+        assert seen["cases"] == [f"{patient}_frame{frame}" for patient in unseen["test"] for frame in ("01", "12")]
 
 
 def _shipped(tmp_path, monkeypatch, **data) -> Path:

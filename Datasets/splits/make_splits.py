@@ -14,6 +14,13 @@ stratified by group the same way: fold k is a run's validation side and the othe
 training side; no fold file names a test patient. Networks trained on them predict every
 training patient out of fold, which gives the quality model's choice more patients than the 10
 of the validation split (``Training/quality_folds.py``).
+
+``acdc_unseen.json`` names the official release's patients that our copy lacks (the last four of
+each training group and the 50 of its testing set), all on the test side: nothing was trained,
+validated, chosen or read on them, so they are where the shipped models and their quality models
+can be checked afresh (``calibseg-convert-acdc`` on the release, then ``calibseg-evaluate
+--split-file Datasets/splits/acdc_unseen.json``; README, *Checking the shipped models on patients
+this copy lacks*).
 """
 
 from __future__ import annotations
@@ -26,11 +33,13 @@ from pathlib import Path
 
 GROUPS = ("DCM", "HCM", "MINF", "NOR", "RV")
 FOLDS = 4
+RELEASE_PATIENTS = 150  # the official release: training patients 001-100, testing patients 101-150
 
 
-def group_of(patient_id: str) -> str:
+def group_of(patient_id: str) -> str | None:
+    """The diagnostic group of a training patient; None for a testing patient (its group is in its Info.cfg only)."""
     number = int(re.sub(r"\D", "", patient_id))
-    return GROUPS[(number - 1) // 20]
+    return GROUPS[(number - 1) // 20] if number <= len(GROUPS) * 20 else None
 
 
 def patients_in(folder: Path) -> list[str]:
@@ -79,18 +88,31 @@ def split_folds(training: list[str], folds: int = FOLDS, seed: int = 2024) -> li
              "val": sorted(fold), "test": []} for fold in dealt]
 
 
+def split_unseen(copy: list[str]) -> dict[str, list[str]]:
+    """The release's patients not in ``copy`` (our copy's patients), all as ``test``."""
+    present = set(copy)
+    release = (f"patient{number:03d}" for number in range(1, RELEASE_PATIENTS + 1))
+    return {"train": [], "val": [], "test": [patient for patient in release if patient not in present]}
+
+
 def write(path: Path, dataset: str, split: dict[str, list[str]], description: str) -> None:
+    groups = {patient: group_of(patient) for values in split.values() for patient in values}
     payload = {"dataset": dataset, "description": description, **split,
-               "groups": {patient: group_of(patient) for values in split.values() for patient in values}}
+               "groups": {patient: group for patient, group in groups.items() if group is not None}}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"{path}: " + ", ".join(f"{key} {len(value)}" for key, value in split.items()))
 
 
 def main(full_folder: str, sample_folder: str) -> None:
     here = Path(__file__).parent
-    full = split_full(patients_in(Path(full_folder)))
+    copy = patients_in(Path(full_folder))
+    full = split_full(copy)
     write(here / "acdc.json", "acdc", full,
           "ACDC (80 patients of the WSL4MIS copy), patient-level, stratified by diagnostic group, seed 2024")
+    write(here / "acdc_unseen.json", "acdc", split_unseen(copy),
+          f"The {RELEASE_PATIENTS - len(copy)} patients of the official ACDC release that the WSL4MIS copy lacks, all "
+          "test: no shipped model was trained, validated or chosen on them (groups: the training patients'; the "
+          "testing patients' are in their Info.cfg)")
     (here / "acdc_folds").mkdir(exist_ok=True)
     for index, fold in enumerate(split_folds(full["train"])):
         write(here / "acdc_folds" / f"fold{index}.json", "acdc", fold,
