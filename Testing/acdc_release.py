@@ -10,11 +10,12 @@ from typing import Mapping
 import numpy as np
 import SimpleITK as sitk
 
+from Datasets.splits.make_splits import TRAINING_PATIENTS
+
 __all__ = ["SPACING_XYZ", "ORIGIN_XYZ", "write_volume", "write_release"]
 
 SPACING_XYZ = (1.37, 1.37, 9.0)  # ACDC-like: ~1.4 mm in-plane, thick slices
 ORIGIN_XYZ = (-120.0, 80.5, 12.0)
-_TRAINING_PATIENTS = 100  # the release's training set; higher ids are its testing set
 
 
 def write_volume(path: Path, array: np.ndarray, dtype: type) -> None:
@@ -30,7 +31,7 @@ def write_release(root: Path, frames: Mapping[str, tuple[int, int]]) -> Path:
     images of 4 × 20 × 18 voxels with all four labels present. Returns ``root``."""
     rng = np.random.default_rng(0)
     for patient, (ed, es) in frames.items():
-        side = "training" if int(patient.removeprefix("patient")) <= _TRAINING_PATIENTS else "testing"
+        side = "training" if int(patient.removeprefix("patient")) <= TRAINING_PATIENTS else "testing"
         folder = root / side / patient
         folder.mkdir(parents=True)
         (folder / "Info.cfg").write_text(f"ED: {ed}\nES: {es}\nGroup: NOR\nHeight: 180.0\nNbFrame: 30\nWeight: 80.0\n")

@@ -32,14 +32,17 @@ import sys
 from pathlib import Path
 
 GROUPS = ("DCM", "HCM", "MINF", "NOR", "RV")
+GROUP_PATIENTS = 20
 FOLDS = 4
-RELEASE_PATIENTS = 150  # the official release: training patients 001-100, testing patients 101-150
+# The official release: training patients 001-100 (GROUP_PATIENTS consecutive ids per group), testing patients 101-150.
+TRAINING_PATIENTS = len(GROUPS) * GROUP_PATIENTS
+RELEASE_PATIENTS = 150
 
 
 def group_of(patient_id: str) -> str | None:
     """The diagnostic group of a training patient; None for a testing patient (its group is in its Info.cfg only)."""
     number = int(re.sub(r"\D", "", patient_id))
-    return GROUPS[(number - 1) // 20] if number <= len(GROUPS) * 20 else None
+    return GROUPS[(number - 1) // GROUP_PATIENTS] if number <= TRAINING_PATIENTS else None
 
 
 def patients_in(folder: Path) -> list[str]:
@@ -96,9 +99,8 @@ def split_unseen(copy: list[str]) -> dict[str, list[str]]:
 
 
 def write(path: Path, dataset: str, split: dict[str, list[str]], description: str) -> None:
-    groups = {patient: group_of(patient) for values in split.values() for patient in values}
-    payload = {"dataset": dataset, "description": description, **split,
-               "groups": {patient: group for patient, group in groups.items() if group is not None}}
+    groups = {patient: group for values in split.values() for patient in values if (group := group_of(patient))}
+    payload = {"dataset": dataset, "description": description, **split, "groups": groups}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"{path}: " + ", ".join(f"{key} {len(value)}" for key, value in split.items()))
 
