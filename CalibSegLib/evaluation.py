@@ -25,10 +25,11 @@ from CalibSegLib.metrics.calibration import CalibrationStatistics, masked_probab
 from CalibSegLib.priors import inner_region_mask
 from CalibSegLib.quality import structure_key
 
-__all__ = ["CaseEvaluation", "REGIONS", "predict_and_evaluate", "evaluate_variants", "reference_regions",
+__all__ = ["CaseEvaluation", "REFERENCE_REGIONS", "predict_and_evaluate", "evaluate_variants", "reference_regions",
            "case_metrics_row"]
 
-REGIONS: tuple[str, ...] = ("inner_background", "inner_foreground", "boundary")
+# CRaC's inner/outer split of a reference (CalibSegLib.priors.inner_region_mask), inner split again by its label.
+REFERENCE_REGIONS: tuple[str, ...] = ("inner_background", "inner_foreground", "boundary")
 
 
 @dataclass
@@ -40,7 +41,7 @@ class CaseEvaluation:
     Brier, NLL over the reference foreground and ``ece_all`` over every voxel; ``confidence``:
     error-detection AUROC and AURC of the per-voxel confidence, mean normalised entropy inside
     the predicted foreground, mean confidence and accuracy per reference region
-    (:data:`REGIONS`); ``statistics``: the volume's foreground calibration sums (reliability
+    (:data:`REFERENCE_REGIONS`); ``statistics``: the volume's foreground calibration sums (reliability
     diagram, pooling over cases).
     """
 

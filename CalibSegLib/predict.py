@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence, TextIO
 import numpy as np
 
 from CalibSegLib.bundle import BundleError
-from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
+from CalibSegLib.analysis import analyse_case
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import (
     OutputSet,
@@ -52,7 +52,7 @@ from CalibSegLib.io import (
     write_json_atomic,
 )
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
-from CalibSegLib.quality import quality_summary, review_text, structure_key, with_predicted_dice
+from CalibSegLib.quality import review_text, structure_key
 
 __all__ = ["predict_files", "summary_lines", "ProgressReport", "main"]
 
@@ -81,7 +81,6 @@ def predict_files(
     """
     image_path, out_dir = Path(image_path), Path(out_dir)
     stem = image_stem(image_path)
-    metadata = predictor.metadata
     names = (("metrics",) if reference_path is not None else ()) + ("summary",) + OUTPUT_MAPS
     # Checked before the image is even read: a bad --out-dir must not cost an inference.
     outputs = {
@@ -89,10 +88,8 @@ def predict_files(
         for name in names
     }
     image, geometry = read_image(image_path)
-    row = None
-    if reference_path is None:
-        prediction = predictor.predict(image, geometry.spacing, progress=progress, cancel=cancel)
-    else:
+    reference = None
+    if reference_path is not None:
         reference, reference_geometry = read_image(reference_path)
         if reference.shape != image.shape or not reference_geometry.matches(geometry):
             raise ValueError(
@@ -102,17 +99,13 @@ def predict_files(
             )
         if not np.issubdtype(reference.dtype, np.integer):
             reference = _integer_labels(reference, Path(reference_path).name)
-        evaluation = predict_and_evaluate(
-            predictor, image, reference.astype(np.int64), geometry.spacing, progress=progress, cancel=cancel
-        )
-        prediction = evaluation.prediction
-    summary = quality_summary(prediction, geometry.spacing, metadata)
-    if reference_path is not None:
-        row = with_predicted_dice(case_metrics_row(evaluation, metadata.class_names), summary)
+        reference = reference.astype(np.int64)
+    analysis = analyse_case(predictor, image, geometry.spacing, reference, progress=progress, cancel=cancel)
+    prediction = analysis.prediction
     with OutputSet() as output_set:
-        if row is not None:
-            write_json_atomic(output_set.stage(outputs["metrics"]), row)
-        write_json_atomic(output_set.stage(outputs["summary"]), summary)
+        if analysis.metrics is not None:
+            write_json_atomic(output_set.stage(outputs["metrics"]), analysis.metrics)
+        write_json_atomic(output_set.stage(outputs["summary"]), analysis.summary)
         for name in OUTPUT_MAPS:
             write_image(output_set.stage(outputs[name]), getattr(prediction, name), geometry)
     return outputs

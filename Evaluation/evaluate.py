@@ -8,7 +8,7 @@ the shipped sample, ``$CALIBSEG_ACDC`` for full ACDC), the patients from its rec
 ``--split-file``. Patients the bundle was trained or validated on are refused (one sentence
 naming them) unless ``--force``: numbers on them would overstate the model.
 
-Every volume goes through :class:`CalibSegLib.inference.Predictor` whole, as a user's would;
+Every volume goes through :func:`CalibSegLib.analysis.analyse_variants` whole, as a user's would;
 calibration is streamed batch by batch from its ``probability_sink`` (the probability volume
 is never kept), on the reference foreground as in the papers. Writes into ``--out`` (default:
 ``evaluation/`` beside the bundle; for a shipped model ``runs/<name>/evaluation`` under the
@@ -24,7 +24,7 @@ current folder, never inside the installed package), each file atomically:
   volumes' voxels together) and its reliability bins, and the Spearman correlation between
   per-case mean foreground entropy and Dice (does uncertainty flag bad cases?); the machine
   (CPU/GPU, torch version) and the evaluation's wall time; ``quality``: how well the bundle's
-  quality model predicts Dice and flags poor structures, on the test volumes and on
+  quality model predicts Dice and flags poor structures, on the test volumes and, with ``--degraded``, on
   deliberately degraded copies of them (:mod:`Evaluation.quality_report`; null without a model);
 - ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1), pooled
   over all volumes, with the pooled ECE in the title.
@@ -50,14 +50,13 @@ from scipy.stats import spearmanr
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.device import environment
-from CalibSegLib.evaluation import case_metrics_row, evaluate_variants
+from CalibSegLib.analysis import analyse_variants
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence
 from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics
 from CalibSegLib.metrics.plots import reliability_figure, save_figure
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import quality_summary, with_predicted_dice
 from CalibSegLib.temperature import temperature_text
 from Datasets.cases import DATASETS, Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import recorded_split, select_patients
@@ -91,18 +90,15 @@ def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch
                        ) -> dict[str, tuple[list[dict], CalibrationStatistics]]:
     """Per variant: per-case metric rows and pooled calibration statistics, from one network pass per case."""
     variants = variant_bundles(bundle)
-    metadata = {variant: variant_bundle.metadata for variant, variant_bundle in variants.items()}
     predictor = Predictor(bundle, device=device, batch_size=batch_size)
     results = {variant: ([], CalibrationStatistics(bundle.metadata.num_classes)) for variant in variants}
     for case in cases:
-        evaluations = evaluate_variants(predictor, case.image, case.label.astype(np.int64), case.spacing,
-                                        [metadata[variant].temperature for variant in variants])
-        for variant, evaluation in zip(variants, evaluations):
+        analyses = analyse_variants(predictor, case.image, case.spacing, case.label.astype(np.int64),
+                                    [variant_bundle.metadata for variant_bundle in variants.values()])
+        for variant, analysis in zip(variants, analyses):
             rows, pooled = results[variant]
-            pooled.merge(evaluation.statistics)
-            row = with_predicted_dice(case_metrics_row(evaluation, bundle.metadata.class_names),
-                                      quality_summary(evaluation.prediction, case.spacing, metadata[variant]))
-            rows.append({"case": case.case_id, **row})
+            pooled.merge(analysis.evaluation.statistics)
+            rows.append({"case": case.case_id, **analysis.metrics})
     return results
 
 
@@ -117,13 +113,12 @@ class EvaluationResult:
 
 def evaluate_bundle(
     bundle: Bundle, cases: Sequence[Case], out_dir: str | Path, device: str = "auto", batch_size: int = 16,
-    degradations: Sequence[str] = tuple(DEGRADATIONS),
+    degradations: Sequence[str] = (),
 ) -> EvaluationResult:
     """Evaluate ``bundle`` on ``cases`` (3D) and write CSV, JSON and PNGs into ``out_dir``; returns what it wrote.
 
-    ``degradations`` (names of :data:`Evaluation.quality_report.DEGRADATIONS`) are the degraded
-    copies of ``cases`` the quality report is also measured on; each costs one more prediction
-    per case.
+    ``degradations`` (names of :data:`Evaluation.quality_report.DEGRADATIONS`, none by default) are degraded
+    copies of ``cases`` the quality report is also measured on; each costs one more prediction per case.
 
     Raises:
         DataError: no cases were given.
@@ -205,6 +200,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="evaluate even on patients the bundle was trained or validated on")
     parser.add_argument("--out", type=Path, default=None, help=f"default: {EVALUATION_DIR}/ beside the bundle "
                         f"(runs/<name>/{EVALUATION_DIR} for a shipped model)")
+    parser.add_argument("--degraded", action="store_true",
+                        help="also measure the quality check on degraded copies of the volumes (contrast inversion, "
+                             f"gamma 3, noise): {len(DEGRADATIONS)} more predictions per volume")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     return parser
@@ -241,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             _check_unseen(patients, recorded)
         files = select_patients(find_cases(data_folder(recorded, arguments.data), arguments.dataset), patients)
         cases = load_cases(files, bundle.metadata.num_classes)
-        result = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size)
+        result = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size,
+                                 degradations=tuple(DEGRADATIONS) if arguments.degraded else ())
     except (BundleError, DataError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:

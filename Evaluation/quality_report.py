@@ -2,9 +2,9 @@
 review flag as a detector of poor structures — on the clean volumes and on deliberately degraded ones.
 
 :func:`Evaluation.evaluate.evaluate_bundle` puts :func:`quality_report` into ``summary.json``
-(``"quality"``), so every evaluation has it; for a shipped model::
+(``"quality"``), so every evaluation has it (the degraded copies only with ``--degraded``); for a shipped model::
 
-    calibseg-evaluate --bundle acdc_ce_dice --data "$CALIBSEG_ACDC"   # → runs/acdc_ce_dice/evaluation/
+    calibseg-evaluate --bundle acdc_ce_dice --data "$CALIBSEG_ACDC" --degraded   # → runs/acdc_ce_dice/evaluation/
     python -m Reporting.quality_tables runs/acdc_*/evaluation/summary.json         # the tables, as Markdown
 
 :mod:`Reporting.quality_tables` makes those tables; the results page shows them for every shipped
@@ -32,10 +32,11 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 from scipy.stats import spearmanr
 
+from CalibSegLib.analysis import analyse_case
 from CalibSegLib.bundle import Bundle
 from CalibSegLib.inference import Predictor
-from CalibSegLib.metrics import dice, error_detection_auroc
-from CalibSegLib.quality import REVIEW_BELOW, quality_model_of, quality_summary, structure_key, summary_columns
+from CalibSegLib.metrics import error_detection_auroc
+from CalibSegLib.quality import REVIEW_BELOW, structure_key
 from Datasets.cases import Case
 from Evaluation.bootstrap import spearman_interval
 
@@ -134,20 +135,13 @@ def degraded_images(cases: Sequence[Case], degradation: str) -> Iterator[np.ndar
 
 
 def degraded_rows(predictor: Predictor, cases: Sequence[Case], degradation: str) -> list[dict[str, float]]:
-    """Measured Dice and :func:`~CalibSegLib.quality.summary_columns` of every case after ``degradation``."""
-    metadata = predictor.metadata
-    rows = []
-    for case, image in zip(cases, degraded_images(cases, degradation), strict=True):
-        prediction = predictor.predict(image, case.spacing)
-        measured = dice(prediction.labels, case.label.astype(np.int64), metadata.num_classes)
-        rows.append({"case": case.case_id,
-                     **{f"dice_{structure_key(name)}": float(value) for name, value in zip(metadata.class_names[1:], measured)},
-                     **summary_columns(quality_summary(prediction, case.spacing, metadata))})
-    return rows
+    """The metric row (measured Dice, predicted Dice beside it) of every case after ``degradation``."""
+    return [{"case": case.case_id, **analyse_case(predictor, image, case.spacing, case.label.astype(np.int64)).metrics}
+            for case, image in zip(cases, degraded_images(cases, degradation), strict=True)]
 
 
 def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases: Sequence[Case],
-                   degradations: Sequence[str] = tuple(DEGRADATIONS), device: str = "auto",
+                   degradations: Sequence[str] = (), device: str = "auto",
                    batch_size: int = 16) -> dict | None:
     """The quality section of an evaluation summary; None for a bundle without a quality model.
 
@@ -160,7 +154,7 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
         ``{"review_below", "clean": statistics, "degraded": {name: statistics, "degraded (all)": ...}}``
         with statistics as :func:`quality_statistics` returns them.
     """
-    model = quality_model_of(bundle.metadata)
+    model = bundle.metadata.quality
     if model is None:
         return None
     names = bundle.metadata.class_names

@@ -35,7 +35,7 @@ from CalibSegLib.metrics import RankTable, rank_methods
 from Datasets.cases import recorded_dataset
 from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, VARIANTS, EvaluationSummary
 from Reporting.formatting import format_value, markdown_table
-from Training.trainer import BUNDLE_NAME, CHECKPOINT_NAME, RUN_SUMMARY_NAME, RunSummary
+from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, RUN_SUMMARY_NAME, RunSummary
 
 __all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "ranked_table",
            "table_caption", "benchmark_csv", "write_benchmark", "main"]

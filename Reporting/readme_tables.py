@@ -183,7 +183,7 @@ def quick_start_entry(run_dir: str | Path, command: str, wall_s: float | None = 
         ValueError: the folder holds no finished, evaluated run (one sentence).
     """
     from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, EvaluationSummary
-    from Training.trainer import BUNDLE_NAME, RunSummary
+    from Training.records import BUNDLE_NAME, RunSummary
 
     run_dir = Path(run_dir)
     run = RunSummary.read(run_dir)

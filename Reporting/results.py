@@ -34,6 +34,7 @@ from typing import Sequence
 from matplotlib.figure import Figure
 
 from CalibSegLib.bundle import BundleError
+from CalibSegLib.evaluation import REFERENCE_REGIONS
 from CalibSegLib.io import atomic_output
 from CalibSegLib.metrics import rank_methods
 from CalibSegLib.metrics.plots import compare_reliability_figure, save_figure
@@ -42,7 +43,7 @@ from Datasets.cases import recorded_dataset
 from Reporting.benchmark import VARIANT_TITLES, RunResult, benchmark_csv, collect_run, ranked_table, table_caption
 from Reporting.formatting import format_value, markdown_table
 from Training.train import SCHEDULES
-from Training.trainer import RunSummary, read_history
+from Training.records import RunSummary, read_history
 
 __all__ = ["PAPER_ACDC_UNET", "BEGIN_MARKER", "END_MARKER", "training_wall_seconds", "paper_comparison",
            "write_results", "main"]
@@ -70,8 +71,6 @@ PAPER_COLUMNS: tuple[tuple[str, str, bool], ...] = (
 PROTOCOL_PAIRS: tuple[tuple[str, str, str], ...] = (
     ("ECE: foreground / all voxels", "ece", "ece_all"), ("TACE: ours / theirs", "tace", "tace_authors"),
     ("HD95: mm / voxels", "hd95_mean", "hd95_voxels_mean"))
-REGIONS: tuple[tuple[str, str], ...] = (("inner background", "inner_background"),
-                                        ("inner foreground", "inner_foreground"), ("boundary", "boundary"))
 COMPARED_METHODS: tuple[str, ...] = ("ce_dice", "nacl", "crac")
 FIGURES_DIR = "results"
 
@@ -143,14 +142,14 @@ def _protocol_table(runs: Sequence[RunResult]) -> list[str]:
 
 
 def _region_table(runs: Sequence[RunResult]) -> list[str]:
-    """Mean confidence vs accuracy per reference region (CRaC's regions), before and after scaling."""
-    header = ["Method", "Variant"] + [f"{label}: confidence / accuracy" for label, _ in REGIONS]
+    """Mean confidence vs accuracy per reference region, before and after scaling."""
+    header = ["Method", "Variant"] + [f"{key.replace('_', ' ')}: confidence / accuracy" for key in REFERENCE_REGIONS]
     rows = []
     for run in runs:
         for variant in ("uncalibrated", "scaled"):
             rows.append([run.method, VARIANT_TITLES[variant].split(" (")[0]] + [
                 f"{run.value(variant, f'confidence_{key}'):.3f} / {run.value(variant, f'accuracy_{key}'):.3f}"
-                for _, key in REGIONS])
+                for key in REFERENCE_REGIONS])
     return markdown_table(header, rows)
 
 

@@ -30,8 +30,9 @@ from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
 from Datasets.cases import DataError, data_folder, find_cases, load_cases, recorded_dataset
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.evaluate import evaluate_bundle
+from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR, VARIANTS
-from Training.trainer import BUNDLE_NAME
+from Training.records import BUNDLE_NAME
 
 __all__ = ["ship_run", "main"]
 
@@ -60,7 +61,9 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
         staged = save_bundle(Path(staging) / bundle_path.name, bundle.state_dict, bundle.metadata, half=True)
         shipped = load_bundle(staged)
-        evaluation = evaluate_bundle(shipped, cases, Path(staging) / "evaluation", device)
+        # The results page reports the quality check on degraded copies too: the shipped record measures them.
+        evaluation = evaluate_bundle(shipped, cases, Path(staging) / "evaluation", device,
+                                     degradations=tuple(DEGRADATIONS))
         summary = evaluation.summary
         metrics = {
             "model": name,

@@ -107,11 +107,28 @@ def _captured_evaluation(monkeypatch) -> dict:
     seen: dict = {}
 
     def evaluate(bundle, cases, out, device="auto", batch_size=16, **kwargs):
-        seen.update(cases=[case.case_id for case in cases], out=Path(out))
+        seen.update(cases=[case.case_id for case in cases], out=Path(out), degradations=kwargs.get("degradations"))
         raise Stop
 
     monkeypatch.setattr(evaluate_cli, "evaluate_bundle", evaluate)
     return seen
+
+
+def test_degraded_copies_are_evaluated_only_with_degraded(tmp_path, monkeypatch, capsys):
+    from Evaluation.quality_report import DEGRADATIONS
+
+    bundle = _bundle(tmp_path / "model.calibseg", train=["patient013"], val=["patient022"], test=["patient016"])
+    arguments = ["--bundle", str(bundle), "--data", str(SAMPLE_DATA), "--device", "cpu"]
+    seen = _captured_evaluation(monkeypatch)
+    with pytest.raises(Stop):
+        evaluate_cli.main(arguments)
+    assert seen["degradations"] == ()
+    with pytest.raises(Stop):
+        evaluate_cli.main([*arguments, "--degraded"])
+    assert seen["degradations"] == tuple(DEGRADATIONS) and len(DEGRADATIONS) == 3
+    with pytest.raises(SystemExit):
+        evaluate_cli.main(["--help"])
+    assert "--degraded" in capsys.readouterr().out
 
 
 def test_evaluating_seen_patients_is_refused_unless_forced(tmp_path, monkeypatch):
@@ -176,15 +193,14 @@ def test_fit_quality_takes_a_shipped_name_and_leaves_the_package_alone(tmp_path,
     fitted = QualityModel.from_dict(load_bundle(folder / "tiny_model.calibseg").metadata.quality_model)
     seen = {}
 
-    def fit(predictor, cases, class_names=None):
-        seen["cases"] = [case.case_id for case in cases]
+    def fit(observations, class_names, validation=None):
+        seen["patients"] = [item.patient for item in observations]
         return fitted
 
-    monkeypatch.setattr(fit_quality_cli, "fit_quality_model", fit)
+    monkeypatch.setattr(fit_quality_cli, "fit_from_observations", fit)
     assert fit_quality_cli.main(["--bundle", "tiny_model", "--device", "cpu"]) == 0
     written = Path("runs") / "tiny_model" / "tiny_model.calibseg"
     assert load_bundle(written).metadata
-    assert seen["cases"] == [f"{patient}_frame{frame}" for patient, frame in
-                             (("patient036", "01"), ("patient036", "12"), ("patient069", "01"), ("patient069", "12"))]
+    assert seen["patients"] == ["patient036", "patient036", "patient069", "patient069"]  # both frames each
     assert tree_snapshot(folder) == package
     assert f"bundle: {written}" in capsys.readouterr().out

@@ -58,7 +58,7 @@ def no_inference(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("inference ran although the fault was detectable before it")
 
-    monkeypatch.setattr(Predictor, "predict", refuse)
+    monkeypatch.setattr(Predictor, "predict_variants", refuse)
 
 
 def fail_on_second_write(monkeypatch, error: BaseException) -> None:
@@ -162,7 +162,7 @@ def test_ctrl_c_during_inference_exits_130_with_nothing_written(case, tmp_path, 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Predictor, "predict", interrupted)
+    monkeypatch.setattr(Predictor, "predict_variants", interrupted)
     assert predict_cli(case, tmp_path / "out") == 130
     assert_one_sentence(capsys.readouterr().err, "^interrupted: nothing was written")
     assert list(tmp_path.iterdir()) == []

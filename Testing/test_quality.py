@@ -1,4 +1,4 @@
-"""Quality from uncertainty: features against loop references, the monotone fits, the choice rule,
+"""Quality from uncertainty: features against loop references, the fit against lines by hand,
 the summary with and without a quality model, and the model's life in a bundle."""
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.inference import Prediction
 from CalibSegLib.quality import (
     FEATURES,
-    FEATURES_WITHOUT_MIRRORING,
-    FEATURES_WITHOUT_SIZE,
-    MIRROR_AGREEMENT,
     HOT_SPOT_LEVEL,
+    MIRROR_AGREEMENT,
+    SIZE_FEATURE,
+    UNCERTAINTY_FEATURES,
+    Observation,
     QualityModel,
     QualityModelError,
     StructureQuality,
     fit_from_observations,
-    isotonic_fit,
+    observe_cases,
     quality_summary,
-    size_candidates,
     structure_features,
     summary_columns,
     uncertain_slices,
@@ -195,161 +195,109 @@ def test_uncertain_slices_sum_hot_spots_along_the_slice_axis():
     assert HOT_SPOT_LEVEL == 0.4
 
 
-# --------------------------------------------------------------------------- monotone fits
+# --------------------------------------------------------------------------- the fit
+
+SIX = UNCERTAINTY_FEATURES
 
 
-def _isotonic_reference(x, y):
-    """Min-max formula of isotonic regression on pooled ties: f_i = max_{j<=i} min_{k>=i} mean(y_j..y_k)."""
-    knots = np.unique(x)
-    means = np.array([np.mean(y[x == value]) for value in knots])
-    weights = np.array([np.sum(x == value) for value in knots])
-    n = len(knots)
-
-    def mean(j, k):
-        return np.sum(means[j:k + 1] * weights[j:k + 1]) / np.sum(weights[j:k + 1])
-
-    return knots, np.array([max(min(mean(j, k) for k in range(i, n)) for j in range(i + 1)) for i in range(n)])
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_isotonic_fit_equals_the_min_max_formula(seed):
+def _observations(dice_of, count=12, seed=0, structures=1, per_patient=2, agreement=False):
+    """Observations of ``count`` cases, ``per_patient`` a patient; every structure's Dice is
+    ``dice_of(features)`` of its own features, each feature uniform noise in [0.05, 0.5]."""
     rng = np.random.default_rng(seed)
-    x = rng.integers(0, 12, size=25).astype(float)  # with ties
-    y = 0.5 * x / 12 + rng.normal(0, 0.2, size=25)
-    knots, fitted = isotonic_fit(x, y)
-    expected_knots, expected = _isotonic_reference(x, y)
-    np.testing.assert_array_equal(knots, expected_knots)
-    np.testing.assert_allclose(fitted, expected, atol=1e-12)
-    down_knots, down = isotonic_fit(x, -y, increasing=False)
-    np.testing.assert_allclose(down, -expected, atol=1e-12)
-    assert np.all(np.diff(fitted) >= 0) and np.all(np.diff(down) <= 0)
+    observations = []
+    for index in range(count):
+        rows, dice = [], []
+        for _ in range(structures):
+            names = (*SIX, SIZE_FEATURE, *([MIRROR_AGREEMENT] if agreement else []))
+            values = {name: float(rng.uniform(0.05, 0.5)) for name in names}
+            rows.append(values)
+            dice.append(float(dice_of(values)))
+        observations.append(Observation(f"p{index // per_patient}", rows, np.array(dice)))
+    return observations
 
 
-def _observations(dice_of, count=12, seed=0):
-    """Per-case features (class 1 only) and Dice = ``dice_of(mean_entropy)``; other features are noise."""
-    rng = np.random.default_rng(seed)
-    features, dice = [], []
-    for _ in range(count):
-        values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES_WITHOUT_MIRRORING}
-        values["voxels"] = 100.0
-        features.append([values])
-        dice.append([dice_of(values["mean_entropy"])])
-    return features, np.array(dice)
+def _line(x, y, direction):
+    """The least-squares line through ``(x, y)`` with its slope held to ``direction``, as (intercept, slope)."""
+    slope = np.polyfit(x, y, 1)[0]
+    slope = slope if slope * direction > 0 else 0.0
+    return y.mean() - slope * x.mean(), slope
 
 
-def test_fit_chooses_the_informative_feature_and_scores_it_held_out():
-    features, dice = _observations(lambda entropy: 1.0 - 0.8 * entropy)
-    groups = [f"p{index // 2}" for index in range(len(features))]  # two cases per patient
-    model = fit_from_observations(features, dice, ["background", "class 1"], groups)
-    chosen = model.structures["class 1"]
-    assert (chosen.feature, chosen.form) == ("mean_entropy", "linear")
-    assert chosen.parameters["slope"] == pytest.approx(-0.8) and chosen.parameters["intercept"] == pytest.approx(1.0)
-    assert chosen.loo_mae < 1e-9 < chosen.constant_loo_mae
-    # the constant baseline, held out by patient, computed by hand
-    y = dice[:, 0]
-    baseline = np.mean([abs(y[i] - np.mean([y[j] for j in range(len(y)) if groups[j] != groups[i]]))
-                        for i in range(len(y))])
-    assert chosen.constant_loo_mae == pytest.approx(baseline)
-    assert model.validation == {"cases": 12, "patients": 6, "scheme": "leave-one-patient-out"}
+def _by_hand(observations, keep, at, features):
+    """The averaged prediction at ``at`` of the lines fitted on the observations where ``keep`` is True."""
+    y = np.array([item.dice[0] for item in observations])
+    values = []
+    for name in features:
+        x = np.array([item.features[0][name] for item in observations])
+        intercept, slope = _line(x[keep], y[keep], FEATURES[name])
+        values.append(np.clip(intercept + slope * at[name], 0, 1))
+    return float(np.mean(values))
 
 
-def test_fit_prefers_isotonic_for_a_step_and_stays_monotone():
-    features, dice = _observations(lambda entropy: 0.9 if entropy < 0.25 else 0.5, count=20, seed=3)
-    chosen = fit_from_observations(features, dice, ["background", "class 1"]).structures["class 1"]
-    assert (chosen.feature, chosen.form) == ("mean_entropy", "isotonic")
-    grid = np.linspace(0.0, 0.6, 50)
-    predicted = [chosen.predict({"mean_entropy": value}) for value in grid]
-    assert np.all(np.diff(predicted) <= 0) and predicted[0] == pytest.approx(0.9) and predicted[-1] == pytest.approx(0.5)
-
-
-def test_interval_is_the_conformal_order_statistics_of_held_out_residuals():
-    rng = np.random.default_rng(4)
-    features, dice = _observations(lambda entropy: 1.0 - entropy, count=19)
-    dice = np.clip(dice + rng.normal(0, 0.05, dice.shape), 0, 1)
-    model = fit_from_observations(features, dice, ["background", "class 1"])
-    chosen = model.structures["class 1"]
-    x = np.array([case[0][chosen.feature] for case in features])
-    residuals = []
-    for held in range(len(x)):  # leave-one-case-out with the chosen form, refitted by hand
-        keep = np.arange(len(x)) != held
-        if chosen.form == "linear":
-            slope, intercept = np.polyfit(x[keep], dice[keep, 0], 1)
-            slope = slope if slope * FEATURES[chosen.feature] > 0 else 0.0
-            intercept = dice[keep, 0].mean() - slope * x[keep].mean()
-            predicted = float(np.clip(intercept + slope * x[held], 0, 1))
-        else:
-            knots, fitted = isotonic_fit(x[keep], dice[keep, 0], FEATURES[chosen.feature] > 0)
-            predicted = float(np.interp(x[held], knots, fitted))
-        residuals.append(dice[held, 0] - predicted)
-    ordered = np.sort(residuals)  # n = 19, 80 %: the 2nd smallest and the 18th
-    assert chosen.interval == pytest.approx((ordered[1], ordered[17]))
-    assert chosen.loo_mae == pytest.approx(np.mean(np.abs(residuals)))
-    assert chosen.predict_interval(0.99)[1] == 1.0  # clipped to [0, 1]
-
-
-def test_averaged_fit_is_the_mean_of_per_feature_linear_fits_scored_held_out():
+def test_fit_is_the_mean_of_per_feature_lines_scored_and_bounded_held_out_by_patient():
     rng = np.random.default_rng(5)
-    features, dice = _observations(lambda entropy: 1.0 - entropy, count=16, seed=5)
-    dice = np.clip(dice + rng.normal(0, 0.03, dice.shape), 0, 1)
-    groups = [f"p{index // 2}" for index in range(len(features))]
-    averaged = fit_from_observations(features, dice, CLASS_NAMES[:2], groups, averaged=True).structures["class 1"]
-    assert averaged.form == "linear_mean" and averaged.inputs == FEATURES_WITHOUT_MIRRORING
-    y = dice[:, 0]
-
-    def by_hand(keep: np.ndarray, at: dict[str, float]) -> float:
-        """Each feature's least-squares line on the kept cases (zero slope where it runs against the feature's
-        direction), clipped to [0, 1] at ``at``, then averaged."""
-        values = []
-        for name in FEATURES_WITHOUT_MIRRORING:
-            direction = FEATURES[name]
-            x = np.array([case[0][name] for case in features])
-            slope = np.polyfit(x[keep], y[keep], 1)[0]
-            slope = slope if slope * direction > 0 else 0.0
-            values.append(np.clip(y[keep].mean() + slope * (at[name] - x[keep].mean()), 0, 1))
-        return float(np.mean(values))
-
+    observations = _observations(lambda values: float(np.clip(1.0 - values["mean_entropy"] + rng.normal(0, 0.03), 0, 1)),
+                                 count=16, seed=5)
+    quality = fit_from_observations(observations, CLASS_NAMES[:2]).structures["class 1"]
+    assert quality.form == "linear_mean" and quality.inputs == SIX  # the size did not help: left out
+    groups = np.array([item.patient for item in observations])
+    y = np.array([item.dice[0] for item in observations])
     everyone = np.ones(len(y), dtype=bool)
-    for case in features[:3]:
-        assert averaged.predict(case[0]) == pytest.approx(by_hand(everyone, case[0]))
-    held_out = [y[i] - by_hand(np.array(groups) != groups[i], features[i][0]) for i in range(len(y))]
-    assert averaged.loo_mae == pytest.approx(np.mean(np.abs(held_out)))
+    for item in observations[:3]:
+        assert quality.predict(item.features[0]) == pytest.approx(_by_hand(observations, everyone, item.features[0], SIX))
+    held_out = [y[i] - _by_hand(observations, groups != groups[i], observations[i].features[0], SIX)
+                for i in range(len(y))]
+    assert quality.loo_mae == pytest.approx(np.mean(np.abs(held_out)))
     ordered = np.sort(held_out)  # n = 16, 80 %: the 1st smallest and the 16th
-    assert averaged.interval == pytest.approx((ordered[0], ordered[15]))
-    # one informative feature among four noise ones: averaging dilutes it, choosing does not
-    chosen = fit_from_observations(features, dice, CLASS_NAMES[:2], groups).structures["class 1"]
-    assert chosen.loo_mae < averaged.loo_mae < averaged.constant_loo_mae
+    assert quality.interval == pytest.approx((ordered[0], ordered[15]))
+    baseline = np.mean([abs(y[i] - y[groups != groups[i]].mean()) for i in range(len(y))])
+    assert quality.constant_loo_mae == pytest.approx(baseline) and quality.loo_mae < baseline
+    model = fit_from_observations(observations, CLASS_NAMES[:2], validation={"fold_networks": 4})
+    assert model.validation == {"cases": 16, "patients": 8, "scheme": "leave-one-patient-out", "fold_networks": 4}
 
 
-@pytest.mark.parametrize("shared_signal", [False, True])
-def test_with_average_the_average_competes_with_the_single_fits_by_held_out_error(shared_signal):
-    """One informative feature among noise: the single fit wins. Every feature a noisy reading of one signal:
-    averaging cancels the noise and the average wins. Either way the winner is the lower held-out error."""
-    rng = np.random.default_rng(11)
-    signal = rng.uniform(0.1, 0.4, 24)
-    features = []
-    for value in signal:
-        if shared_signal:  # each feature follows the signal in its own direction, with its own noise
-            values = {name: float((value if FEATURES[name] > 0 else 1 - value) + rng.normal(0, 0.05))
-                      for name in FEATURES_WITHOUT_MIRRORING}
-        else:  # mean entropy follows it, the other features are noise
-            values = {name: float(rng.uniform(0.05, 0.5)) for name in FEATURES_WITHOUT_MIRRORING}
-            values["mean_entropy"] = float(1 - value)
-        features.append([values])
-    dice = signal[:, None]
-    groups = [f"p{index // 2}" for index in range(len(features))]
-    single, averaged, competing = (
-        fit_from_observations(features, dice, CLASS_NAMES[:2], groups, **options).structures["class 1"]
-        for options in ({}, {"averaged": True}, {"with_average": True}))
-    winner = averaged if shared_signal else single
-    assert (winner.loo_mae < single.loo_mae) if shared_signal else (winner.loo_mae < averaged.loo_mae)
-    assert (competing.feature, competing.form, competing.loo_mae) == (winner.feature, winner.form, winner.loo_mae)
-    assert competing.parameters == winner.parameters
+def test_the_fit_adds_the_size_only_to_the_structures_whose_held_out_error_it_lowers():
+    """Class 1's Dice follows its size, class 2's its entropy: the fit itself decides, by held-out error."""
+    rng = np.random.default_rng(7)
+    observations = []
+    for index in range(20):
+        size, entropy = rng.uniform(0.05, 0.5, 2)
+        first = {name: float(rng.uniform(0.05, 0.5)) for name in SIX} | {SIZE_FEATURE: float(size)}
+        second = {name: float(rng.uniform(0.05, 0.5)) for name in SIX} | {SIZE_FEATURE: float(rng.uniform(0.05, 0.5)),
+                                                                           "mean_entropy": float(entropy)}
+        observations.append(Observation(f"p{index // 2}", [first, second], np.array([0.5 + size, 1.0 - entropy])))
+    model = fit_from_observations(observations, CLASS_NAMES[:3])
+    assert model.structures["class 1"].inputs == (*SIX, SIZE_FEATURE)
+    assert model.structures["class 2"].inputs == SIX
+    # the structure with the size is exactly the mean of the seven lines
+    seven = (*SIX, SIZE_FEATURE)
+    single = [Observation(item.patient, [item.features[0]], item.dice[:1]) for item in observations]
+    everyone = np.ones(len(single), dtype=bool)
+    at = observations[0].features[0]
+    assert model.structures["class 1"].predict(at) == pytest.approx(_by_hand(single, everyone, at, seven))
+
+
+def test_the_mirrored_passes_agreement_is_averaged_where_every_case_has_it():
+    with_agreement = _observations(lambda values: values[MIRROR_AGREEMENT], count=12, agreement=True)
+    assert MIRROR_AGREEMENT in fit_from_observations(with_agreement, CLASS_NAMES[:2]).structures["class 1"].inputs
+    mixed = [*with_agreement, *_observations(lambda values: 0.8, count=4, seed=2)]
+    assert MIRROR_AGREEMENT not in fit_from_observations(mixed, CLASS_NAMES[:2]).structures["class 1"].inputs
+
+
+def test_a_feature_that_barely_varies_gives_a_model_its_own_validator_accepts():
+    """A short run's validation cases: one feature nearly constant, so its least-squares line is nearly vertical."""
+    observations = _observations(lambda values: 0.3 + values["mean_entropy"] / 10, count=8)
+    for offset, item in enumerate(observations):
+        item.features[0]["mean_confidence"] = 0.5 + offset * 1e-12
+    model = fit_from_observations(observations, CLASS_NAMES[:2])
+    assert QualityModel.from_dict(model.to_dict(), CLASS_NAMES[:2]) == model
+    terms = {term["feature"]: term for term in model.structures["class 1"].parameters["terms"]}
+    assert terms["mean_confidence"]["slope"] == 0.0
 
 
 def test_an_averaged_quality_model_round_trips_and_predicts_in_the_summary(tmp_path):
-    features, dice = _observations(lambda entropy: 1.0 - entropy, count=10)
-    stored = fit_from_observations([case * 3 for case in features], np.repeat(dice, 3, axis=1), CLASS_NAMES,
-                                   averaged=True)
+    observations = _observations(lambda values: 1.0 - values["mean_entropy"], count=10, structures=3)
+    stored = fit_from_observations(observations, CLASS_NAMES)
     assert "feature" not in stored.to_dict()["structures"]["class 1"]
     path = make_test_bundle(tmp_path / "averaged.calibseg", quality_model=stored.to_dict())
     metadata = load_bundle(path).metadata
@@ -364,54 +312,17 @@ def test_an_averaged_quality_model_round_trips_and_predicts_in_the_summary(tmp_p
     assert entry["review"] is (entry["predicted_dice"] < 0.8)
 
 
-def test_a_shifted_fit_predicts_the_offset_higher_below_the_clip_in_every_form():
-    values = {name: 0.2 for name in FEATURES}
-    forms = [StructureQuality("mean_entropy", "linear", {"intercept": 0.9, "slope": -0.5}, (-0.1, 0.1), 0.1, 0.2, 9),
-             StructureQuality("features, averaged", "linear_mean",
-                              {"terms": [{"feature": "mean_entropy", "intercept": 0.9, "slope": -0.5},
-                                         {"feature": "mean_confidence", "intercept": 0.1, "slope": 0.6}]},
-                              (-0.1, 0.1), 0.1, 0.2, 9),
-             StructureQuality("mean_entropy", "isotonic", {"x": [0.0, 0.5], "y": [0.9, 0.5]}, (-0.1, 0.1), 0.1, 0.2, 9)]
-    for quality in forms:
-        shifted = quality.shifted(-0.05)
-        assert shifted.predict(values) == pytest.approx(quality.predict(values) - 0.05)
-        assert (shifted.interval, shifted.loo_mae, shifted.form) == (quality.interval, quality.loo_mae, quality.form)
-        assert quality.shifted(1.0).predict({name: 0.0 for name in FEATURES}) == 1.0  # clipped to [0, 1]
-    # The stored form stays readable: a shifted model round-trips like a fitted one.
-    model = QualityModel({"class 1": forms[1].shifted(0.03), "class 2": forms[0], "class 3": forms[2].shifted(0.2)})
-    assert QualityModel.from_dict(model.to_dict(), CLASS_NAMES) == model
-
-
-def test_the_size_is_a_candidate_for_a_foreground_left_ventricle_only():
-    assert size_candidates(["background", "right ventricle", "myocardium", "left ventricle"]) == {
-        "left ventricle": ("log_volume_ml",)}
-    assert size_candidates(["left ventricle", "liver"]) == {}  # the first name is the background's
-
-
-def test_extra_candidates_join_one_structure_only_and_bad_ones_are_refused():
-    features, dice = _observations(lambda entropy: 1.0 - entropy, count=12)
-    both = [case * 2 for case in features]
-    names = CLASS_NAMES[:3]
-    six = FEATURES_WITHOUT_SIZE
-    model = fit_from_observations(both, np.repeat(dice, 2, axis=1), names, averaged=True, candidates=six,
-                                  extra_candidates={"class 2": ("log_volume_ml",)})
-    assert model.structures["class 1"].inputs == six
-    assert model.structures["class 2"].inputs == (*six, "log_volume_ml")
-    by_hand = fit_from_observations([[case[1]] for case in both], dice, ["background", "class 2"], averaged=True,
-                                    candidates=(*six, "log_volume_ml")).structures["class 2"]
-    assert model.structures["class 2"] == by_hand
-    for bad in ({"class 9": ("log_volume_ml",)}, {"class 2": ("volume",)}):
-        with pytest.raises(QualityModelError, match="^Extra candidates must map a structure to some of "):
-            fit_from_observations(both, np.repeat(dice, 2, axis=1), names, extra_candidates=bad)
-
-
-def test_fit_needs_three_cases_of_two_patients_per_structure():
-    features, dice = _observations(lambda entropy: 1.0 - entropy, count=4)
+def test_fit_needs_three_cases_of_two_patients_per_structure_and_some_overlap():
+    observations = _observations(lambda values: 1.0 - values["mean_entropy"], count=4, per_patient=4)
     with pytest.raises(QualityModelError, match="Only 4 validation case\\(s\\) of 1 patient\\(s\\) predict 'class 1'"):
-        fit_from_observations(features, dice, ["background", "class 1"], ["p0"] * 4)
-    features[0][0] = features[1][0] = None  # predicted nowhere: left out of that structure's fit
+        fit_from_observations(observations, CLASS_NAMES[:2])
+    observations = _observations(lambda values: 1.0 - values["mean_entropy"], count=4)
+    observations[0].features[0] = observations[1].features[0] = None  # predicted nowhere: left out of its fit
     with pytest.raises(QualityModelError, match="Only 2 validation"):
-        fit_from_observations(features, dice, ["background", "class 1"])
+        fit_from_observations(observations, CLASS_NAMES[:2])
+    nowhere = _observations(lambda values: 0.0, count=6)
+    with pytest.raises(QualityModelError, match=r"^The network's 'class 1' overlaps the reference nowhere .*\.$"):
+        fit_from_observations(nowhere, CLASS_NAMES[:2])
 
 
 # --------------------------------------------------------------------------- the summary
@@ -457,8 +368,8 @@ def test_summary_columns_are_nan_where_the_summary_is_null():
 
 
 def test_quality_model_round_trips_through_a_saved_bundle(tmp_path):
-    features, dice = _observations(lambda entropy: 1.0 - entropy, count=10)
-    stored = fit_from_observations([case * 3 for case in features], np.repeat(dice, 3, axis=1), CLASS_NAMES)
+    stored = fit_from_observations(_observations(lambda values: 1.0 - values["mean_entropy"], count=10, structures=3),
+                                   CLASS_NAMES)
     path = make_test_bundle(tmp_path / "q.calibseg", half=True, quality_model=stored.to_dict())
     bundle = load_bundle(path)
     assert QualityModel.from_dict(bundle.metadata.quality_model, CLASS_NAMES) == stored
@@ -551,9 +462,9 @@ def test_save_refuses_a_malformed_quality_model(tmp_path):
 # --------------------------------------------------------------------------- fitting a bundle
 
 
-def _shipped_copy(tmp_path, sample_acdc_dir, method=None, **data):
-    """The shipped CE+Dice bundle with other recorded data and, if given, another recorded training method (same
-    weights bytes, so the same checksum)."""
+def _shipped_copy(tmp_path, sample_acdc_dir, method=None, name="shipped", **data):
+    """The shipped CE+Dice bundle as ``<name>.calibseg`` with other recorded data and, if given, another recorded
+    training method (same weights bytes, so the same checksum)."""
     from CalibSegLib.pretrained import resolve_bundle_path
 
     with zipfile.ZipFile(resolve_bundle_path("acdc_ce_dice")) as archive:
@@ -563,7 +474,7 @@ def _shipped_copy(tmp_path, sample_acdc_dir, method=None, **data):
     stored["quality_model"] = None
     if method is not None:
         stored["training"] = {**stored["training"], "method": method}
-    path = tmp_path / "shipped.calibseg"
+    path = tmp_path / f"{name}.calibseg"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("bundle.json", json.dumps(stored))
         archive.writestr("weights.safetensors", weights)
@@ -584,24 +495,55 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     assert bundle.metadata.weights_dtype == "float16"
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
-    # what calibseg-train and calibseg-fit-quality fit without fold networks: the six features and (the shipped
-    # bundles mirror) the mirrored passes' agreement averaged, the size too for the left ventricle (procedure O)
-    averaged = (*FEATURES_WITHOUT_SIZE, MIRROR_AGREEMENT)
-    assert {name: (structure.form, structure.inputs) for name, structure in stored.structures.items()} == {
-        "right ventricle": ("linear_mean", averaged), "myocardium": ("linear_mean", averaged),
-        "left ventricle": ("linear_mean", (*averaged, "log_volume_ml"))}
+    # the six uncertainty features and (the shipped bundles mirror) the mirrored passes' agreement averaged, the
+    # size where the fit found it lowers the held-out error
+    averaged = (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT)
+    assert all(structure.form == "linear_mean" and structure.inputs in (averaged, (*averaged, SIZE_FEATURE))
+               for structure in stored.structures.values())
     cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
     assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
-    # a bundle that does not mirror has no agreement to average: the six, the size too for the left ventricle (N)
+    # a bundle that does not mirror has no agreement to average
     plain = dataclasses.replace(bundle, metadata=dataclasses.replace(
         bundle.metadata, quality_model=None,
         sliding_window=dataclasses.replace(bundle.metadata.sliding_window, mirror_axes=())))
-    assert {name: structure.inputs for name, structure in
-            fit_quality_model(Predictor(plain, device="cpu"), cases).structures.items()} == {
-        "right ventricle": FEATURES_WITHOUT_SIZE, "myocardium": FEATURES_WITHOUT_SIZE,
-        "left ventricle": (*FEATURES_WITHOUT_SIZE, "log_volume_ml")}
+    assert all(MIRROR_AGREEMENT not in structure.inputs
+               for structure in fit_quality_model(Predictor(plain, device="cpu"), cases).structures.values())
     printed = capsys.readouterr().out
-    assert "leave-one-patient-out on 4 validation volumes of 2 patients" in printed and f"bundle: {path}" in printed
+    assert "leave-one-patient-out on 4 volumes of 2 patients;" in printed and f"bundle: {path}" in printed
+
+
+def test_fit_cli_with_fold_networks_fits_on_their_out_of_fold_predictions_too(tmp_path, sample_acdc_dir, capsys):
+    from CalibSegLib.inference import Predictor
+    from Datasets.cases import find_cases, load_cases
+    from Training import fit_quality
+
+    path, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient016"], test=["patient036"])
+    folds = [_shipped_copy(tmp_path, sample_acdc_dir, name=f"fold{index}", val=patients)[0]
+             for index, patients in enumerate([["patient041", "patient068"], ["patient091", "patient094"]])]
+    out = tmp_path / "refitted.calibseg"
+    assert fit_quality.main(["--bundle", str(path), "--fold-bundles", *map(str, folds), "--out", str(out),
+                             "--device", "cpu"]) == 0
+    names = load_bundle(out).metadata.class_names
+    stored = QualityModel.from_dict(load_bundle(out).metadata.quality_model, names)
+    assert stored.validation == {"cases": 12, "patients": 6, "scheme": "leave-one-patient-out", "fold_networks": 2,
+                                 "fold_patients": 4}
+    files = find_cases(sample_acdc_dir)
+    observed = [item for patients in (["patient041", "patient068"], ["patient091", "patient094"],
+                                      ["patient013", "patient016"])
+                for item in observe_cases(Predictor(path, device="cpu"),
+                                          load_cases([file for file in files if file.patient_id in patients], 4))]
+    expected = fit_from_observations(observed, names, validation={"fold_networks": 2, "fold_patients": 4})
+    assert stored == expected
+    assert "2 fold networks' out-of-fold predictions of 4 patients" in capsys.readouterr().out
+    # fold networks of another method, or validating on the bundle's test patients, are refused before predicting
+    other, _ = _shipped_copy(tmp_path, sample_acdc_dir, method="crac", name="other", val=["patient041"])
+    leaking, _ = _shipped_copy(tmp_path, sample_acdc_dir, name="leaking", val=["patient036"])
+    for fold, message in ((other, "was trained with crac, the bundle with ce_dice"),
+                          (leaking, "validates on patient036, one of the bundle's test patients")):
+        with pytest.raises(SystemExit, match=f"^error: {fold} {message}; pass fold networks"):
+            fit_quality.main(["--bundle", str(path), "--fold-bundles", str(fold), "--out", str(tmp_path / "x.calibseg"),
+                              "--device", "cpu"])
+    assert not (tmp_path / "x.calibseg").exists()
 
 
 def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, sample_acdc_dir):

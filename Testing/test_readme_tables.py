@@ -121,7 +121,7 @@ def test_shipped_quality_table_from_the_recorded_quality_report(tmp_path):
 
 def _finished_run(folder, wall_s=100.0):
     """A run folder with the run.json and evaluation/summary.json a finished quick-start run writes."""
-    from Training.trainer import RunSummary
+    from Training.records import RunSummary
 
     run = RunSummary(method="crac", config={}, bundle="model.calibseg", best_epoch=7, best_validation_dice=0.4567,
                      epochs=10, steps=1000, training_wall_s=wall_s, finish_wall_s=20.0, choices={}, loss_state={},

@@ -18,7 +18,8 @@ from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
 from Datasets.cases import DataError, find_cases, load_cases
 from Datasets.splits import SPLITS_DIR, load_split
-from Training.trainer import RunSummary, TrainConfig, Trainer
+from Training.records import RunSummary
+from Training.trainer import TrainConfig, Trainer
 
 TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
 
@@ -104,6 +105,41 @@ def test_finished_run_records_its_validation_choices_in_run_json_and_bundle(samp
     chosen = temperature["candidates"][temperature["fitted_on"]]
     assert chosen["foreground_ece"] == min(candidate["foreground_ece"] for candidate in temperature["candidates"].values())
     assert metadata.temperature == pytest.approx(chosen["temperature"])
+
+
+def test_a_failed_end_of_run_choice_falls_back_and_never_loses_the_run(sample_cases, tmp_path, monkeypatch, capsys):
+    from CalibSegLib.quality import QualityModelError
+    from Training import choices
+
+    def no_fit(*arguments, **options):
+        raise QualityModelError("Only 1 validation case(s) of 1 patient(s) predict 'myocardium'.")
+
+    def broken(*arguments, **options):
+        raise RuntimeError("connected components failed")
+
+    monkeypatch.setattr(choices, "fit_quality_model", no_fit)
+    monkeypatch.setattr(choices, "choose_largest_component", broken)
+    result = tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1).fit()
+    metadata = load_bundle(result.bundle_path).metadata  # written, and loads
+    assert metadata.quality_model is None and metadata.postprocessing.largest_component == ()
+    summary = RunSummary.read(tmp_path)
+    assert summary.choices["quality_model"] == "none: Only 1 validation case(s) of 1 patient(s) predict 'myocardium'."
+    assert summary.choices["postprocessing"] == "none: connected components failed"
+    assert isinstance(summary.choices["temperature"], dict)  # the other choices were still made
+    printed = capsys.readouterr().out
+    assert "no quality model: Only 1 validation case(s)" in printed and "no postprocessing: connected" in printed
+
+
+def test_resuming_a_finished_run_makes_its_end_of_run_choices_again(sample_cases, tmp_path):
+    tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1).fit()
+    first = load_bundle(tmp_path / "model.calibseg")
+    (tmp_path / "model.calibseg").unlink()
+    again = tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1)
+    again.resume(tmp_path / "checkpoint.pt")
+    again.fit()  # no epoch left: straight to the choices and the bundle
+    remade = load_bundle(tmp_path / "model.calibseg")
+    assert remade.metadata == first.metadata
+    assert all(torch.equal(remade.state_dict[name], tensor) for name, tensor in first.state_dict.items())
 
 
 @pytest.mark.parametrize("schedule,expected", [("poly", [1.0, (1 - 1 / 6) ** 0.9, (1 - 5 / 6) ** 0.9]),

@@ -1,19 +1,22 @@
-"""(Re)fit a bundle's quality model on its validation patients and write it into the bundle.
+"""(Re)fit a bundle's quality model and write it into the bundle.
 
     calibseg-fit-quality --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
-    calibseg-fit-quality --bundle acdc_ce_dice --data /path/to/acdc   # → runs/acdc_ce_dice/acdc_ce_dice.calibseg
+    calibseg-fit-quality --bundle acdc_crac --fold-bundles runs/folds/crac_f*/model.calibseg --out X.calibseg
 
-The validation patients are the ones the bundle records (``bundle.json``: ``data["val"]``),
-read from ``--data`` or the folder of the dataset the bundle records
-(:func:`Datasets.cases.data_folder`). Every validation volume is
-predicted with the bundle as it is (its temperature), its Dice per structure measured against
-the reference, and :func:`CalibSegLib.quality.fit_quality_model` fits each structure's
-predicted-Dice model: the mean of one linear fit per feature, as ``calibseg-train`` fits it
-(the rule is in :mod:`CalibSegLib.quality.fitting`). The bundle is
-then rewritten atomically (``--out``: elsewhere; a shipped model is never rewritten inside the
-package: its default is ``runs/<name>/<name>.calibseg`` under the current folder) with the same
-weights in the same dtype (float16 stays float16), so only ``quality_model`` changes. Prints what was fitted and its
-held-out error beside the constant baseline's.
+The quality model (:mod:`CalibSegLib.quality.fitting`: per structure, the mean of one linear fit per uncertainty
+feature) is fitted on predicted volumes whose Dice is measured against their reference:
+
+- the bundle's own validation patients (``bundle.json``: ``data["val"]``), as ``calibseg-train`` fits it;
+- with ``--fold-bundles``, also every fold network's out-of-fold predictions of its own validation patients
+  (networks trained with the bundle's method on folds of its training patients, e.g.
+  ``calibseg-train --split Datasets/splits/acdc_folds/fold<k>.json``): many more patients than one validation
+  split, which is how the shipped models' quality models were fitted (docs/results.md, "The quality check").
+
+The data is read from ``--data`` or the folder of the dataset the bundle records
+(:func:`Datasets.cases.data_folder`). The bundle is then rewritten atomically (``--out``: elsewhere; a shipped
+model is never rewritten inside the package: its default is ``runs/<name>/<name>.calibseg`` under the current
+folder) with the same weights in the same dtype (float16 stays float16), so only ``quality_model`` changes. Prints
+what was fitted and its held-out error beside the constant baseline's.
 """
 
 from __future__ import annotations
@@ -23,33 +26,36 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, BundleMetadata, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, BundleMetadata, load_bundle, save_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import QualityModel, QualityModelError, fit_quality_model
+from CalibSegLib.quality import Observation, QualityModel, QualityModelError, fit_from_observations, observe_cases
 from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import select_patients
 
-__all__ = ["refit_bundle", "validation_cases", "describe", "main"]
+__all__ = ["refit_bundle", "fold_observations", "validation_cases", "describe", "main"]
 
 
 def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None,
-                 device: str = "auto", batch_size: int = 16) -> tuple[Path, QualityModel]:
-    """Fit the quality model of ``bundle`` on its recorded validation patients and save the bundle.
+                 device: str = "auto", batch_size: int = 16,
+                 fold_bundles: Sequence[str | Path] = ()) -> tuple[Path, QualityModel]:
+    """Fit the quality model of ``bundle`` on its recorded validation patients (and the fold networks' out-of-fold
+    predictions) and save the bundle.
 
     Args:
         bundle: a ``.calibseg`` path or a shipped model's name.
         data: the data folder (default: found from the dataset the bundle records).
         out: where to write the bundle (default: over ``bundle``, atomically; for a shipped
             model ``runs/<name>/<name>.calibseg``).
+        fold_bundles: fold networks (see :func:`fold_observations`).
 
     Returns:
         The written bundle's path and the fitted model.
 
     Raises:
         BundleError, DataError, QualityModelError: unreadable bundle, missing data or validation
-            patients, or too few validation cases (one sentence each).
+            patients, unsuitable fold networks, or too few validation cases (one sentence each).
     """
     path = resolve_bundle_path(bundle)
     shipped = shipped_name(path)
@@ -59,10 +65,47 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
     loaded = load_bundle(path)
     metadata = loaded.metadata
     cases = validation_cases(metadata, path.name, data, "fit")
-    model = fit_quality_model(Predictor(loaded, device=device, batch_size=batch_size), cases, metadata.class_names)
+    observed = fold_observations(fold_bundles, metadata, data, device, batch_size)
+    record = ({"fold_networks": len(fold_bundles), "fold_patients": len({item.patient for item in observed})}
+              if fold_bundles else {})
+    observed += observe_cases(Predictor(loaded, device=device, batch_size=batch_size), cases)
+    model = fit_from_observations(observed, metadata.class_names, validation=record)
     refitted = dataclasses.replace(metadata, quality_model=model.to_dict())
     written = save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16")
     return written, model
+
+
+def fold_observations(fold_bundles: Sequence[str | Path], metadata: BundleMetadata, data: str | Path | None = None,
+                      device: str = "auto", batch_size: int = 16) -> list[Observation]:
+    """Each fold network's predictions of its own validation patients, measured: out-of-fold observations for the
+    quality model of the bundle described by ``metadata``.
+
+    Raises:
+        DataError: a fold network has other classes or another training method than the bundle (uncertainty
+            depends on the loss a network was trained with), records no validation patients, or validates on one
+            of the bundle's test patients (checked for all before anything is predicted).
+    """
+    folds = [load_bundle(resolve_bundle_path(fold)) for fold in fold_bundles]
+    cases = [_fold_cases(fold, str(name), metadata, data) for fold, name in zip(folds, fold_bundles)]
+    return [observation for fold, fold_cases in zip(folds, cases)
+            for observation in observe_cases(Predictor(fold, device=device, batch_size=batch_size), fold_cases)]
+
+
+def _fold_cases(fold: Bundle, name: str, metadata: BundleMetadata, data: str | Path | None) -> list[Case]:
+    """The validation volumes of fold network ``fold`` (file ``name``), once it is checked against the bundle."""
+    fold_metadata = fold.metadata
+    if list(fold_metadata.class_names) != list(metadata.class_names):
+        raise DataError(f"{name} has classes {fold_metadata.class_names}, the bundle {metadata.class_names}; pass "
+                        "fold networks of the bundle's task.")
+    method = metadata.training.get("method")
+    if fold_metadata.training.get("method") != method:
+        raise DataError(f"{name} was trained with {fold_metadata.training.get('method')}, the bundle with {method}; "
+                        f"pass fold networks trained with {method}.")
+    tested = set(fold_metadata.data.get("val") or []) & set(metadata.data.get("test") or [])
+    if tested:
+        raise DataError(f"{name} validates on {sorted(tested)[0]}, one of the bundle's test patients; pass fold "
+                        "networks whose folds split the bundle's training patients.")
+    return validation_cases(fold_metadata, name, data, "predict out of fold")
 
 
 def validation_cases(metadata: BundleMetadata, name: str, data: str | Path | None, purpose: str) -> list[Case]:
@@ -79,13 +122,15 @@ def validation_cases(metadata: BundleMetadata, name: str, data: str | Path | Non
 
 
 def describe(model: QualityModel) -> list[str]:
-    """One line per structure: chosen feature and form, held-out MAE vs the constant baseline, interval."""
+    """One line per structure: the features averaged, held-out MAE vs the constant baseline, interval."""
     validation = model.validation
-    lines = [f"quality model ({validation.get('scheme')} on {validation.get('cases')} validation volumes of "
-             f"{validation.get('patients')} patients; review below predicted Dice {model.review_below:.2f})"]
+    folds = (f", {validation['fold_networks']} fold networks' out-of-fold predictions of "
+             f"{validation['fold_patients']} patients among them" if validation.get("fold_networks") else "")
+    lines = [f"quality model ({validation.get('scheme')} on {validation.get('cases')} volumes of "
+             f"{validation.get('patients')} patients{folds}; review below predicted Dice {model.review_below:.2f})"]
     for name, structure in model.structures.items():
         low, high = structure.interval
-        lines.append(f"  {name}: {structure.feature} ({structure.form}), held-out MAE {structure.loo_mae:.3f} "
+        lines.append(f"  {name}: mean of {', '.join(structure.inputs)}; held-out MAE {structure.loo_mae:.3f} "
                      f"(constant {structure.constant_loo_mae:.3f}), {model.interval_coverage:.0%} interval "
                      f"{low:+.3f}/{high:+.3f}")
     return lines
@@ -96,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     exits with one sentence, no traceback."""
     parser = argparse.ArgumentParser(prog="calibseg-fit-quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
+    parser.add_argument("--fold-bundles", nargs="+", default=(), metavar="BUNDLE",
+                        help="fold networks (same method and classes) whose out-of-fold predictions of their own "
+                             "validation patients join the fit")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundle records)")
     parser.add_argument("--out", type=Path, default=None,
@@ -106,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     try:
         written, model = refit_bundle(arguments.bundle, arguments.data, arguments.out, arguments.device,
-                                      arguments.batch_size)
+                                      arguments.batch_size, arguments.fold_bundles)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     print("\n".join(describe(model)))

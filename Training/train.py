@@ -41,10 +41,12 @@ from Datasets.cases import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET,
                            dataset_name, default_classes, find_cases, load_cases)
 from Datasets.splits import SIDES, default_split_for, load_split, select_patients, split_reference
 from Evaluation.evaluate import evaluate_bundle, print_summary
+from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
-from Training.trainer import (BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, LR_SCHEDULES, RUN_SUMMARY_NAME,
-                              TEMPERATURE_FITS, TrainConfig, Trainer)
+from Training.choices import TEMPERATURE_FITS
+from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
+from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer
 
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
 
@@ -147,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     parser.add_argument("--no-augment", action="store_true", help="no spatial or intensity augmentation of crops")
     parser.add_argument("--no-eval", action="store_true", help="skip the 3D test evaluation at the end")
+    parser.add_argument("--degraded", action="store_true",
+                        help="the final evaluation also measures the quality check on degraded copies of the test "
+                             "volumes (3 more predictions per volume)")
     return parser
 
 
@@ -306,7 +311,8 @@ def run(arguments: argparse.Namespace) -> Path:
     if not arguments.no_eval and cases["test"]:
         evaluation_dir = run_dir / EVALUATION_DIR
         evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
-                                     device=config.device, batch_size=config.batch_size)
+                                     device=config.device, batch_size=config.batch_size,
+                                     degradations=tuple(DEGRADATIONS) if arguments.degraded else ())
         print_summary(evaluation.summary, evaluation_dir)
     return result.bundle_path
 

@@ -1,7 +1,7 @@
 """The training loop: random crops at the model's spacing, Adam with a poly or step schedule, validation on
 whole validation slices through the predictor's own sliding window, the loss's epoch hook (CRaC's ALM
-schedule), atomic checkpoints with exact resume, and the choices made on validation at the end
-(test-time mirroring, temperature, largest-component post-processing) written into the bundle."""
+schedule), atomic checkpoints with exact resume; at the end the choices made on validation
+(``Training/choices.py``) and the bundle and ``run.json`` (``Training/records.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,29 +23,18 @@ from CalibSegLib.device import environment, resolve_device
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.losses import build_loss
-from CalibSegLib.metrics import CalibrationStatistics, dice
-from CalibSegLib.metrics.calibration import masked_probabilities
 from CalibSegLib.networks import build_network
-from CalibSegLib.postprocessing import Postprocessing, choose_postprocessing
+from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
-from CalibSegLib.quality import QualityModelError, fit_quality_model
 from CalibSegLib.sliding_window import SlidingWindow, windows_per_pass
-from CalibSegLib.temperature import apply_temperature, fit_temperature
 from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, to_model_grid
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
 from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, validation_pass, volume_dice
+from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME, EpochRecord, RunSummary
 
-__all__ = ["TrainConfig", "TrainResult", "RunSummary", "EpochRecord", "read_history", "EpochStatistics", "Trainer",
-           "CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "TEMPERATURE_FITS", "LR_SCHEDULES"]
+__all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES"]
 
-CHECKPOINT_NAME = "checkpoint.pt"
-BUNDLE_NAME = "model.calibseg"
-HISTORY_NAME = "history.jsonl"
-RUN_SUMMARY_NAME = "run.json"
-# Temperature scaling fits one number: a million validation voxels pin it down to well under 1 %.
-_TEMPERATURE_VOXELS = 1_000_000
-# "none" ships T = 1: a fitted temperature is only worth shipping where it lowers the validation foreground ECE.
-TEMPERATURE_FITS: tuple[str, ...] = ("auto", "all", "foreground", "none")
 LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 # Resuming with any of these changed would not continue the same run.
 _RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "target_spacing", "patch_size",
@@ -95,72 +84,6 @@ class TrainResult:
 
 
 @dataclass
-class RunSummary:
-    """``run.json`` of a finished run: what was trained, for how long, and what validation chose.
-
-    ``training_wall_s`` is the wall time of the epochs (training and validation, resumed runs
-    summed), ``finish_wall_s`` that of the end-of-run choices and the bundle; ``choices`` holds
-    each validation decision with the numbers behind it.
-    """
-
-    method: str
-    config: dict[str, Any]
-    bundle: str
-    best_epoch: int
-    best_validation_dice: float
-    epochs: int
-    steps: int
-    training_wall_s: float
-    finish_wall_s: float
-    choices: dict[str, Any]
-    loss_state: dict[str, Any]
-    environment: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, values: dict[str, Any]) -> "RunSummary":
-        return cls(**{item.name: values[item.name] for item in fields(cls)})
-
-    @classmethod
-    def read(cls, run_dir: str | Path) -> "RunSummary":
-        """The summary of the finished run in ``run_dir``; raises ``ValueError`` if there is none."""
-        path = Path(run_dir) / RUN_SUMMARY_NAME
-        if not path.is_file():
-            raise ValueError(f"{run_dir} holds no finished run ({RUN_SUMMARY_NAME} is missing); train it to the end.")
-        return cls.from_json(json.loads(path.read_text()))
-
-
-@dataclass
-class EpochRecord:
-    """One line of ``history.jsonl``: the epoch (1-based), the optimiser steps taken so far, the scalars logged
-    that epoch (``train/loss``, ``val/dice``, ``time/epoch_s``, the loss's own ...) and the loss's
-    :meth:`~CalibSegLib.losses.SegmentationLoss.state_summary` after it (CRaC: its multipliers)."""
-
-    epoch: int
-    steps: int
-    scalars: dict[str, float]
-    loss_state: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "steps": self.steps, **self.scalars, "loss_state": self.loss_state}
-
-    @classmethod
-    def from_json(cls, values: dict[str, Any]) -> "EpochRecord":
-        scalars = {key: value for key, value in values.items() if key not in ("epoch", "steps", "loss_state")}
-        return cls(int(values["epoch"]), int(values.get("steps", 0)), scalars, dict(values.get("loss_state", {})))
-
-
-def read_history(run_dir: str | Path) -> list[EpochRecord]:
-    """The epochs logged in ``run_dir``'s ``history.jsonl`` (none when it has no history)."""
-    path = Path(run_dir) / HISTORY_NAME
-    if not path.is_file():
-        return []
-    return [EpochRecord.from_json(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
-
-
-@dataclass
 class EpochStatistics:
     """One epoch of training: mean ``loss`` per crop, ``slices_per_second`` and ``data_wait_share``
     (fraction of the epoch's wall time spent waiting for the next batch, in [0, 1])."""
@@ -168,14 +91,6 @@ class EpochStatistics:
     loss: float
     slices_per_second: float
     data_wait_share: float
-
-
-@dataclass
-class ValidationPass:
-    """Logits of every validation volume on the model's grid, with the labels they are scored against."""
-
-    logits: list[torch.Tensor]  # per volume (z, C, y, x) float32, CPU
-    labels: list[torch.Tensor]  # per volume (z, y, x) int64, CPU
 
 
 def _seed_everything(seed: int, deterministic: bool) -> None:
@@ -376,29 +291,18 @@ class Trainer:
         elapsed = max(time.perf_counter() - started, 1e-9)
         return EpochStatistics(total / max(seen, 1), seen / elapsed, waited / elapsed)
 
-    def validation_pass(self, predictor: Predictor | None = None) -> ValidationPass:
-        """Logits of every validation volume, whole slices through ``predictor``'s sliding window."""
-        predictor = predictor or self.validator
-        logits, labels = [], []
-        for volume in self.val_volumes:
-            volume_logits = [predictor.network_logits(volume.images[start:start + self.config.batch_size]).cpu()
-                             for start in range(0, volume.images.shape[0], self.config.batch_size)]
-            logits.append(torch.cat(volume_logits))
-            labels.append(volume.labels.long())
-        return ValidationPass(logits, labels)
-
     def validate(self) -> dict[str, float]:
         """Mean 3D foreground Dice and pooled foreground ECE (T = 1) over the validation volumes, the loss's
         epoch hook fed with the same logits, and its scalars."""
-        validation = self.validation_pass()
+        validation = validation_pass(self.validator, self.val_volumes, self.config.batch_size)
         if self.loss.uses_validation_statistics:
             totals: dict[str, torch.Tensor] = {}
             for logits, labels in zip(validation.logits, validation.labels):
                 for key, value in self.loss.validation_statistics(logits.to(self.device), labels.to(self.device)).items():
                     totals[key] = totals[key] + value if key in totals else value
             self.loss.end_epoch(totals)
-        scores = _volume_dice(validation, Postprocessing(), self.config.num_classes)
-        scalars = {"val/dice": float(np.nanmean(scores)), "val/ece": _foreground_ece(validation, 1.0)}
+        scores = volume_dice(validation, Postprocessing(), self.config.num_classes)
+        scalars = {"val/dice": float(np.nanmean(scores)), "val/ece": foreground_ece(validation, 1.0)}
         scalars.update(self.loss.epoch_scalars(self.config.class_names))
         return scalars
 
@@ -474,87 +378,16 @@ class Trainer:
         values.update(fields_)
         return BundleMetadata(**values)
 
-    def _temperature_samples(self, validation: ValidationPass, foreground: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """At most about ``_TEMPERATURE_VOXELS`` validation ``(N, C)`` logits and ``(N,)`` labels, drawn with a
-        fixed seed (reproducible, bounded memory); ``foreground``: reference-foreground voxels only."""
-        flat_logits = [logits.movedim(1, -1).reshape(-1, self.config.num_classes) for logits in validation.logits]
-        flat_labels = [labels.reshape(-1) for labels in validation.labels]
-        if foreground:
-            keep = [labels > 0 for labels in flat_labels]
-            flat_logits = [logits[mask] for logits, mask in zip(flat_logits, keep)]
-            flat_labels = [labels[mask] for labels, mask in zip(flat_labels, keep)]
-        total = sum(len(labels) for labels in flat_labels)
-        keep_fraction = min(1.0, _TEMPERATURE_VOXELS / max(total, 1))
-        sampler = torch.Generator().manual_seed(self.config.seed)
-        kept = [torch.rand(len(labels), generator=sampler) < keep_fraction for labels in flat_labels]
-        return (torch.cat([logits[mask] for logits, mask in zip(flat_logits, kept)]),
-                torch.cat([labels[mask] for labels, mask in zip(flat_labels, kept)]))
-
-    def choose_temperature(self, validation: ValidationPass) -> tuple[float, dict[str, Any]]:
-        """The temperature to ship: fitted by NLL on all or on reference-foreground validation voxels, or
-        1 (``"none"``) — ``config.temperature_fit``, or with ``"auto"`` the candidate with the lowest validation
-        foreground ECE (T = 1 on a tie)."""
-        fits = ("none", "all", "foreground") if self.config.temperature_fit == "auto" else (self.config.temperature_fit,)
-        foreground_ece_t1 = _foreground_ece(validation, 1.0)
-        candidates = {"none": {"temperature": 1.0, "foreground_ece": foreground_ece_t1}} if "none" in fits else {}
-        for fit in fits:
-            if fit != "none":
-                temperature = float(fit_temperature(*self._temperature_samples(validation, fit == "foreground")))
-                candidates[fit] = {"temperature": temperature, "foreground_ece": _foreground_ece(validation, temperature)}
-        chosen = min(candidates, key=lambda fit: candidates[fit]["foreground_ece"])
-        return candidates[chosen]["temperature"], {"fitted_on": chosen, "candidates": candidates,
-                                                   "foreground_ece_t1": foreground_ece_t1}
-
-    def fit_quality(self, metadata: BundleMetadata, choices: dict[str, Any]) -> dict[str, Any] | None:
-        """The quality model (predicted Dice from uncertainty) fitted on the validation volumes as the shipped
-        bundle segments them, or None (with the reason in ``choices``) when they are too few to fit one."""
-        predictor = Predictor.from_network(self.model, metadata, device=self.device, batch_size=self.config.batch_size)
-        try:
-            quality = fit_quality_model(predictor, self.val_cases, metadata.class_names)
-        except QualityModelError as error:
-            choices["quality_model"] = f"none: {error}"
-            print(f"no quality model: {error}", flush=True)
-            return None
-        choices["quality_model"] = "fitted on the validation volumes"
-        return quality.to_dict()
-
     def finish(self) -> TrainResult:
-        """Choose mirroring, temperature and post-processing on validation for the best weights; write the bundle."""
+        """Make the end-of-run choices on validation for the best weights (``Training/choices.py``); write the
+        bundle and ``run.json``."""
         started = time.perf_counter()
         if self.best_state is not None:
             self.model.load_state_dict(self.best_state)
-        choices: dict[str, Any] = {}
-        # Test-time mirroring only where validation shows it helps: it costs 4× the inference time.
-        plain = self.validation_pass()
-        mirrored_window = replace(self.sliding_window, mirror_axes=(0, 1))
-        mirrored = self.validation_pass(Predictor.from_network(
-            self.model, self._metadata(sliding_window=mirrored_window), device=self.device,
-            batch_size=self.config.batch_size))
-        dice_plain = float(np.nanmean(_volume_dice(plain, Postprocessing(), self.config.num_classes)))
-        dice_mirrored = float(np.nanmean(_volume_dice(mirrored, Postprocessing(), self.config.num_classes)))
-        use_mirroring = dice_mirrored > dice_plain
-        validation = mirrored if use_mirroring else plain
-        window = mirrored_window if use_mirroring else self.sliding_window
-        choices["mirroring"] = {"used": use_mirroring, "val_dice_without": dice_plain, "val_dice_with": dice_mirrored}
-        temperature, choices["temperature"] = self.choose_temperature(validation)
-        without = _volume_dice(validation, Postprocessing(), self.config.num_classes, per_class=True)
-        with_component = [
-            _volume_dice(validation, Postprocessing((class_id,)), self.config.num_classes, per_class=True)[:, class_id - 1]
-            for class_id in range(1, self.config.num_classes)]
-        postprocessing = choose_postprocessing(without, np.stack(with_component, axis=1))
-        processed = _volume_dice(validation, postprocessing, self.config.num_classes)
-        choices["postprocessing"] = {"largest_component": list(postprocessing.largest_component),
-                                     "val_dice_per_class_without": np.nanmean(without, axis=0).tolist(),
-                                     "val_dice_per_class_largest_component":
-                                         np.nanmean(np.stack(with_component, axis=1), axis=0).tolist(),
-                                     "val_dice_final": float(np.nanmean(processed))}
         best = dict(self.history[self.best_epoch]) if self.best_epoch >= 0 else {}
-        chosen_fit = choices["temperature"]["candidates"][choices["temperature"]["fitted_on"]]
-        validation_metrics = {"best_epoch": best, "dice": float(np.nanmean(processed)),
-                              "foreground_ece": chosen_fit["foreground_ece"], "choices": choices}
-        metadata = self._metadata(sliding_window=window, postprocessing=postprocessing, temperature=temperature,
-                                  validation_metrics=validation_metrics)
-        metadata = replace(metadata, quality_model=self.fit_quality(metadata, choices))
+        metadata, choices = make_choices(self.model, self._metadata(validation_metrics={"best_epoch": best}),
+                                         self.val_volumes, self.val_cases, self.device, self.config.batch_size,
+                                         self.config.temperature_fit, self.config.seed)
         path = save_bundle(self.run_dir / BUNDLE_NAME, self.model.state_dict(), metadata)
         if self.writer is not None:
             self.writer.close()
@@ -566,25 +399,3 @@ class Trainer:
             environment=environment(self.config.device))
         write_json_atomic(self.run_dir / RUN_SUMMARY_NAME, summary.to_json())
         return TrainResult(path, self.best_epoch + 1, self.best_dice, self.history)
-
-
-def _volume_labels(logits: torch.Tensor, postprocessing: Postprocessing) -> np.ndarray:
-    """``(z, y, x)`` uint8 labels of one volume's logits after ``postprocessing``."""
-    return postprocessing.apply(logits.argmax(dim=1).to(torch.uint8).numpy())
-
-
-def _volume_dice(validation: ValidationPass, postprocessing: Postprocessing, num_classes: int,
-                 per_class: bool = False) -> np.ndarray:
-    """Per validation volume: mean foreground Dice ``(V,)``, or per class ``(V, C - 1)`` with ``per_class``."""
-    scores = np.stack([dice(_volume_labels(logits, postprocessing), labels.numpy(), num_classes)
-                       for logits, labels in zip(validation.logits, validation.labels)])
-    return scores if per_class else np.nanmean(scores, axis=1)
-
-
-def _foreground_ece(validation: ValidationPass, temperature: float) -> float:
-    """Pooled ECE over the reference-foreground validation voxels at ``temperature``."""
-    statistics = CalibrationStatistics(validation.logits[0].shape[1])
-    for logits, labels in zip(validation.logits, validation.labels):
-        probabilities = torch.softmax(apply_temperature(logits, temperature), dim=1).movedim(1, 0).numpy()
-        statistics.add(*masked_probabilities(probabilities, labels.numpy()))
-    return statistics.ece()

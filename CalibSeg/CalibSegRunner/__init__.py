@@ -8,7 +8,7 @@ and hands its runs to :class:`SegmentationRunner`.
 
 from .install import install_missing, missing_packages
 from .job import InferenceJob
-from .runner import CalibSegComputation, CalibSegOutputs, CalibSegRequest, SegmentationRunner, review_text
+from .runner import CalibSegOutputs, CalibSegRequest, SegmentationRunner, review_text
 
-__all__ = ["SegmentationRunner", "CalibSegRequest", "CalibSegComputation", "CalibSegOutputs", "InferenceJob",
+__all__ = ["SegmentationRunner", "CalibSegRequest", "CalibSegOutputs", "InferenceJob",
            "missing_packages", "install_missing", "review_text"]

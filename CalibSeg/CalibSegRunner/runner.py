@@ -24,7 +24,7 @@ from __future__ import annotations
 import numbers
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -41,7 +41,10 @@ from .nodes import (
 )
 from .volumes import reference_label_array, slice_center_ras, volume_array, volume_spacing
 
-__all__ = ["CalibSegRequest", "CalibSegComputation", "CalibSegOutputs", "SegmentationRunner", "review_text"]
+if TYPE_CHECKING:  # the library's dependencies may not be installed when the module loads
+    from CalibSegLib.analysis import CaseAnalysis
+
+__all__ = ["CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "review_text"]
 
 
 @dataclass
@@ -57,18 +60,6 @@ class CalibSegRequest:
     device: str = "auto"
     low_confidence_threshold: float | None = None
     hot_spot_level: float | None = None  # set by prepare(): CalibSegLib.quality.HOT_SPOT_LEVEL unless chosen
-
-
-@dataclass
-class CalibSegComputation:
-    """Arrays and metrics computed off the main thread (no MRML).
-
-    ``summary``: :func:`CalibSegLib.quality.quality_summary` of the prediction (no reference needed).
-    """
-
-    prediction: object
-    summary: dict
-    evaluation: object | None = None
 
 
 @dataclass
@@ -134,26 +125,19 @@ class SegmentationRunner:
                                HOT_SPOT_LEVEL if hotSpotLevel is None else float(hotSpotLevel))
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
-                cancel: threading.Event | None = None) -> CalibSegComputation:
-        """Run the network, the quality summary and, with a reference, the metrics; touches no MRML node."""
-        from CalibSegLib.evaluation import predict_and_evaluate
+                cancel: threading.Event | None = None) -> "CaseAnalysis":
+        """Run the network, the quality summary and, with a reference, the metrics (one
+        :func:`CalibSegLib.analysis.analyse_case`); touches no MRML node."""
+        from CalibSegLib.analysis import analyse_case
         from CalibSegLib.inference import Predictor
-        from CalibSegLib.quality import quality_summary
 
         predictor = Predictor(request.bundle, device=request.device)
-        evaluation = None
-        if request.reference is None:
-            prediction = predictor.predict(request.image, request.spacing, progress=progress, cancel=cancel)
-        else:
-            evaluation = predict_and_evaluate(predictor, request.image, request.reference, request.spacing,
-                                              progress=progress, cancel=cancel)
-            prediction = evaluation.prediction
         # Slices are ranked at the run's hot-spot level, so the list points where the overlay shows.
-        summary = quality_summary(prediction, request.spacing, request.bundle.metadata,
-                                  request.hot_spot_level)
-        return CalibSegComputation(prediction, summary, evaluation)
+        analysis = analyse_case(predictor, request.image, request.spacing, request.reference, progress=progress,
+                                cancel=cancel, hot_spot_level=request.hot_spot_level)
+        return analysis
 
-    def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:
+    def publish(self, request: CalibSegRequest, computation: "CaseAnalysis") -> CalibSegOutputs:
         """Add the output nodes; on any error remove what was added and re-raise."""
         scene = request.input_node.GetScene()
         metadata = request.bundle.metadata

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,23 @@ class BundleMetadata:
             ]
         return cls(**known)
 
+    @cached_property
+    def quality(self) -> QualityModel | None:
+        """``quality_model`` parsed, once per metadata object (the summaries read it for every case); None for a
+        bundle without one.
+
+        Raises:
+            BundleError: the stored model is malformed.
+        """
+        if self.quality_model is None:
+            return None
+        try:
+            return QualityModel.from_dict(self.quality_model, self.class_names)
+        except QualityModelError as error:
+            raise BundleError(
+                f"The bundle's quality model is malformed ({error}); refit it with calibseg-fit-quality."
+            ) from None
+
     def validate(self) -> None:
         """Raise :class:`BundleError` when a field has the wrong type or contradicts another.
 
@@ -175,13 +193,8 @@ class BundleMetadata:
                 f"The bundle's temperature must be one positive number or one per class, "
                 f"got {self.temperature!r}."
             )
-        if self.quality_model is not None:
-            try:
-                quality = QualityModel.from_dict(self.quality_model, self.class_names)
-            except QualityModelError as error:
-                raise BundleError(
-                    f"The bundle's quality model is malformed ({error}); refit it with calibseg-fit-quality."
-                ) from None
+        quality = self.quality
+        if quality is not None:
             if MIRROR_AGREEMENT in quality.inputs and not self.sliding_window.mirror_axes:
                 raise BundleError(
                     f"The bundle's quality model reads {MIRROR_AGREEMENT}, which needs test-time mirroring, but its "

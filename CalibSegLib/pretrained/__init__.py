@@ -21,10 +21,9 @@ __all__ = ["PRETRAINED_DIR", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_mode
 
 PRETRAINED_DIR = Path(__file__).resolve().parent
 METRICS_SUFFIX = ".metrics.json"
-# The model the Slicer module preselects, chosen on the validation patients (docs/results.md, "Which
-# model the module preselects"): the highest validation Dice among the models whose review flag
-# catches at least half of the poor structures on degraded validation copies. With the averaged quality
-# models all three qualify (CE+Dice 62 of 77, NACL 70 of 93, CRaC 53 of 82); before, CE+Dice's did not.
+# The model the Slicer module preselects, chosen on the validation patients: the highest validation Dice among
+# the models whose review flag catches at least half of the poor structures on degraded validation copies
+# (docs/results.md, "Which model the module preselects").
 DEFAULT_MODEL = "acdc_ce_dice"
 
 

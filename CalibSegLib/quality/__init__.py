@@ -5,8 +5,8 @@ Three parts, one concept:
 - **Features** (``features.py``): per predicted structure, from the labels, confidence and
   normalised entropy of a :class:`~CalibSegLib.inference.Prediction`; the most uncertain slices.
 - **Quality model** (``model.py``, its schema; ``fitting.py``): per structure, a predicted Dice
-  from one of those features, or the mean of one linear fit per feature — monotone in each,
-  fitted on held-out cases (:func:`fit_quality_model` on the validation cases),
+  from the mean of one linear fit per feature — monotone in each, scored on held-out patients
+  (:func:`fit_quality_model` on the validation cases, or :func:`fit_from_observations` on any predictions),
   stored as plain numbers in ``bundle.json`` (``BundleMetadata.quality_model``) — with an
   interval and a review threshold.
 - **Summary** (``summary.py``, which defines every number a reader sees): the per-structure
@@ -17,12 +17,12 @@ stored model with it, and the summary and the fitting, which read bundles and ru
 """
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
-from CalibSegLib.quality.fitting import (SIZED_STRUCTURES, QualityCase, fit_from_observations, fit_quality_model,
-                                         isotonic_fit, observe_case, size_candidates)
-from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, FEATURES_WITHOUT_MIRRORING, FEATURES_WITHOUT_SIZE,
-                                       FORMS, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD, MIRROR_AGREEMENT,
-                                       REVIEW_BELOW, QualityModel, QualityModelError, StructureQuality)
-from CalibSegLib.quality.summary import (quality_model_of, quality_summary, review_text, structure_key,
+from CalibSegLib.quality.fitting import (Observation, QualityCase, fit_from_observations, fit_quality_model,
+                                         observe_cases)
+from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
+                                       MIRROR_AGREEMENT, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
+                                       QualityModel, QualityModelError, StructureQuality)
+from CalibSegLib.quality.summary import (quality_summary, review_text, structure_key,
                                          summary_columns, with_predicted_dice)
 
 __all__ = [
@@ -33,26 +33,22 @@ __all__ = [
     "BOUNDARY_RING",
     "MAX_UNCERTAIN_SLICES",
     "FEATURES",
-    "FEATURES_WITHOUT_SIZE",
-    "FEATURES_WITHOUT_MIRRORING",
+    "UNCERTAINTY_FEATURES",
+    "SIZE_FEATURE",
     "MIRROR_AGREEMENT",
-    "SIZED_STRUCTURES",
-    "FORMS",
     "QualityModelError",
     "StructureQuality",
     "QualityModel",
     "QualityCase",
+    "Observation",
     "structure_key",
     "structure_features",
     "uncertain_slices",
-    "isotonic_fit",
-    "size_candidates",
-    "quality_model_of",
     "quality_summary",
     "summary_columns",
     "with_predicted_dice",
     "review_text",
-    "observe_case",
+    "observe_cases",
     "fit_from_observations",
     "fit_quality_model",
 ]

@@ -1,5 +1,5 @@
-"""The quality model: per structure, a predicted Dice from one uncertainty feature (or the mean of one
-linear fit per feature), its interval and the review rule — the schema stored as plain numbers in
+"""The quality model: per structure, a predicted Dice from the mean of one linear fit per uncertainty feature
+(older bundles: from one feature), its interval and the review rule — the schema stored as plain numbers in
 ``bundle.json`` (``BundleMetadata.quality_model``).
 
 Reading and checking it (:meth:`QualityModel.from_dict`) needs neither the bundle nor the predictor,
@@ -9,14 +9,14 @@ so the bundle schema validates it without importing them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
-           "FEATURES", "FEATURES_WITHOUT_SIZE", "FEATURES_WITHOUT_MIRRORING", "MIRROR_AGREEMENT", "FORMS", "AVERAGED",
-           "AVERAGED_FEATURES", "QualityModelError", "StructureQuality", "QualityModel", "evaluate_form"]
+           "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "FORMS", "AVERAGED",
+           "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "StructureQuality", "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
 LOW_CONFIDENCE_THRESHOLD = 0.6  # the Slicer module's default low-confidence slider
@@ -36,19 +36,18 @@ FEATURES: dict[str, int] = {
     "log_volume_ml": 1,
     MIRROR_AGREEMENT: 1,
 }
-# The six features before size: procedures A-H of Training/quality_folds.py were measured with them. Out of fold the
-# size raised the left ventricle's ranking and lowered the myocardium's, so the shipped quality models average these
-# six for every structure and add the size for the left ventricle only (procedure L, docs/results.md, "Structure size
-# as a seventh feature" and "The size for the left ventricle only"); since procedure P, with the mirrored passes'
-# agreement in every average too ("Agreement between the mirrored passes").
-FEATURES_WITHOUT_SIZE: tuple[str, ...] = ("mean_entropy", "mean_confidence", "low_confidence_fraction",
-                                          "boundary_entropy_ratio", "expected_dice", "boundary_low_confidence_ratio")
-# Every prediction of a Predictor has these seven; the agreement of the mirrored passes only a bundle that mirrors.
-FEATURES_WITHOUT_MIRRORING: tuple[str, ...] = (*FEATURES_WITHOUT_SIZE, "log_volume_ml")
-FORMS: tuple[str, ...] = ("linear", "isotonic")  # forms of one feature, chosen among by the fitting rule
+# What a structure's uncertainty says about its Dice: every quality model averages one linear fit per feature of these.
+UNCERTAINTY_FEATURES: tuple[str, ...] = ("mean_entropy", "mean_confidence", "low_confidence_fraction",
+                                         "boundary_entropy_ratio", "expected_dice", "boundary_low_confidence_ratio")
+# The structure's size: joins a structure's average only where it lowers the held-out error (quality/fitting.py).
+SIZE_FEATURE = "log_volume_ml"
+# Forms a stored structure may take: the fit writes AVERAGED; single-feature forms are read for older bundles.
+FORMS: tuple[str, ...] = ("linear", "isotonic")
 # The form that chooses no feature: one linear fit per feature (each held to its direction), their mean.
 AVERAGED = "linear_mean"
 AVERAGED_FEATURES = "features, averaged"  # what an averaged structure's ``feature`` says
+# The largest intercept or slope a stored linear fit may have: larger ones only come from a feature that barely varies.
+PARAMETER_BOUND = 1e6
 
 
 class QualityModelError(ValueError):
@@ -103,18 +102,6 @@ class StructureQuality:
         if self.form == AVERAGED:
             return float(evaluate_form(self.form, self.parameters, features))
         return float(evaluate_form(self.form, self.parameters, np.float64(features[self.feature])))
-
-    def shifted(self, offset: float) -> "StructureQuality":
-        """The same fit moved by ``offset`` (Dice units): a linear fit's intercept, each averaged term's, or an
-        isotonic fit's knots (clipped to [0, 1]); the interval stays relative to the prediction."""
-        if self.form == "linear":
-            parameters = {**self.parameters, "intercept": self.parameters["intercept"] + offset}
-        elif self.form == AVERAGED:
-            parameters = {"terms": [{**term, "intercept": term["intercept"] + offset}
-                                    for term in self.parameters["terms"]]}
-        else:
-            parameters = {**self.parameters, "y": np.clip(np.asarray(self.parameters["y"]) + offset, 0.0, 1.0).tolist()}
-        return replace(self, parameters=parameters)
 
     def predict_interval(self, dice: float) -> tuple[float, float]:
         """The interval around a predicted Dice, clipped to [0, 1]."""
@@ -243,8 +230,8 @@ def _structure_from_dict(name: str, entry: Any) -> StructureQuality:
 
 def _linear(entry: dict, feature: str, where: str) -> dict[str, float]:
     """``{"intercept", "slope"}`` of a linear fit on ``feature``, the slope in the feature's direction."""
-    intercept = _number(entry, "intercept", -1e6, 1e6, where)
-    slope = _number(entry, "slope", -1e6, 1e6, where)
+    intercept = _number(entry, "intercept", -PARAMETER_BOUND, PARAMETER_BOUND, where)
+    slope = _number(entry, "slope", -PARAMETER_BOUND, PARAMETER_BOUND, where)
     if slope * FEATURES[feature] < 0:
         raise QualityModelError(f"{where}slope {slope} runs against {feature}'s direction")
     return {"intercept": intercept, "slope": slope}

@@ -21,9 +21,8 @@ Definitions (every number a reader sees is one of these):
 - ``expected_dice`` (a model feature, not shown): 2 Σ p_k over the voxels predicted as class k
   / (their count + Σ p_k over the whole volume) — the Dice the model expects of itself if its
   probabilities were right: expected overlap over predicted plus expected size. It counts the
-  probability mass outside the structure, which the other features do not see. The shipped
-  models' quality models average one linear fit of each of these features rather than
-  choosing one (docs/results.md, "Averaging the features instead of choosing one").
+  probability mass outside the structure, which the other features do not see. A quality model
+  averages one linear fit of each of these features (``quality/fitting.py``).
 - ``log_volume_ml`` (a model feature, not shown): the natural logarithm of ``volume_ml``. A
   boundary error of a given thickness costs a small structure more of its Dice than a large one.
 - ``mirror_agreement`` (a model feature, not shown): a bundle that mirrors at test time runs every
@@ -48,14 +47,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, uncertain_slices
-from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, QualityModel,
+from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW,
                                        StructureQuality)
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
     from CalibSegLib.inference import Prediction
 
-__all__ = ["structure_key", "quality_model_of", "quality_summary", "review_text", "summary_columns",
+__all__ = ["structure_key", "quality_summary", "review_text", "summary_columns",
            "with_predicted_dice"]
 
 _SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")  # in the summary as they are
@@ -64,13 +63,6 @@ _SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")
 def structure_key(name: str) -> str:
     """A class name as it appears in flat metric keys (``right ventricle`` → ``right_ventricle``)."""
     return name.replace(" ", "_")
-
-
-def quality_model_of(metadata: "BundleMetadata") -> QualityModel | None:
-    """The bundle's quality model, or None for a bundle without one (e.g. written before it existed)."""
-    if metadata.quality_model is None:
-        return None
-    return QualityModel.from_dict(metadata.quality_model, metadata.class_names)
 
 
 
@@ -117,7 +109,7 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
         "quality_model", "note"}`` — JSON-ready; undefined values are None (see the module
         docstring for every definition).
     """
-    model = quality_model_of(metadata)
+    model = metadata.quality
     threshold = model.low_confidence_threshold if model else LOW_CONFIDENCE_THRESHOLD
     ring = model.boundary_ring if model else BOUNDARY_RING
     axis = metadata.preprocessing.slice_axis

@@ -1,0 +1,136 @@
+"""docs/architecture.md's claims about the code, checked on the code: the stages import one way, no module imports
+one that imports it back, the core imports no GUI or training-only library, and nothing installed imports code
+that is not installed."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each stage may import itself and the stages after it (docs/architecture.md, "The stages and their direction").
+STAGES = ("Reporting", "Training", "Evaluation", "Datasets", "CalibSegLib")
+ALLOWED = {stage: set(STAGES[index:]) for index, stage in enumerate(STAGES)} | {"CalibSeg": {"CalibSeg", "CalibSegLib"}}
+# Libraries the core must not need: a Slicer-free user installs none of them (tqdm is the optional progress bar).
+NOT_IN_CORE = ("slicer", "qt", "vtk", "ctk", "h5py", "tqdm", "tensorboard")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the stages, by dotted name."""
+    modules = {}
+    for stage in ALLOWED:
+        for path in (ROOT / stage).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imports(path: Path, package: str) -> list[tuple[str, ast.AST, bool]]:
+    """Every import in ``path`` as (dotted name, node, guarded: inside a try that catches ImportError)."""
+    tree = ast.parse(path.read_text())
+    guarded_nodes = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(
+                isinstance(handler.type, ast.Name) and handler.type.id in ("ImportError", "ModuleNotFoundError")
+                for handler in node.handlers):
+            guarded_nodes |= {id(child) for statement in node.body for child in ast.walk(statement)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node, id(node) in guarded_nodes) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the module's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join([*base, node.module] if node.module else base)
+            else:
+                name = node.module
+            found += [(f"{name}.{alias.name}", node, id(node) in guarded_nodes) for alias in node.names]
+    return found
+
+
+def _project_graph() -> dict[str, set[str]]:
+    """Module → the project modules it imports (anywhere in the file, functions included)."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        targets = set()
+        for imported, _, _ in _imports(path, package):
+            while imported and imported not in modules:  # "pkg.module.symbol" → "pkg.module"
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+        graph[name] = targets
+    return graph
+
+
+def test_stages_import_only_themselves_and_the_stages_below():
+    wrong = [(module, target) for module, targets in _project_graph().items() for target in targets
+             if target.split(".")[0] not in ALLOWED[module.split(".")[0]]]
+    assert wrong == []
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = _project_graph()
+    cycles = []
+
+    def visit(module: str, path: list[str], on_path: set[str], done: set[str]) -> None:
+        for target in sorted(graph.get(module, ())):
+            # A package's __init__ re-exports its own modules: that is the package, not a circle.
+            if target in on_path and not (target == path[0] and module.startswith(f"{target}.")):
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in done and target not in on_path:
+                visit(target, path + [target], on_path | {target}, done)
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module], {module}, done)
+    real = [cycle for cycle in cycles
+            if not all(later.startswith(f"{cycle[0]}.") or cycle[0].startswith(f"{later}.") for later in cycle[1:])]
+    assert real == []
+
+
+def test_the_core_imports_no_gui_data_or_training_only_library():
+    offending = []
+    for name, path in _modules().items():
+        if not name.startswith("CalibSegLib"):
+            continue
+        for imported, node, guarded in _imports(path, name):
+            root = imported.split(".")[0]
+            if root in NOT_IN_CORE and not (root == "tqdm" and guarded):
+                offending.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {imported}")
+    assert offending == []
+
+
+def test_installed_packages_are_the_stages_and_import_nothing_else_of_the_repository():
+    configuration = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    included = configuration["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert sorted(pattern.rstrip("*") for pattern in included) == sorted(STAGES)
+    top_level = {path.name for path in ROOT.iterdir() if path.is_dir() and any(path.glob("*.py"))}
+    not_installed = top_level - set(STAGES)
+    assert {"Testing", "benchmarks", "scripts"} <= not_installed
+    leaking = [(module, target) for module, targets in _project_graph().items()
+               if module.split(".")[0] in STAGES for target in targets if target.split(".")[0] in not_installed]
+    assert leaking == []
+
+
+@pytest.mark.parametrize("broken", ["upward", "circle"])
+def test_the_checks_fail_on_a_broken_graph(broken, monkeypatch):
+    """The graph checks can fail: an upward import and a circle are found."""
+    graph = _project_graph()
+    if broken == "upward":
+        graph["CalibSegLib.io"] = graph["CalibSegLib.io"] | {"Training.trainer"}
+        monkeypatch.setattr(__import__(__name__), "_project_graph", lambda: graph)
+        with pytest.raises(AssertionError):
+            test_stages_import_only_themselves_and_the_stages_below()
+    else:
+        graph["CalibSegLib.metrics.segmentation"] = graph["CalibSegLib.metrics.segmentation"] | {"CalibSegLib.io"}
+        graph["CalibSegLib.io"] = graph["CalibSegLib.io"] | {"CalibSegLib.metrics.segmentation"}
+        monkeypatch.setattr(__import__(__name__), "_project_graph", lambda: graph)
+        with pytest.raises(AssertionError):
+            test_no_module_imports_one_that_imports_it_back()
