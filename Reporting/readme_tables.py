@@ -1,15 +1,15 @@
-"""README.md's and the results page's measured tables, regenerated from recorded files so that their numbers
-cannot drift.
+"""The measured tables of README.md, docs/results.md and docs/performance.md, regenerated from recorded files so
+that their numbers cannot drift.
 
     python -m Reporting.readme_tables            # rewrite every block whose record exists
     python -m Reporting.readme_tables --check    # exit 1 if a document and its records disagree
     python -m Reporting.readme_tables --record-quick-start runs/crac --command "calibseg-train" [--wall-s 282]
 
-Every measured table of README.md sits between ``<!-- generated:NAME begin -->`` and
+Every measured table of those documents sits between ``<!-- generated:NAME begin -->`` and
 ``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made
-from and how (:data:`DOCUMENTS`: the same for docs/results.md, whose own ``results:begin`` block
-``calibseg-results`` writes from run folders). A block whose records do not exist yet is left as
-it is (and named in the output), so a fresh clone regenerates what it can.
+from and how, and :data:`DOCUMENTS` which document holds which blocks (docs/results.md's own
+``results:begin`` block ``calibseg-results`` writes from run folders). A block whose records do not
+exist yet is left as it is (and named in the output), so a fresh clone regenerates what it can.
 ``Testing/test_readme_tables.py`` fails when a block differs from what its records give, or when a
 marker pair has no entry here.
 
@@ -19,12 +19,11 @@ Records (each written by the tool that measured it):
   the ``bundle.json`` inside ``<name>.calibseg`` beside it;
 - ``shipped_quality`` (README) and ``shipped_quality_report`` (docs/results.md): the ``quality``
   report in those metrics files — here, not in ``calibseg-results``'s block, because
-  ``calibseg-fit-quality`` and ``Training.quality_folds --refit`` change a shipped model's quality
-  model without a new training run;
+  ``calibseg-fit-quality`` changes a shipped model's quality model without a new training run;
 - ``quick_start``: ``docs/records/quick_start.json``, one entry per README command, written by
   ``--record-quick-start RUN_DIR`` from the run's ``run.json`` and ``evaluation/summary.json``
   (:func:`quick_start_entry`);
-- ``benchmark_<name>``: ``docs/records/benchmark_<name>.json`` from
+- ``benchmark_<name>`` (docs/performance.md): ``docs/records/benchmark_<name>.json`` from
   ``python benchmarks/<name>.py --record docs/records/benchmark_<name>.json``; each benchmark
   script formats its own table (``record_table``), here and on its console alike.
 """
@@ -51,12 +50,13 @@ from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
-           "RESULTS_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json", "shipped_models_table",
+           "RESULTS_PAGE", "PERFORMANCE_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json", "shipped_models_table",
            "shipped_quality_table", "shipped_quality_report", "quick_start_entry", "quick_start_table",
            "record_quick_start", "main"]
 
 README = REPO_ROOT / "README.md"
 RESULTS_PAGE = REPO_ROOT / "docs" / "results.md"
+PERFORMANCE_PAGE = REPO_ROOT / "docs" / "performance.md"
 RECORDS_DIR = REPO_ROOT / "docs" / "records"
 QUICK_START_RECORD = RECORDS_DIR / "quick_start.json"
 NO_QUALITY_REPORT = "*No shipped model carries a quality report.*"
@@ -261,13 +261,15 @@ TABLES: dict[str, Table] = {
     "shipped_models": Table(SHIPPED_METRICS, shipped_models_table),
     "shipped_quality": Table(SHIPPED_METRICS, shipped_quality_table),
     "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
+    "shipped_quality_report": Table(SHIPPED_METRICS, shipped_quality_report),
     **{f"benchmark_{name}": _benchmark(name)
        for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
-    README: TABLES,
-    RESULTS_PAGE: {"shipped_quality_report": Table(SHIPPED_METRICS, shipped_quality_report)},
+    README: {name: TABLES[name] for name in ("quick_start", "shipped_models", "shipped_quality")},
+    RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report",)},
+    PERFORMANCE_PAGE: {name: table for name, table in TABLES.items() if name.startswith("benchmark_")},
 }
 
 
@@ -329,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point; returns the exit status (1: ``--check`` found a difference)."""
     parser = argparse.ArgumentParser(prog="python -m Reporting.readme_tables", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true",
-                        help="change nothing; exit 1 if README.md or docs/results.md is out of date")
+                        help="change nothing; exit 1 if a document (README.md, docs/*.md) is out of date")
     parser.add_argument("--record-quick-start", type=Path, metavar="RUN_DIR",
                         help="record this finished run as the quick-start row of --command, then regenerate")
     parser.add_argument("--command", help="the README command the run came from (with --record-quick-start)")

@@ -3,7 +3,7 @@
     python -m benchmarks.inference                # ACDC-sized 10×256×256 volume, CPU (and CUDA when present)
     python -m benchmarks.inference --ct           # also the CT-sized 300×512×512 volume
     python -m benchmarks.inference --device cpu --batch-size 16 --repeats 3
-    python -m benchmarks.inference --ct --record docs/records/benchmark_inference.json   # README.md's table
+    python -m benchmarks.inference --ct --record docs/records/benchmark_inference.json   # docs/performance.md
 
 Both pipelines do the same job on the same random int16 volume with the same weights
 (the default 2D UNet, 4 classes, model spacing 1.5 mm, 128×128 windows with overlap 0.5 and
@@ -18,7 +18,7 @@ Every measurement runs in a fresh process, so peak RSS (``ru_maxrss``) belongs t
 pipeline alone; a one-batch warm-up runs first and is not timed. Ratios are CalibSeg /
 MONAI from the same run (< 1 is better). Targets: time ratio <= 1, and peak RSS of the
 CT-sized volume < 2.5 GB. ``--record`` writes the numbers as a JSON record
-(:mod:`benchmarks.record`); README.md's table is made from it.
+(:mod:`benchmarks.record`); docs/performance.md's table is made from it.
 """
 
 from __future__ import annotations

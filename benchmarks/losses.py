@@ -4,7 +4,7 @@
 
 All timings are taken in one run on the same machine; the issue's target is that the priors
 are vectorised and NACL/CRaC add at most 10 % to a UNet training step on CPU. ``--record``
-writes the numbers as a JSON record (:mod:`benchmarks.record`); README.md's table is made from it.
+writes the numbers as a JSON record (:mod:`benchmarks.record`); docs/performance.md's table is made from it.
 """
 
 from __future__ import annotations

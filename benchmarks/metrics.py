@@ -6,7 +6,7 @@ Times ECE+MCE+CECE+TACE+Brier+NLL in one streaming pass (CalibrationAccumulator 
 by chunk) as a ratio to ECE alone computed with ``np.histogram`` on the same data, and the
 peak extra memory of the streaming pass (tracemalloc) as a ratio to the float32
 probability array. Targets from the issue: < 2× the time, < 1.5× the memory. ``--record``
-writes the numbers as a JSON record (:mod:`benchmarks.record`); README.md's table is made from it.
+writes the numbers as a JSON record (:mod:`benchmarks.record`); docs/performance.md's table is made from it.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ Settings (the reference is ``fp32``: eager float32 on all CPU threads, MONAI UNe
 - ``dynunet``: MONAI DynUNet 16–256 (instance norm, full-resolution first level) instead of UNet;
 - ``cuda``/``cuda_amp``: on a GPU when one is present.
 
-``--record`` writes the numbers as a JSON record (:mod:`benchmarks.record`); README.md's table is
-made from it.
+``--record`` writes the numbers as a JSON record (:mod:`benchmarks.record`); docs/performance.md's table
+is made from it.
 """
 
 from __future__ import annotations

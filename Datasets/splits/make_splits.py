@@ -12,15 +12,15 @@ so the split never changes unless this script is rerun on purpose.
 ``acdc_folds/fold<k>.json`` deal the full split's *training* patients into :data:`FOLDS` folds,
 stratified by group the same way: fold k is a run's validation side and the other folds its
 training side; no fold file names a test patient. Networks trained on them predict every
-training patient out of fold, which gives the quality model's choice more patients than the 10
-of the validation split (``Training/quality_folds.py``).
+training patient out of fold, which gives the quality model's fit more patients than the 10
+of the validation split (``calibseg-fit-quality --fold-bundles``).
 
 ``acdc_unseen.json`` names the official release's patients that our copy lacks (the last four of
 each training group and the 50 of its testing set), all on the test side: nothing was trained,
 validated, chosen or read on them, so they are where the shipped models and their quality models
 can be checked afresh (``calibseg-convert-acdc`` on the release, then ``calibseg-evaluate
---split-file Datasets/splits/acdc_unseen.json``; README, *Checking the shipped models on patients
-this copy lacks*).
+--split-file Datasets/splits/acdc_unseen.json``; docs/usage.md, *Checking the shipped models on
+patients this copy lacks*).
 """
 
 from __future__ import annotations
