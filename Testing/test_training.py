@@ -177,7 +177,7 @@ def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):
     assert checkpoint.read_bytes() == truncated
 
 
-def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
+def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsys):
     out = tmp_path / "run"
     assert train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--patch-size", "128",
                            "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg", "strides=[2]",
@@ -185,6 +185,10 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path):
     bundle_path = out / "model.calibseg"
     bundle = load_bundle(bundle_path)
     assert bundle.metadata.training["method"] == "nacl" and bundle.metadata.temperature > 0
+    # two steps of training: whether or not a quality model could be fitted, the run is kept and says which
+    quality = RunSummary.read(out).choices["quality_model"]
+    assert (bundle.metadata.quality_model is None) == quality.startswith("none: ")
+    assert (f"no quality model: {quality[len('none: '):]}" in capsys.readouterr().out) == quality.startswith("none: ")
     summary = json.loads((out / "evaluation" / "summary.json").read_text())
     assert len(summary["cases"]) == 4 and "pooled_calibration" in summary["scaled"]
     assert (out / "evaluation" / "reliability.png").stat().st_size > 1000
