@@ -109,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       arguments.batch_size)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
+    except KeyboardInterrupt:  # the bundle is rewritten atomically, at the very end
+        raise SystemExit(f"interrupted: {arguments.out or arguments.bundle} was not written.") from None
     print("\n".join(describe(model)))
     print(f"bundle: {written}")
     return 0

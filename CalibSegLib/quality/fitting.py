@@ -276,9 +276,17 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase], clas
         The model; store it with ``dataclasses.replace(metadata, quality_model=model.to_dict())``.
 
     Raises:
-        QualityModelError: too few cases predict some structure (see :func:`fit_from_observations`).
+        QualityModelError: fewer than :data:`MIN_FIT_CASES` references contain some structure (checked
+            before any prediction: where the reference lacks a structure its Dice is 0 or 1 by definition,
+            whatever the model did), or too few cases predict it (see :func:`fit_from_observations`).
     """
     class_names = list(class_names or predictor.metadata.class_names)
+    for index, name in enumerate(class_names[1:], start=1):
+        containing = sum(bool(np.any(np.asarray(case.label) == index)) for case in cases)
+        if containing < MIN_FIT_CASES:
+            raise QualityModelError(
+                f"Only {containing} of {len(cases)} validation references contain {name!r} (at least {MIN_FIT_CASES} "
+                "are needed), so its Dice there would say nothing about the model; check the validation labels.")
     observed = [observe_case(predictor, case.image, case.label, case.spacing) for case in cases]
     groups = [str(getattr(case, "patient_id", None) or index) for index, case in enumerate(cases)]
     dice = np.array([scores for _, scores in observed]).reshape(len(cases), len(class_names) - 1)
