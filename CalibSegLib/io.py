@@ -386,7 +386,19 @@ def check_output_file(path: str | Path) -> Path:
 
 def _hidden_name(path: Path) -> Path:
     """A random hidden name beside ``path`` keeping its extensions (``.case.nii.gz.1a2b3c4d5e6f.nii.gz``)."""
-    return path.with_name(f".{path.name}.{secrets.token_hex(6)}{''.join(path.suffixes)}")
+    return path.with_name(f".{path.name}.{secrets.token_hex(_HIDDEN_TOKEN_BYTES)}{''.join(path.suffixes)}")
+
+
+_HIDDEN_TOKEN_BYTES = 6
+# What _hidden_name makes, the destination's name as group 1.
+_HIDDEN_NAME = re.compile(rf"\.(.+)\.[0-9a-f]{{{2 * _HIDDEN_TOKEN_BYTES}}}(?:\.[^.]*)*")
+
+
+def _destination_name(path: Path) -> str:
+    """The name a user knows for ``path``: the destination's when ``path`` is a :func:`_hidden_name`
+    temporary (an :class:`OutputSet` hands those to writers), else its own."""
+    hidden = _HIDDEN_NAME.fullmatch(path.name)
+    return hidden.group(1) if hidden else path.name
 
 
 def _new_temporary(path: Path) -> Path:
@@ -543,8 +555,8 @@ def write_image(path: str | Path, array: np.ndarray, geometry: ImageGeometry) ->
         except RuntimeError as error:
             problem = f"({_itk_reason(error, temporary)})"
         if problem:
-            raise OSError(f"Cannot write {path.name} {problem}; check the free space and permissions of "
-                          f"{path.parent}.")
+            raise OSError(f"Cannot write {_destination_name(path)} {problem}; check the free space and "
+                          f"permissions of {path.parent}.")
     return path
 
 
