@@ -29,7 +29,8 @@ BAD_SPLITS = {
     "a string": ('"train"', "holds a string, not an object"),
     "a number": ("3", "holds a number, not an object"),
     "true": ("true", "holds true or false, not an object"),
-    "numbers as ids": ('{"train": [1, 2], "val": [3], "test": []}', r"something other than patient ids .* in train, val"),
+    "numbers as ids": ('{"train": [1, 2], "val": [3], "test": []}',
+                       r"something other than patient ids .* in train, val"),
     "null as an id": ('{"train": ["patient001"], "val": [null], "test": []}', "other than patient ids .* in val;"),
     "a side as an object": ('{"train": {"patient001": 1}, "val": [], "test": []}', "lacks the list.s. train"),
 }
