@@ -140,19 +140,22 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"No image file at {path}; check the path.")
+    # The NIfTI check reads the stored header and voxels, which nifticlib changes while reading
+    # (0 → 1, NaN → 0, ...), before ITK sees them (and prints its own warnings about them); the
+    # header check bounds what any format's header may claim.
+    problem = _nifti_problem(path)
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(path))
     try:
-        reader.ReadImageInformation()  # the header only: nothing is allocated before it is checked
-        if reader.GetDimension() != 3:
-            raise ValueError(f"{path.name} is a {reader.GetDimension()}D image; CalibSeg needs a 3D volume.")
-        if reader.GetNumberOfComponents() != 1:
-            raise ValueError(
-                f"{path.name} has {reader.GetNumberOfComponents()} components per voxel; give a scalar volume."
-            )
-        # The NIfTI check reads the stored header and voxels, which nifticlib changes while reading
-        # (0 → 1, NaN → 0, ...); the header check bounds what any format's header may claim.
-        problem = _nifti_problem(path) or _header_problem(path, reader)
+        if not problem:
+            reader.ReadImageInformation()  # the header only: nothing is allocated before it is checked
+            if reader.GetDimension() != 3:
+                raise ValueError(f"{path.name} is a {reader.GetDimension()}D image; CalibSeg needs a 3D volume.")
+            if reader.GetNumberOfComponents() != 1:
+                raise ValueError(
+                    f"{path.name} has {reader.GetNumberOfComponents()} components per voxel; give a scalar volume."
+                )
+            problem = _header_problem(path, reader)
         if problem:
             raise ValueError(f"{path.name} {problem}; fix or re-export the file before segmenting.")
         image = reader.Execute()
