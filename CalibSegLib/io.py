@@ -232,6 +232,14 @@ def _is_gzipped(path: Path) -> bool:
         return handle.read(2) == _GZIP_SIGNATURE
 
 
+def _gzip_recorded_size(path: Path) -> int:
+    """The uncompressed size modulo 2³² that a gzip file's trailer records (ISIZE, RFC 1952), for its
+    last member; any number for a file cut short."""
+    with open(path, "rb") as handle:
+        handle.seek(-4, os.SEEK_END)
+        return struct.unpack("<I", handle.read(4))[0]
+
+
 def _open_maybe_gzipped(path: Path) -> IO[bytes]:
     """``path`` opened for binary reading, decompressed when it starts with the gzip signature."""
     return gzip.open(path, "rb") if _is_gzipped(path) else open(path, "rb")
@@ -305,8 +313,10 @@ def _nifti_problem(path: Path) -> str | None:
         return (f"declares {' × '.join(map(str, reversed(sizes)))} voxels ({_bytes_text(voxel_bytes)}) in its "
                 f"NIfTI header, more than its {_bytes_text(held)} of compressed data can hold")
     code = _NIFTI_FLOAT_TYPES.get(header["datatype"])
-    if code is None and not gzipped:
-        return None  # integers cannot hold NaN, and the size is checked
+    # Integers cannot hold NaN; their size is checked above, or (gzipped) by the size the gzip trailer
+    # records (streamed only when it differs: a stream of several gzip members records its last one's).
+    if code is None and (not gzipped or _gzip_recorded_size(data_file) == (offset + voxel_bytes) % (1 << 32)):
+        return None
     return _stored_voxel_problem(data_file, offset, voxel_bytes, np.dtype(header["endian"] + code) if code else None)
 
 
@@ -582,10 +592,7 @@ def _written_problem(path: Path, image: sitk.Image) -> str | None:
         return None
     expected = max(int(header["vox_offset"]), 0) + image.GetNumberOfPixels() * image.GetSizeOfPixelComponent()
     if _is_gzipped(path):
-        with open(path, "rb") as handle:
-            handle.seek(-4, os.SEEK_END)
-            written = struct.unpack("<I", handle.read(4))[0]
-        complete = written == expected % (1 << 32)
+        complete = _gzip_recorded_size(path) == expected % (1 << 32)
     else:
         complete = path.stat().st_size >= expected
     return None if complete else f"(only part of its {_bytes_text(expected)} reached the disk)"
