@@ -196,8 +196,12 @@ def _header_problem(path: Path, reader: sitk.ImageFileReader) -> str | None:
 
 
 def _data_file(path: Path) -> Path | None:
-    """The file holding ``path``'s voxels: ``path`` itself, the one a detached header (.mhd, .nhdr) names,
-    or None where it names none or several (a list or pattern of files)."""
+    """The file holding ``path``'s voxels: ``path`` itself, the one a detached header (.mhd, .nhdr) names
+    or the ``.img`` beside a NIfTI/Analyze ``.hdr``; None where it names none or several (a list or
+    pattern of files)."""
+    header = _nifti_header(path)
+    if header is not None:
+        return _nifti_data_file(path, header)
     key = next((pattern for suffix, pattern in _DATA_FILE_KEYS.items() if path.name.lower().endswith(suffix)), None)
     if key is None:
         return path
@@ -234,10 +238,11 @@ def _is_gzipped(path: Path) -> bool:
 
 def _gzip_recorded_size(path: Path) -> int:
     """The uncompressed size modulo 2³² that a gzip file's trailer records (ISIZE, RFC 1952), for its
-    last member; any number for a file cut short."""
+    last member; any number for a file cut short (-1 when it has no 4 bytes to read)."""
     with open(path, "rb") as handle:
-        handle.seek(-4, os.SEEK_END)
-        return struct.unpack("<I", handle.read(4))[0]
+        handle.seek(max(os.fstat(handle.fileno()).st_size - 4, 0))
+        trailer = handle.read(4)
+    return struct.unpack("<I", trailer)[0] if len(trailer) == 4 else -1
 
 
 def _open_maybe_gzipped(path: Path) -> IO[bytes]:
@@ -397,14 +402,14 @@ def check_output_file(path: str | Path) -> Path:
     return path
 
 
-def _hidden_name(path: Path) -> Path:
-    """A random hidden name beside ``path`` keeping its extensions (``.case.nii.gz.1a2b3c4d5e6f.nii.gz``)."""
-    return path.with_name(f".{path.name}.{secrets.token_hex(_HIDDEN_TOKEN_BYTES)}{''.join(path.suffixes)}")
-
-
 _HIDDEN_TOKEN_BYTES = 6
 # What _hidden_name makes, the destination's name as group 1.
 _HIDDEN_NAME = re.compile(rf"\.(.+)\.[0-9a-f]{{{2 * _HIDDEN_TOKEN_BYTES}}}(?:\.[^.]*)*")
+
+
+def _hidden_name(path: Path) -> Path:
+    """A random hidden name beside ``path`` keeping its extensions (``.case.nii.gz.1a2b3c4d5e6f.nii.gz``)."""
+    return path.with_name(f".{path.name}.{secrets.token_hex(_HIDDEN_TOKEN_BYTES)}{''.join(path.suffixes)}")
 
 
 def _destination_name(path: Path) -> str:

@@ -270,6 +270,14 @@ def test_a_whole_nifti_with_odd_but_valid_header_values_still_reads(suffix, tmp_
     assert geometry.spacing == pytest.approx((0.001, 1.5, 1.25))
 
 
+def test_a_large_hdr_img_pair_is_bounded_by_its_img_not_its_header(tmp_path):
+    """The size bound reads the ``.img`` beside a ``.hdr`` (348 bytes, which could hold at most ~350 KiB)."""
+    image = np.random.default_rng(1).normal(size=(8, 128, 128)).astype(np.float32)  # 512 KiB
+    sitk.WriteImage(GRID.apply(sitk.GetImageFromArray(image)), str(tmp_path / "pair.hdr"))
+    loaded, _ = read_image(tmp_path / "pair.hdr")
+    np.testing.assert_array_equal(loaded, image)
+
+
 def _silently_truncating(fraction: float):
     """``sitk.WriteImage`` as ITK's NIfTI writer behaves on a full disk: the file is cut short, no error raised."""
     real = sitk.WriteImage
