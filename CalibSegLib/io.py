@@ -143,10 +143,10 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
     # The NIfTI check reads the stored header and voxels, which nifticlib changes while reading
     # (0 → 1, NaN → 0, ...), before ITK sees them (and prints its own warnings about them); the
     # header check bounds what any format's header may claim.
-    problem = _nifti_problem(path)
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(path))
     try:
+        problem = _nifti_problem(path)
         if not problem:
             reader.ReadImageInformation()  # the header only: nothing is allocated before it is checked
             if reader.GetDimension() != 3:
@@ -159,10 +159,10 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
         if problem:
             raise ValueError(f"{path.name} {problem}; fix or re-export the file before segmenting.")
         image = reader.Execute()
-    except RuntimeError as error:
+    except (RuntimeError, OSError) as error:  # OSError: a data file the checks could not open
+        reason = os_error_sentence(error).rstrip(".") if isinstance(error, OSError) else _itk_reason(error, path)
         raise ValueError(
-            f"Cannot read {path.name} as an image ({_itk_reason(error, path)}); "
-            "give a NIfTI, NRRD or MHA file."
+            f"Cannot read {path.name} as an image ({reason}); give a NIfTI, NRRD or MHA file."
         ) from None
     array = sitk.GetArrayFromImage(image)
     # Catches NaN/inf in NRRD/MHA and NIfTI scaling that overflows float32.

@@ -5,6 +5,9 @@ gets the umask's usual mode."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -190,3 +193,22 @@ def test_ctrl_c_says_whether_a_checkpoint_exists(resume, sample_split, tmp_path,
     else:
         assert_one_sentence(message, "^interrupted before the first epoch ended", "no checkpoint was written")
         assert not (run_dir / "checkpoint.pt").exists()
+
+
+def test_a_run_killed_with_sigkill_leaves_its_folder_free_to_resume(tmp_path):
+    """The kernel drops a flock with its process: no stale lock stops ``--resume`` after ``kill -9``."""
+    script = ("import sys, time\nfrom Training.run_lock import run_folder_lock\n"
+              "with run_folder_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunFolderBusy, match=f"process {holder.pid}"):
+            with run_folder_lock(tmp_path):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert (tmp_path / LOCK_NAME).exists()  # left behind by the killed run, but no longer held
+    with run_folder_lock(tmp_path) as lock:
+        assert lock.read_text() == str(os.getpid())
