@@ -14,6 +14,17 @@ Reading refuses NaN and infinite voxels whatever the format. NIfTI needs care: I
 nifticlib (``nifti_read_buffer``) silently turns every non-finite float voxel into 0 while
 reading, and non-finite ``scl_slope``/``scl_inter`` into "no scaling", so the array SimpleITK
 returns looks clean; :func:`read_image` therefore checks a NIfTI file's stored values itself.
+
+Reading also refuses a header that disagrees with its data before any voxel is allocated: nifticlib
+reads an uncompressed ``.nii`` cut short with zeros in the missing part, a dimension of 0 as 1 and
+a spacing of 0 or NaN as 1 mm (so volumes in mL would silently be wrong); and a header may claim far
+more voxels than its file holds (memory is allocated from the header). So the claimed voxel bytes
+must fit in the file (exactly when uncompressed, within deflate's largest ratio when compressed)
+and every spacing must be positive and finite.
+
+Writing checks what was written before the file may replace anything: ITK's NIfTI writer only
+prints a warning when the disk fills, leaving a truncated file behind, so :func:`write_image`
+re-reads the written header and checks the file holds all the voxels it declares.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ import gzip
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import struct
@@ -59,14 +71,21 @@ WRITE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".mha")
 _WRITABLE_DTYPES = {np.dtype(bool): np.uint8, np.dtype(np.float16): np.float32}
 
 _CHUNK_BYTES = 1 << 24  # 16 MiB: stored NIfTI voxels are checked in pieces of this size, never whole
-# NIfTI header fields read here: (byte offset, struct format) for NIfTI-1 (348-byte header) and
-# NIfTI-2 (540 bytes), from nifti1.h / nifti2.h.
+# Deflate (gzip, zlib) expands at most about 1032-fold (zlib's "technical details"): a compressed file
+# whose header claims more voxel bytes than this times its size cannot hold them.
+_MAX_DEFLATE_RATIO = 1032
+_GZIP_SIGNATURE = b"\x1f\x8b"
+# NIfTI header fields read here: (byte offset, struct format) for NIfTI-1 (348-byte header, also
+# Analyze 7.5) and NIfTI-2 (540 bytes), from nifti1.h / nifti2.h.
 _NIFTI_FIELDS: dict[int, dict[str, tuple[int, str]]] = {
-    348: {"dim": (40, "8h"), "datatype": (70, "h"), "vox_offset": (108, "f"), "scaling": (112, "2f"),
-          "magic": (344, "4s")},
-    540: {"magic": (4, "8s"), "datatype": (12, "h"), "dim": (16, "8q"), "vox_offset": (168, "q"),
-          "scaling": (176, "2d")},
+    348: {"dim": (40, "8h"), "datatype": (70, "h"), "bitpix": (72, "h"), "pixdim": (76, "8f"),
+          "vox_offset": (108, "f"), "scaling": (112, "2f"), "magic": (344, "4s")},
+    540: {"magic": (4, "8s"), "datatype": (12, "h"), "bitpix": (14, "h"), "dim": (16, "8q"),
+          "pixdim": (104, "8d"), "vox_offset": (168, "q"), "scaling": (176, "2d")},
 }
+# Detached headers name their data file on a line like these (MetaImage .mhd, NRRD .nhdr).
+_DATA_FILE_KEYS = {".mhd": re.compile(rb"^ElementDataFile\s*=\s*(.+?)\s*$", re.MULTILINE),
+                   ".nhdr": re.compile(rb"^data ?file:\s*(.+?)\s*$", re.MULTILINE)}
 _NIFTI_SINGLE_FILE_MAGIC = (b"n+1\0", b"n+2\0")
 _NIFTI_PAIR_MAGIC = (b"ni1\0", b"ni2\0")  # .hdr + .img; without any magic the header is plain Analyze 7.5
 _NIFTI_FLOAT_TYPES = {16: "f4", 64: "f8"}  # DT_FLOAT32, DT_FLOAT64: the codes whose voxels can be NaN or inf
@@ -121,30 +140,88 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"No image file at {path}; check the path.")
+    # The NIfTI check reads the stored header and voxels, which nifticlib changes while reading
+    # (0 → 1, NaN → 0, ...), before ITK sees them (and prints its own warnings about them); the
+    # header check bounds what any format's header may claim.
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
     try:
-        image = sitk.ReadImage(str(path))
-    except RuntimeError as error:
-        raise ValueError(
-            f"Cannot read {path.name} as an image ({_itk_reason(error, path)}); "
-            "give a NIfTI, NRRD or MHA file."
-        ) from None
-    if image.GetDimension() != 3:
-        raise ValueError(f"{path.name} is a {image.GetDimension()}D image; CalibSeg needs a 3D volume.")
-    if image.GetNumberOfComponentsPerPixel() != 1:
-        raise ValueError(
-            f"{path.name} has {image.GetNumberOfComponentsPerPixel()} components per voxel; "
-            "give a scalar volume."
-        )
-    array = sitk.GetArrayFromImage(image)
-    # The array's own check catches NaN/inf in NRRD/MHA and NIfTI scaling that overflows float32;
-    # the NIfTI check catches what nifticlib changed before SimpleITK handed the voxels over.
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        problem = "holds NaN or infinite voxel values"
-    else:
         problem = _nifti_problem(path)
-    if problem:
-        raise ValueError(f"{path.name} {problem}; fix the file (or mask those voxels) before segmenting.")
+        if not problem:
+            reader.ReadImageInformation()  # the header only: nothing is allocated before it is checked
+            if reader.GetDimension() != 3:
+                raise ValueError(f"{path.name} is a {reader.GetDimension()}D image; CalibSeg needs a 3D volume.")
+            if reader.GetNumberOfComponents() != 1:
+                raise ValueError(
+                    f"{path.name} has {reader.GetNumberOfComponents()} components per voxel; give a scalar volume."
+                )
+            problem = _header_problem(path, reader)
+        if problem:
+            raise ValueError(f"{path.name} {problem}; fix or re-export the file before segmenting.")
+        image = reader.Execute()
+    except (RuntimeError, OSError) as error:  # OSError: a data file the checks could not open
+        reason = os_error_sentence(error).rstrip(".") if isinstance(error, OSError) else _itk_reason(error, path)
+        raise ValueError(
+            f"Cannot read {path.name} as an image ({reason}); give a NIfTI, NRRD or MHA file."
+        ) from None
+    array = sitk.GetArrayFromImage(image)
+    # Catches NaN/inf in NRRD/MHA and NIfTI scaling that overflows float32.
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise ValueError(
+            f"{path.name} holds NaN or infinite voxel values; fix the file (or mask those voxels) before segmenting."
+        )
     return array, ImageGeometry.from_sitk(image)
+
+
+def _header_problem(path: Path, reader: sitk.ImageFileReader) -> str | None:
+    """What any format's header (read into ``reader``) claims that cannot be true, or None.
+
+    The spacing must be positive and finite, and the voxel bytes the header declares must fit in
+    the file that holds them: at most :data:`_MAX_DEFLATE_RATIO` times its size, since even
+    compressed data cannot expand more (exact sizes are checked for NIfTI by :func:`_nifti_problem`).
+    """
+    spacing = reader.GetSpacing()
+    if not all(math.isfinite(value) and value > 0 for value in spacing):
+        return (f"declares a voxel spacing of {' × '.join(f'{value:g}' for value in reversed(spacing))} mm, "
+                "which is not positive and finite (volumes in mL are measured with it)")
+    data_file = _data_file(path)
+    if data_file is None:
+        return None
+    voxel_bytes = math.prod(reader.GetSize()) * sitk.Image([1] * 3, reader.GetPixelID()).GetSizeOfPixelComponent()
+    held = data_file.stat().st_size
+    if voxel_bytes > _MAX_DEFLATE_RATIO * held:
+        return (f"declares {' × '.join(map(str, reversed(reader.GetSize())))} voxels "
+                f"({_bytes_text(voxel_bytes)}), more than its {_bytes_text(held)} of data can hold even compressed")
+    return None
+
+
+def _data_file(path: Path) -> Path | None:
+    """The file holding ``path``'s voxels: ``path`` itself, the one a detached header (.mhd, .nhdr) names
+    or the ``.img`` beside a NIfTI/Analyze ``.hdr``; None where it names none or several (a list or
+    pattern of files)."""
+    header = _nifti_header(path)
+    if header is not None:
+        return _nifti_data_file(path, header)
+    key = next((pattern for suffix, pattern in _DATA_FILE_KEYS.items() if path.name.lower().endswith(suffix)), None)
+    if key is None:
+        return path
+    with open(path, "rb") as handle:
+        found = key.search(handle.read(1 << 16))
+    name = found.group(1) if found else b"LIST"
+    if name == b"LOCAL":
+        return path
+    if name == b"LIST" or b"%" in name:
+        return None
+    named = path.parent / name.decode(errors="replace")
+    return named if named.is_file() else None
+
+
+def _bytes_text(count: int) -> str:
+    """``count`` bytes for a sentence: ``2.5 GiB``, ``3.1 MiB``, ``512 bytes``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} bytes"
 
 
 def _itk_reason(error: RuntimeError, path: Path) -> str:
@@ -153,11 +230,24 @@ def _itk_reason(error: RuntimeError, path: Path) -> str:
     return reason.replace("sitk::ERROR:", "").replace(f' for "{path}"', "").strip()
 
 
+def _is_gzipped(path: Path) -> bool:
+    """True when ``path`` starts with the gzip signature."""
+    with open(path, "rb") as handle:
+        return handle.read(2) == _GZIP_SIGNATURE
+
+
+def _gzip_recorded_size(path: Path) -> int:
+    """The uncompressed size modulo 2³² that a gzip file's trailer records (ISIZE, RFC 1952), for its
+    last member; any number for a file cut short (-1 when it has no 4 bytes to read)."""
+    with open(path, "rb") as handle:
+        handle.seek(max(os.fstat(handle.fileno()).st_size - 4, 0))
+        trailer = handle.read(4)
+    return struct.unpack("<I", trailer)[0] if len(trailer) == 4 else -1
+
+
 def _open_maybe_gzipped(path: Path) -> IO[bytes]:
     """``path`` opened for binary reading, decompressed when it starts with the gzip signature."""
-    with open(path, "rb") as handle:
-        gzipped = handle.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+    return gzip.open(path, "rb") if _is_gzipped(path) else open(path, "rb")
 
 
 def _nifti_header(path: Path) -> dict[str, Any] | None:
@@ -190,10 +280,13 @@ def _nifti_data_file(path: Path, header: dict[str, Any]) -> Path | None:
 
 
 def _nifti_problem(path: Path) -> str | None:
-    """What nifticlib hid while reading a NIfTI file (a NaN/inf voxel or scaling), or None.
+    """What nifticlib would hide while reading a NIfTI (or Analyze) file, or None.
 
-    Streams the stored voxels in :data:`_CHUNK_BYTES` pieces (float types only: integers cannot
-    hold NaN), so no second copy of the volume is made. None for files that are not NIfTI.
+    The header's dimensions must all be at least 1 and its spacing (``pixdim``) positive and
+    finite; the data file must hold every voxel the header declares (an uncompressed file by its
+    size, a compressed one by streaming it); stored float voxels and the scaling must be finite.
+    Voxels are streamed in :data:`_CHUNK_BYTES` pieces, so no second copy of the volume is made.
+    None for files that are not NIfTI.
     """
     header = _nifti_header(path)
     if header is None:
@@ -201,26 +294,58 @@ def _nifti_problem(path: Path) -> str | None:
     is_nifti = header["magic"].startswith(_NIFTI_SINGLE_FILE_MAGIC + _NIFTI_PAIR_MAGIC)
     if is_nifti and not all(math.isfinite(value) for value in header["scaling"]):
         return "has a NaN or infinite intensity scaling (scl_slope/scl_inter) in its NIfTI header"
-    code = _NIFTI_FLOAT_TYPES.get(header["datatype"])
-    data_file = _nifti_data_file(path, header)
     rank = header["dim"][0]
-    if code is None or data_file is None or not 1 <= rank <= 7:
+    if not 1 <= rank <= 7:
+        return None  # not a header ITK reads either: its own error says so
+    sizes = [int(size) for size in header["dim"][1 : rank + 1]]
+    if min(sizes) < 1:
+        return f"declares {' × '.join(map(str, reversed(sizes)))} voxels in its NIfTI header (an axis without voxels)"
+    spacing = header["pixdim"][1 : min(rank, 3) + 1]
+    if not all(math.isfinite(value) and value > 0 for value in spacing):
+        return (f"declares a voxel spacing (pixdim) of {' × '.join(f'{value:g}' for value in reversed(spacing))} mm "
+                "in its NIfTI header, which is not positive and finite (volumes in mL are measured with it)")
+    data_file = _nifti_data_file(path, header)
+    if data_file is None:
         return None
-    dtype = np.dtype(header["endian"] + code)
-    remaining = math.prod(max(int(size), 0) for size in header["dim"][1 : rank + 1]) * dtype.itemsize
+    voxel_bytes = math.prod(sizes) * max(int(header["bitpix"]), 0) // 8
+    offset = max(int(header["vox_offset"]), 0)
+    held = data_file.stat().st_size
+    gzipped = _is_gzipped(data_file)
+    if not gzipped and held - offset < voxel_bytes:
+        return (f"is cut short: its NIfTI header declares {_bytes_text(voxel_bytes)} of voxels, "
+                f"the file holds {_bytes_text(max(held - offset, 0))}")
+    if gzipped and voxel_bytes > _MAX_DEFLATE_RATIO * held:
+        return (f"declares {' × '.join(map(str, reversed(sizes)))} voxels ({_bytes_text(voxel_bytes)}) in its "
+                f"NIfTI header, more than its {_bytes_text(held)} of compressed data can hold")
+    code = _NIFTI_FLOAT_TYPES.get(header["datatype"])
+    # Integers cannot hold NaN; their size is checked above, or (gzipped) by the size the gzip trailer
+    # records (streamed only when it differs: a stream of several gzip members records its last one's).
+    if code is None and (not gzipped or _gzip_recorded_size(data_file) == (offset + voxel_bytes) % (1 << 32)):
+        return None
+    return _stored_voxel_problem(data_file, offset, voxel_bytes, np.dtype(header["endian"] + code) if code else None)
+
+
+def _stored_voxel_problem(data_file: Path, offset: int, voxel_bytes: int, float_dtype: np.dtype | None) -> str | None:
+    """Stream ``voxel_bytes`` of voxels from ``offset`` of ``data_file`` (decompressed): a sentence
+    when it ends early or, for a ``float_dtype``, holds a NaN or infinite value; else None."""
+    remaining = voxel_bytes
     try:
         with _open_maybe_gzipped(data_file) as handle:
-            handle.seek(max(int(header["vox_offset"]), 0))
+            handle.seek(offset)
             while remaining > 0:
                 wanted = min(remaining, _CHUNK_BYTES)
                 chunk = handle.read(wanted)
-                usable = len(chunk) - len(chunk) % dtype.itemsize
-                if not np.isfinite(np.frombuffer(chunk[:usable], dtype=dtype)).all():
-                    return "stores NaN or infinite voxel values (the NIfTI reader would silently make them 0)"
+                if float_dtype is not None:
+                    usable = len(chunk) - len(chunk) % float_dtype.itemsize
+                    if not np.isfinite(np.frombuffer(chunk[:usable], dtype=float_dtype)).all():
+                        return "stores NaN or infinite voxel values (the NIfTI reader would silently make them 0)"
                 if len(chunk) < wanted:
-                    return None  # shorter than the header says: SimpleITK has already read what there is
+                    return (f"is cut short: its NIfTI header declares {_bytes_text(voxel_bytes)} of voxels, "
+                            f"the file holds {_bytes_text(voxel_bytes - remaining + len(chunk))}")
                 remaining -= len(chunk)
-    except (OSError, EOFError, zlib.error) as error:
+    except EOFError:  # a compressed stream cut short
+        return f"is cut short: its NIfTI header declares {_bytes_text(voxel_bytes)} of voxels, the file holds fewer"
+    except (OSError, zlib.error) as error:
         return f"cannot be read back to check its voxel values ({error})"
     return None
 
@@ -277,9 +402,21 @@ def check_output_file(path: str | Path) -> Path:
     return path
 
 
+_HIDDEN_TOKEN_BYTES = 6
+# What _hidden_name makes, the destination's name as group 1.
+_HIDDEN_NAME = re.compile(rf"\.(.+)\.[0-9a-f]{{{2 * _HIDDEN_TOKEN_BYTES}}}(?:\.[^.]*)*")
+
+
 def _hidden_name(path: Path) -> Path:
     """A random hidden name beside ``path`` keeping its extensions (``.case.nii.gz.1a2b3c4d5e6f.nii.gz``)."""
-    return path.with_name(f".{path.name}.{secrets.token_hex(6)}{''.join(path.suffixes)}")
+    return path.with_name(f".{path.name}.{secrets.token_hex(_HIDDEN_TOKEN_BYTES)}{''.join(path.suffixes)}")
+
+
+def _destination_name(path: Path) -> str:
+    """The name a user knows for ``path``: the destination's when ``path`` is a :func:`_hidden_name`
+    temporary (an :class:`OutputSet` hands those to writers), else its own."""
+    hidden = _HIDDEN_NAME.fullmatch(path.name)
+    return hidden.group(1) if hidden else path.name
 
 
 def _new_temporary(path: Path) -> Path:
@@ -432,12 +569,38 @@ def write_image(path: str | Path, array: np.ndarray, geometry: ImageGeometry) ->
     with atomic_output(path) as temporary:
         try:
             sitk.WriteImage(image, str(temporary), useCompression=True)
+            problem = _written_problem(temporary, image)
         except RuntimeError as error:
-            raise OSError(
-                f"Cannot write {path.name} ({_itk_reason(error, temporary)}); check the free space and "
-                f"permissions of {path.parent}."
-            ) from None
+            problem = f"({_itk_reason(error, temporary)})"
+        if problem:
+            raise OSError(f"Cannot write {_destination_name(path)} {problem}; check the free space and "
+                          f"permissions of {path.parent}.")
     return path
+
+
+def _written_problem(path: Path, image: sitk.Image) -> str | None:
+    """Why the file ITK just wrote at ``path`` does not hold ``image`` whole, or None.
+
+    Its header is read back (size and pixel type must be ``image``'s); a NIfTI file must then hold
+    every voxel byte (an uncompressed one by its size, a gzipped one by the uncompressed size its
+    gzip trailer records, modulo 2³²), and any other format is read back whole, its reader
+    failing on a short file.
+    """
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
+    reader.ReadImageInformation()
+    if (reader.GetSize(), reader.GetPixelID()) != (image.GetSize(), image.GetPixelID()):
+        return "(the header written does not describe the image: the file is incomplete)"
+    header = _nifti_header(path)
+    if header is None:
+        reader.Execute()
+        return None
+    expected = max(int(header["vox_offset"]), 0) + image.GetNumberOfPixels() * image.GetSizeOfPixelComponent()
+    if _is_gzipped(path):
+        complete = _gzip_recorded_size(path) == expected % (1 << 32)
+    else:
+        complete = path.stat().st_size >= expected
+    return None if complete else f"(only part of its {_bytes_text(expected)} reached the disk)"
 
 
 def write_json_atomic(path: str | Path, payload: dict[str, Any]) -> Path:

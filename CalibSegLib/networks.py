@@ -8,13 +8,14 @@ exactly the same network.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import itertools
+from typing import Any, Callable, Sequence
 
 import torch
 from monai.networks import nets
 from torch import nn
 
-__all__ = ["NETWORKS", "NetworkOptionsError", "build_network", "build_network_on_meta"]
+__all__ = ["NETWORKS", "NetworkOptionsError", "build_network", "build_network_on_meta", "input_size_problem"]
 
 
 class NetworkOptionsError(ValueError):
@@ -148,3 +149,35 @@ def build_network_on_meta(
         lines = str(error).strip().splitlines() or [type(error).__name__]
         reason = lines[0] if len(lines[0]) <= 200 else lines[0][:197] + "..."
         raise NetworkOptionsError(name, kw, reason) from None
+
+
+def input_size_problem(model: nn.Module, in_channels: int, size: Sequence[int], batch: int = 2,
+                       search: int = 64) -> str | None:
+    """Why ``model`` (from :func:`build_network_on_meta`) cannot segment inputs of ``size`` voxels, or None.
+
+    A training-mode forward pass of a ``(batch, in_channels, *size)`` meta tensor: no memory, no
+    compute, but every shape rule of the network applies (down-sampling that must halve evenly,
+    normalisation that needs more than one voxel at the bottom). The logits must come back on the
+    same grid. The phrase suggests the nearest sizes within ``search`` voxels that work, taken
+    isotropically.
+    """
+    size = tuple(int(value) for value in size)
+    if _output_size(model, in_channels, size, batch) == size:
+        return None
+    nearest = (candidate for offset in range(1, search + 1) for candidate in (size[0] - offset, size[0] + offset)
+               if candidate > 0 and _output_size(model, in_channels, (candidate,) * len(size), batch)
+               == (candidate,) * len(size))
+    fitting = sorted(itertools.islice(nearest, 2))
+    hint = f"; the nearest sizes it takes are {' and '.join(map(str, fitting))}" if fitting else ""
+    return f"the network cannot segment {'×'.join(map(str, size))}-voxel windows{hint}"
+
+
+def _output_size(model: nn.Module, in_channels: int, size: tuple[int, ...], batch: int) -> tuple[int, ...] | None:
+    """The spatial size of ``model``'s logits for a ``(batch, in_channels, *size)`` meta input; None if it fails."""
+    model.train()
+    try:
+        with torch.no_grad():
+            logits = model(torch.empty(batch, in_channels, *size, device="meta"))
+    except Exception:  # noqa: BLE001 — any shape rule inside MONAI or torch may refuse the size
+        return None
+    return tuple(logits.shape[2:])

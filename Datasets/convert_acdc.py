@@ -20,9 +20,9 @@ on one side of a split and the shipped split files apply; bundles trained on it 
 dataset as ``acdc``. Intensities are left as acquired: the bundle's preprocessing normalises
 every volume (clip at the 99th percentile, scale to [0, 1]) as the HDF5 files were.
 
-Bad input — a missing ``Info.cfg`` entry or frame file, an image and label of different shapes
-or grids, labels outside 0–3 — stops the conversion with one sentence naming the patient and
-file. The output files are one set (:class:`CalibSegLib.io.OutputSet`): they appear together at
+Bad input — a patient folder without ``Info.cfg``, a missing ``Info.cfg`` entry or frame file,
+an image and label of different shapes or grids, labels outside 0–3 — stops the conversion with
+one sentence naming the patient and file. The output files are one set (:class:`CalibSegLib.io.OutputSet`): they appear together at
 the end, and a failure or Ctrl-C leaves ``--out`` as it was; rerunning rewrites them.
 """
 
@@ -101,6 +101,13 @@ def find_frames(source: str | Path) -> list[AcdcFrame]:
     if not infos:
         raise DataError(f"No patientNNN/{INFO_NAME} below {source}; pass --source with the official ACDC NIfTI "
                         "release (patientNNN/patientNNN_frameXX.nii.gz, _gt.nii.gz and Info.cfg).")
+    # A patient folder without its Info.cfg would otherwise vanish from the conversion without a word.
+    without_info = sorted(folder for folder in source.rglob("patient*")
+                          if _PATIENT.match(folder.name) and folder.is_dir() and not (folder / INFO_NAME).is_file())
+    if without_info:
+        raise DataError(f"{without_info[0].name}: {INFO_NAME} is missing ({without_info[0]}); the official release "
+                        "names each patient's end-diastolic and end-systolic frames there, so restore it or remove "
+                        "the folder.")
     patients = [path.parent.name for path in infos]
     twice = sorted({patient for patient in patients if patients.count(patient) > 1})
     if twice:

@@ -245,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
+    except KeyboardInterrupt:  # each file is written atomically: none is half-written
+        raise SystemExit("interrupted: the evaluation did not finish; run calibseg-evaluate again for a complete "
+                         "one.") from None
     print_summary(result.summary, out, arguments.split)
     return 0
 

@@ -6,6 +6,7 @@ earlier files byte-identical, no temporaries, no new folders."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -19,6 +20,7 @@ from CalibSegLib.io import ImageGeometry, write_image
 from tiny_bundles import make_test_bundle
 from fault_checks import BROKEN_BUNDLES, assert_one_sentence, normal_file_mode, tree_snapshot
 from Evaluation import evaluate
+from Training import fit_quality
 
 GRID = ImageGeometry(spacing=(5.0, 1.2, 0.9), origin=(-20.0, 4.0, 9.5))
 MAPS = ("labels", "confidence", "entropy")
@@ -246,4 +248,112 @@ def test_evaluate_refuses_a_nan_bundle_with_one_sentence(case, tmp_path):
     with pytest.raises(SystemExit) as caught:
         evaluate.main(["--bundle", str(bundle), "--data", str(tmp_path)])
     assert_one_sentence(str(caught.value.code), "^error: ", pattern)
+    assert tree_snapshot(tmp_path) == before
+
+
+def truncate_second_write_silently(monkeypatch) -> None:
+    """The second image written is cut in half without an error, as ITK's NIfTI writer leaves a file when
+    the disk fills (it prints a warning and returns normally)."""
+    real, calls = image_io.sitk.WriteImage, []
+
+    def write(image, name, useCompression=False):
+        calls.append(name)
+        real(image, name, useCompression=useCompression)
+        if len(calls) == 2:
+            data = Path(name).read_bytes()
+            Path(name).write_bytes(data[: len(data) // 2])
+
+    monkeypatch.setattr(image_io.sitk, "WriteImage", write)
+
+
+def test_a_silently_truncated_write_fails_the_command_and_keeps_the_previous_set(case, previous, tmp_path,
+                                                                                monkeypatch, capsys):
+    truncate_second_write_silently(monkeypatch)
+    before = tree_snapshot(tmp_path)
+    assert predict_cli(case, previous, "--reference", str(case / "case_ref.nii.gz")) == 2
+    assert_one_sentence(capsys.readouterr().err, "^error: Cannot write case_confidence.nii.gz ",
+                        "only part of its .* reached the disk", "check the free space")
+    assert tree_snapshot(tmp_path) == before
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 5 MiB tmpfs mounted for the test (skipped where this process may not mount one)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    command = ["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        pytest.skip(f"cannot run mount here ({error})")
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not allowed here ({done.stderr.strip() or done.returncode})")
+    yield mount
+    subprocess.run(["umount", str(mount)], capture_output=True, timeout=30)
+
+
+def test_predict_on_a_full_disk_exits_with_one_sentence_and_keeps_the_earlier_set(small_disk, tmp_path, capsys):
+    """The issue's case on a real file system: the disk fills while the new set's confidence map is written."""
+    inputs = tmp_path / "inputs"
+    rng = np.random.default_rng(8)
+    shape = (8, 128, 128)
+    write_image(inputs / "big.nii.gz", rng.normal(300, 60, size=shape).astype(np.float32), GRID)
+    bundle = make_test_bundle(inputs / "model.calibseg")
+    out = small_disk / "out"
+    assert predict_cli(inputs, out, bundle=bundle, image="big.nii.gz") == 0
+    earlier = tree_snapshot(out)
+    # A new image with another structure, so that the new outputs differ from the earlier ones.
+    write_image(inputs / "big.nii.gz", rng.gamma(2.0, 150, size=shape).astype(np.float32), GRID)
+    disk = os.statvfs(small_disk)
+    block = disk.f_frsize
+    # Room for the summary and the labels (a block each) and half the earlier confidence map: its
+    # successor runs out of space half-way (tmpfs allocates whole blocks).
+    room = 2 * block + (out / "big_confidence.nii.gz").stat().st_size // 2
+    (small_disk / "filler").write_bytes(bytes(disk.f_bavail * block - room))
+    capsys.readouterr()
+    assert predict_cli(inputs, out, bundle=bundle, image="big.nii.gz") == 2
+    assert_one_sentence(capsys.readouterr().err, "^error: ", "big_confidence.nii.gz",
+                        "No space left on device|reached the disk")
+    assert tree_snapshot(out) == earlier  # byte-identical, and no temporaries left on the disk
+    assert sorted(path.name for path in small_disk.iterdir()) == ["filler", "out"]
+    (small_disk / "filler").unlink()  # with room again the same command replaces the set: the check could fail
+    assert predict_cli(inputs, out, bundle=bundle, image="big.nii.gz") == 0
+    assert tree_snapshot(out) != earlier
+
+
+@pytest.fixture()
+def recorded_data(tmp_path) -> tuple[Path, Path]:
+    """A folder of four image/label pairs and a tiny bundle recording p1, p2 as validation and p3, p4 as test."""
+    data = tmp_path / "data"
+    rng = np.random.default_rng(4)
+    for patient in ("p1", "p2", "p3", "p4"):
+        label = np.zeros((3, 24, 20), np.uint8)
+        label[:, 4:12, 3:9], label[:, 12:20, 9:15], label[:, 5:9, 14:18] = 1, 2, 3
+        write_image(data / f"{patient}_image.nii.gz", rng.normal(300, 60, label.shape).astype(np.float32), GRID)
+        write_image(data / f"{patient}_label.nii.gz", label, GRID)
+    recorded = {"dataset": "data", "train": [], "val": ["p1", "p2"], "test": ["p3", "p4"]}
+    return data, make_test_bundle(tmp_path / "run" / "model.calibseg", data=recorded)
+
+
+def _interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def test_ctrl_c_in_fit_quality_is_one_line_and_keeps_the_bundle(recorded_data, tmp_path, monkeypatch):
+    data, bundle = recorded_data
+    monkeypatch.setattr(fit_quality, "fit_quality_model", _interrupt)  # Ctrl-C while the cases are predicted
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        fit_quality.main(["--bundle", str(bundle), "--data", str(data), "--device", "cpu"])
+    assert_one_sentence(str(caught.value.code), "^interrupted: ", "model.calibseg was not written")
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_ctrl_c_in_evaluate_is_one_line(recorded_data, tmp_path, monkeypatch):
+    data, bundle = recorded_data
+    monkeypatch.setattr(evaluate, "evaluate_bundle", _interrupt)  # Ctrl-C while the test cases are predicted
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        evaluate.main(["--bundle", str(bundle), "--data", str(data), "--device", "cpu"])
+    assert_one_sentence(str(caught.value.code), "^interrupted: the evaluation did not finish", "run calibseg-evaluate")
     assert tree_snapshot(tmp_path) == before

@@ -1,9 +1,12 @@
 """Fault catalogue, images: NaN/inf voxels are refused whatever the format (NIfTI included, whose
-reader zeroes them), extreme intensities normalise without overflow, and non-finite
-probabilities never reach an output."""
+reader zeroes them), a header that disagrees with its data is refused before any voxel is
+allocated, a write cut short never replaces the previous file, extreme intensities normalise
+without overflow, and non-finite probabilities never reach an output."""
 
 from __future__ import annotations
 
+import gzip
+import re
 import struct
 import warnings
 from pathlib import Path
@@ -13,6 +16,7 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
+from CalibSegLib import io as image_io
 from CalibSegLib.bundle import Bundle, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, read_image, write_image
@@ -166,3 +170,133 @@ def test_nan_in_an_in_memory_volume_is_refused(tiny_bundle):
     with pytest.raises(ValueError) as caught:
         Predictor(tiny_bundle, device="cpu").predict(image, GRID.spacing)
     assert_one_sentence(str(caught.value), "NaN or infinite")
+
+
+# NIfTI-1 header fields patched below (nifti1.h): dim (8 int16) at byte 40, pixdim (8 float32) at byte 76.
+DIM_OFFSET, PIXDIM_OFFSET = 40, 76
+
+
+def _nifti(suffix: str = ".nii", dtype=np.int16, patch: Callable[[bytearray], None] | None = None,
+           keep: float = 1.0) -> Callable[[Path], Path]:
+    """A NIfTI-1 file of :func:`volume` whose uncompressed bytes ``patch`` edits and of which only the first
+    ``keep`` fraction is kept (cut short as a full disk or an interrupted copy leaves it)."""
+    def make(folder: Path) -> Path:
+        path = write_image(folder / f"header{suffix}", volume(dtype), GRID)
+        raw = bytearray(gzip.decompress(path.read_bytes()) if suffix.endswith(".gz") else path.read_bytes())
+        if patch is not None:
+            patch(raw)
+        stored = gzip.compress(bytes(raw)) if suffix.endswith(".gz") else bytes(raw)
+        path.write_bytes(stored[: int(len(stored) * keep)])
+        return path
+
+    return make
+
+
+def _dims(*sizes: int) -> Callable[[bytearray], None]:
+    return lambda raw: struct.pack_into("<3h", raw, DIM_OFFSET + 2, *sizes)
+
+
+def _pixdim(value: float) -> Callable[[bytearray], None]:
+    return lambda raw: struct.pack_into("<f", raw, PIXDIM_OFFSET + 3 * 4, value)  # pixdim[3]: the slice spacing
+
+
+def _meta_image(edit: Callable[[str], str], detached: bool = False) -> Callable[[Path], Path]:
+    """A MetaImage (.mha, or .mhd + .raw when ``detached``) of :func:`volume` whose header text ``edit`` changes."""
+    def make(folder: Path) -> Path:
+        path = folder / ("header.mhd" if detached else "header.mha")
+        sitk.WriteImage(GRID.apply(sitk.GetImageFromArray(volume())), str(path), useCompression=not detached)
+        raw = path.read_bytes()
+        end = raw.index(b"ElementDataFile")
+        end = raw.index(b"\n", end) + 1
+        path.write_bytes(edit(raw[:end].decode()).encode() + raw[end:])
+        return path
+
+    return make
+
+
+HEADER_FAULTS: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "int16 .nii cut short": (_nifti(keep=0.6), r"is cut short: its NIfTI header declares 1\.1 KiB of voxels"),
+    "float32 .nii cut short": (_nifti(dtype=np.float32, keep=0.9), "is cut short"),
+    "int16 .nii.gz cut short": (_nifti(".nii.gz", keep=0.7), "is cut short"),
+    "0 slices in .nii": (_nifti(patch=_dims(12, 16, 0)), r"declares 0 × 16 × 12 voxels .*an axis without voxels"),
+    "0 slices in .nii.gz": (_nifti(".nii.gz", patch=_dims(12, 16, 0)), "an axis without voxels"),
+    "slice spacing 0": (_nifti(patch=_pixdim(0.0)), r"spacing \(pixdim\) of 0 × 1\.5 × 1\.25 mm .*not positive"),
+    "slice spacing NaN": (_nifti(".nii.gz", patch=_pixdim(float("nan"))), "spacing .pixdim. of nan × "),
+    "slice spacing -4": (_nifti(patch=_pixdim(-4.0)), "of -4 × 1.5 × 1.25 mm"),
+    "slice spacing inf": (_nifti(patch=_pixdim(float("inf"))), "of inf × "),
+    "small .nii claiming 2048×2048×300": (_nifti(patch=_dims(2048, 2048, 300)), r"is cut short: .* declares 2\.3 GiB"),
+    "small .nii.gz claiming 2048×2048×300": (
+        _nifti(".nii.gz", patch=_dims(2048, 2048, 300)),
+        r"declares 300 × 2048 × 2048 voxels \(2\.3 GiB\) .*more than its .* of compressed data can hold"),
+    ".mha spacing 0": (_meta_image(lambda text: text.replace("ElementSpacing = 1.25 1.5 4",
+                                                             "ElementSpacing = 1.25 1.5 0")),
+                       r"voxel spacing of 0 × 1\.5 × 1\.25 mm, which is not positive and finite"),
+    ".mha claiming 2048×2048×300": (
+        _meta_image(lambda text: text.replace("DimSize = 12 16 3", "DimSize = 2048 2048 300")),
+        r"declares 300 × 2048 × 2048 voxels \(4\.7 GiB\), more than its .* of data can hold even compressed"),
+    ".mhd claiming more than its .raw holds": (
+        _meta_image(lambda text: text.replace("DimSize = 12 16 3", "DimSize = 2048 2048 300"), detached=True),
+        "more than its 2.2 KiB of data can hold"),
+}
+
+
+class _NoPixelReader(sitk.ImageFileReader):
+    """A reader that fails the test when asked for the voxels: a refusal must come from the header alone."""
+
+    def Execute(self):  # noqa: N802  (SimpleITK's name)
+        raise AssertionError("the voxels were read (and allocated) before the header was checked")
+
+
+@pytest.mark.parametrize("case", list(HEADER_FAULTS))
+def test_header_that_disagrees_with_its_data_is_refused_before_allocation(case, tmp_path, monkeypatch):
+    make, pattern = HEADER_FAULTS[case]
+    path = make(tmp_path)
+    before = tree_snapshot(tmp_path)
+    monkeypatch.setattr(image_io.sitk, "ImageFileReader", _NoPixelReader)
+    with pytest.raises(ValueError) as caught:
+        read_image(path)
+    assert_one_sentence(str(caught.value), "^" + re_name(path), pattern, "fix or re-export the file")
+    assert tree_snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("suffix", [".nii", ".nii.gz"])
+def test_a_whole_nifti_with_odd_but_valid_header_values_still_reads(suffix, tmp_path):
+    """The checks refuse only what cannot be true: extra bytes after the voxels and a fine spacing are fine."""
+    path = _nifti(suffix, patch=_pixdim(0.001))(tmp_path)
+    if suffix == ".nii":
+        path.write_bytes(path.read_bytes() + b"\0" * 64)
+    loaded, geometry = read_image(path)
+    np.testing.assert_array_equal(loaded, volume(np.int16))
+    assert geometry.spacing == pytest.approx((0.001, 1.5, 1.25))
+
+
+def test_a_large_hdr_img_pair_is_bounded_by_its_img_not_its_header(tmp_path):
+    """The size bound reads the ``.img`` beside a ``.hdr`` (348 bytes, which could hold at most ~350 KiB)."""
+    image = np.random.default_rng(1).normal(size=(8, 128, 128)).astype(np.float32)  # 512 KiB
+    sitk.WriteImage(GRID.apply(sitk.GetImageFromArray(image)), str(tmp_path / "pair.hdr"))
+    loaded, _ = read_image(tmp_path / "pair.hdr")
+    np.testing.assert_array_equal(loaded, image)
+
+
+def _silently_truncating(fraction: float):
+    """``sitk.WriteImage`` as ITK's NIfTI writer behaves on a full disk: the file is cut short, no error raised."""
+    real = sitk.WriteImage
+
+    def write(image, name, useCompression=False):
+        real(image, name, useCompression=useCompression)
+        data = Path(name).read_bytes()
+        Path(name).write_bytes(data[: int(len(data) * fraction)])
+
+    return write
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".nii", ".nrrd", ".mha"])
+@pytest.mark.parametrize("fraction", [0.5, 0.99], ids=["half written", "last bytes missing"])
+def test_a_write_cut_short_raises_and_keeps_the_previous_file(suffix, fraction, tmp_path, monkeypatch):
+    path = write_image(tmp_path / f"out{suffix}", volume(), GRID)
+    before = tree_snapshot(tmp_path)
+    monkeypatch.setattr(image_io.sitk, "WriteImage", _silently_truncating(fraction))
+    with pytest.raises(OSError) as caught:
+        write_image(path, volume() + 1, GRID)
+    assert_one_sentence(str(caught.value), f"^Cannot write out{re.escape(suffix)} ", "check the free space")
+    assert tree_snapshot(tmp_path) == before

@@ -89,3 +89,72 @@ def test_nan_voxel_in_the_input_volume_is_refused(bundle, mrml_scene):  # noqa: 
     volume = make_volume_node(mrml_scene, values)
     message = refused_without_change(mrml_scene, lambda: SegmentationRunner().run(volume, bundle))
     assert_one_sentence(message, "NaN or infinite")
+
+
+BAD_LEVELS = [math.nan, -0.1, 1.5, math.inf, "0.4", True]
+
+
+@pytest.mark.parametrize("level", BAD_LEVELS, ids=repr)
+def test_run_refuses_a_hot_spot_level_outside_0_1(level, bundle, mrml_scene):  # noqa: F811
+    volume = make_volume_node(mrml_scene, image())
+    message = refused_without_change(mrml_scene, lambda: SegmentationRunner().run(volume, bundle, hotSpotLevel=level))
+    assert_one_sentence(message, r"hot-spot level must be a number in \[0, 1\]", re.escape(repr(level)))
+
+
+@pytest.mark.parametrize("level", BAD_LEVELS, ids=repr)
+def test_set_hot_spot_level_refuses_a_level_outside_0_1(level, bundle, mrml_scene):  # noqa: F811
+    volume = make_volume_node(mrml_scene, image())
+    runner = SegmentationRunner()
+    outputs = runner.run(volume, bundle, hotSpotLevel=0.3)
+    message = refused_without_change(mrml_scene, lambda: runner.setHotSpotLevel(outputs, level))
+    assert_one_sentence(message, r"hot-spot level must be a number in \[0, 1\]")
+    assert outputs.uncertainty.GetDisplayNode().GetLowerThreshold() == 0.3
+
+
+def _slice_view(scene):
+    import slicer
+
+    node = slicer.vtkMRMLSliceNode()
+    node.SetLayoutName("Red")
+    scene.AddNode(node)
+    return node
+
+
+# (slice index, slice axis) → the sentence; the volume is 4 × 32 × 28 voxels.
+BAD_JUMPS = {
+    "index NaN": (math.nan, 0, "slice index must be a whole number, got nan"),
+    "index 2.7": (2.7, 0, "slice index must be a whole number, got 2.7"),
+    "index '2'": ("2", 0, "slice index must be a whole number, got '2'"),
+    "index True": (True, 0, "slice index must be a whole number"),
+    "index -1": (-1, 0, "Slice -1 is outside the volume, which has 4 slices"),
+    "index 7": (7, 0, "Slice 7 is outside the volume"),
+    "index 28 along x": (28, 2, "Slice 28 is outside the volume, which has 28 slices"),
+    "axis 3": (1, 3, "slice axis must be 0, 1 or 2"),
+    "axis -1": (1, -1, "slice axis must be 0, 1 or 2"),
+    "axis 1.0": (1, 1.0, "slice axis must be a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_JUMPS))
+def test_jump_to_slice_refuses_what_is_not_a_slice_and_moves_no_view(case, mrml_scene):  # noqa: F811
+    index, axis, pattern = BAD_JUMPS[case]
+    volume = make_volume_node(mrml_scene, image())
+    _slice_view(mrml_scene)
+    message = refused_without_change(mrml_scene, lambda: SegmentationRunner.jumpToSlice(volume, index, axis))
+    assert_one_sentence(message, re.escape(pattern))
+
+
+def test_jump_to_slice_on_a_node_without_image_data_is_one_sentence(mrml_scene):  # noqa: F811
+    import slicer
+
+    empty = mrml_scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "empty")
+    assert isinstance(empty, slicer.vtkMRMLScalarVolumeNode)
+    _slice_view(mrml_scene)
+    message = refused_without_change(mrml_scene, lambda: SegmentationRunner.jumpToSlice(empty, 0, 0))
+    assert_one_sentence(message, "The volume 'empty' holds no image data")
+
+
+def test_jump_to_slice_takes_numpy_integers(mrml_scene):  # noqa: F811
+    volume = make_volume_node(mrml_scene, image())
+    first = SegmentationRunner.jumpToSlice(volume, np.int64(3), np.int64(0))
+    np.testing.assert_allclose(first, SegmentationRunner.jumpToSlice(volume, 3, 0))

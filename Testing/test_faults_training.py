@@ -5,6 +5,9 @@ gets the umask's usual mode."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from tiny_bundles import TINY_UNET, make_test_bundle, make_test_metadata
 from fault_checks import assert_one_sentence, normal_file_mode, tree_snapshot
 from Training import train
 from Training.checkpoint import load_checkpoint, save_checkpoint
+from Training.run_lock import LOCK_NAME, RunFolderBusy, run_folder_lock
 
 
 def _file(tmp_path: Path) -> list[str]:
@@ -48,6 +52,14 @@ BAD_RUNS = {
     "--resume without a run": (_flags("--resume"), ("does not exist",)),
     "--out is a file": (_file, ("is a file, not a folder",)),
     "--out below a file": (_below_file, ("is a file, not a folder",)),
+    "--patch-size 33": (_flags("--patch-size", "33"), ("cannot segment 33×33-voxel windows", "32 and 48")),
+    "--patch-size 40 --no-compile": (_flags("--patch-size", "40", "--no-compile"), ("cannot segment 40×40",)),
+    "--patch-size 8": (_flags("--patch-size", "8"), ("cannot segment 8×8",)),
+    "--patch-size 64 33": (_flags("--patch-size", "64", "33"), ("cannot segment 64×33",)),
+    "--lr nan": (_flags("--lr", "nan"), ("--lr must be positive and finite, got nan",)),
+    "--lr inf": (_flags("--lr", "inf"), ("--lr must be positive and finite",)),
+    "--lr-step-to nan": (_flags("--lr-step-to", "nan"), ("--lr-step-to must be",)),
+    "--target-spacing inf": (_flags("--target-spacing", "inf"), ("--target-spacing must be positive and finite",)),
 }
 if not torch.cuda.is_available():
     BAD_RUNS["--device cuda without CUDA"] = (_flags("--device", "cuda"), ("no CUDA device",))
@@ -121,3 +133,82 @@ def test_save_bundle_refuses_non_finite_weights_before_writing(value, half, patt
         save_bundle(tmp_path / "model.calibseg", model, make_test_metadata(), half=half)
     assert_one_sentence(str(caught.value), "weight model.0.conv.weight", pattern)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture(scope="module")
+def sample_split(sample_acdc_dir):
+    """What ``train._load_split_cases`` gives for the shipped sample, loaded once for the tests below."""
+    return train._load_split_cases(train._parser().parse_args(["--data", str(sample_acdc_dir)]), 4)
+
+
+def _cached_data(monkeypatch, loaded) -> None:
+    monkeypatch.setattr(train, "_load_split_cases", lambda arguments, num_classes: loaded)
+
+
+def test_a_second_run_on_a_locked_run_folder_is_refused_and_changes_nothing(sample_split, tmp_path, monkeypatch):
+    _cached_data(monkeypatch, sample_split)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with run_folder_lock(run_dir):  # the first run, still before its first checkpoint
+        before = tree_snapshot(tmp_path)
+        monkeypatch.setattr(train, "Trainer", lambda *args, **kwargs: pytest.fail("the second run trained"))
+        with pytest.raises(SystemExit) as caught:
+            train.main(["--out", str(run_dir), "--no-eval"])
+        assert tree_snapshot(tmp_path) == before
+    assert_one_sentence(str(caught.value.code), "^error: ", "in use by another calibseg-train", "choose another --out")
+    assert not (run_dir / LOCK_NAME).exists()  # released with the first run
+
+
+def test_the_run_folder_lock_is_exclusive_and_released(tmp_path):
+    with run_folder_lock(tmp_path) as lock:
+        assert lock.read_text() == str(os.getpid())
+        with pytest.raises(RunFolderBusy) as caught:
+            with run_folder_lock(tmp_path):
+                pass
+        assert_one_sentence(str(caught.value), f"process {os.getpid()}")
+    with run_folder_lock(tmp_path):  # free again once the holder is done
+        pass
+    assert list(tmp_path.iterdir()) == []
+
+
+class _InterruptedTrainer:
+    """A Trainer that the user interrupts (Ctrl-C) while it sets up, before any epoch."""
+
+    def __init__(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["fresh run", "--resume"])
+def test_ctrl_c_says_whether_a_checkpoint_exists(resume, sample_split, tmp_path, monkeypatch):
+    _cached_data(monkeypatch, sample_split)
+    monkeypatch.setattr(train, "Trainer", _InterruptedTrainer)
+    run_dir = tmp_path / "run"
+    if resume:
+        save_checkpoint(run_dir / "checkpoint.pt", {"epoch": 2, "model": {}})
+    with pytest.raises(SystemExit) as caught:
+        train.main(["--out", str(run_dir), "--no-eval", *(["--resume"] if resume else [])])
+    message = str(caught.value.code)
+    if resume:
+        assert_one_sentence(message, "^interrupted: ", "checkpoint.pt is kept", "--resume")
+    else:
+        assert_one_sentence(message, "^interrupted before the first epoch ended", "no checkpoint was written")
+        assert not (run_dir / "checkpoint.pt").exists()
+
+
+def test_a_run_killed_with_sigkill_leaves_its_folder_free_to_resume(tmp_path):
+    """The kernel drops a flock with its process: no stale lock stops ``--resume`` after ``kill -9``."""
+    script = ("import sys, time\nfrom Training.run_lock import run_folder_lock\n"
+              "with run_folder_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunFolderBusy, match=f"process {holder.pid}"):
+            with run_folder_lock(tmp_path):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    assert (tmp_path / LOCK_NAME).exists()  # left behind by the killed run, but no longer held
+    with run_folder_lock(tmp_path) as lock:
+        assert lock.read_text() == str(os.getpid())

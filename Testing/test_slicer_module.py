@@ -81,7 +81,7 @@ def test_offscreen_slice_view_shows_hot_spots_outlines_and_legend(mrml_scene, tm
     # The untrained network is unsure everywhere: at the slice's quartiles of entropy, 3/4, 1/2 and 1/4 of it
     # are hot spots.
     low, median, high = np.quantile(slicer.util.arrayFromVolume(outputs.uncertainty)[3], [0.25, 0.5, 0.75])
-    blended, everything, nothing = render(median, "view.png"), render(0.0, "all.png"), render(1.01, "none.png")
+    blended, everything, nothing = render(median, "view.png"), render(0.0, "all.png"), render(1.0, "none.png")
     more, fewer = render(low, "more.png"), render(high, "fewer.png")
     predicted = slicer.util.arrayFromVolume(mrml_scene.GetFirstNodeByName("CalibSeg snapshot labels"))[3]
     outline = np.zeros(blended.shape[:2], bool)
@@ -93,7 +93,7 @@ def test_offscreen_slice_view_shows_hot_spots_outlines_and_legend(mrml_scene, tm
     def coloured(view: np.ndarray) -> np.ndarray:  # off the outlines, not grey
         return ~outline & (np.ptp(view, axis=-1) > 5)
 
-    assert not coloured(nothing).any()  # above every value the overlay is transparent: only grey anatomy
+    assert not coloured(nothing).any()  # at the top level (1: no entropy reaches it) only grey anatomy shows
     # Off the outlines fewer hot pixels remain than voxels (entropy peaks where the labels change, under
     # the outlines), but the share follows the level.
     shares = [coloured(view).sum() / coloured(everything).sum() for view in (more, blended, fewer)]

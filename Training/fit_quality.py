@@ -30,7 +30,8 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, BundleMetadat
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from CalibSegLib.quality import Observation, QualityModel, QualityModelError, fit_from_observations, observe_cases
+from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, check_references, fit_from_observations,
+                                 observe_cases)
 from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import select_patients
 
@@ -65,6 +66,7 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
     loaded = load_bundle(path)
     metadata = loaded.metadata
     cases = validation_cases(metadata, path.name, data, "fit")
+    check_references(cases, metadata.class_names)  # before any prediction
     observed = fold_observations(fold_bundles, metadata, data, device, batch_size)
     record = ({"fold_networks": len(fold_bundles), "fold_patients": len({item.patient for item in observed})}
               if fold_bundles else {})
@@ -157,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                       arguments.batch_size, arguments.fold_bundles)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
+    except KeyboardInterrupt:  # the bundle is rewritten atomically, at the very end
+        raise SystemExit(f"interrupted: {arguments.out or arguments.bundle} was not written.") from None
     print("\n".join(describe(model)))
     print(f"bundle: {written}")
     return 0

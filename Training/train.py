@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.io import check_output_folder, os_error_sentence
 from CalibSegLib.losses import LOSSES, build_loss
-from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta
+from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta, input_size_problem
 from Datasets.cases import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
                            dataset_name, default_classes, find_cases, load_cases)
 from Datasets.splits import SIDES, default_split_for, load_split, select_patients, split_reference
@@ -46,6 +47,7 @@ from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
 from Training.choices import TEMPERATURE_FITS
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
+from Training.run_lock import run_folder_lock
 from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer
 
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
@@ -156,8 +158,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _positive(name: str, value: int | float | None) -> None:
-    if value is not None and value <= 0:
-        raise DataError(f"{name} must be positive, got {value}.")
+    if value is not None and not (math.isfinite(value) and value > 0):  # NaN compares False with everything
+        raise DataError(f"{name} must be positive and finite, got {value}.")
 
 
 def _pair(name: str, values: list[float] | None, default: float) -> tuple[float, float]:
@@ -184,8 +186,8 @@ def parse_config(arguments: argparse.Namespace) -> TrainConfig:
     patch = tuple(int(value) for value in _pair("--patch-size", arguments.patch_size, schedule.patch_size))
     spacing = _pair("--target-spacing", arguments.target_spacing, 1.5)
     for name, values in (("--patch-size", patch), ("--target-spacing", spacing)):
-        if not all(value > 0 for value in values):
-            raise DataError(f"{name} must be positive, got {' '.join(map(str, values))}.")
+        if not all(math.isfinite(value) and value > 0 for value in values):
+            raise DataError(f"{name} must be positive and finite, got {' '.join(map(str, values))}.")
     return TrainConfig(
         method=arguments.method,
         loss_args={**schedule.loss_args.get(arguments.method, {}), **dict(arguments.loss_arg)},
@@ -261,15 +263,21 @@ def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], spli
 
 
 def _check_model(config: TrainConfig) -> None:
-    """Build the configured network (on torch's meta device: no memory) and loss, and resolve the
-    device, so that a bad --network-arg, --loss-arg or --device stops the run before its folder exists."""
+    """Build the configured network (on torch's meta device: no memory) and loss, pass a batch of
+    crops through it (shapes only), and resolve the device, so that a bad --network-arg,
+    --patch-size, --loss-arg or --device stops the run before its folder exists."""
     try:
-        build_network_on_meta(config.network, 1, config.num_classes, 2, **config.network_kwargs)
+        model = build_network_on_meta(config.network, 1, config.num_classes, 2, **config.network_kwargs)
     except NetworkOptionsError as error:
         raise DataError(
             f"--network {config.network} cannot be built with --network-arg {config.network_kwargs} "
             f"({error.reason})."
         ) from None
+    # The crop is also the inference window, so one check covers training and validation.
+    problem = input_size_problem(model, 1, config.patch_size, batch=config.batch_size)
+    if problem:
+        raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
+                        f"{config.network}: {problem}.")
     build_loss(config.method, config.num_classes, **config.loss_args)  # unknown hyper-parameter: KeyError
     resolve_device(config.device)
 
@@ -295,26 +303,38 @@ def run(arguments: argparse.Namespace) -> Path:
     data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
     print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description)
-    if arguments.resume:
-        trainer.resume(checkpoint)
-        print(f"resumed {run_dir} after epoch {trainer.epoch}")
-    loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
-    method_text = f"{config.method} ({loss_text})" if loss_text else config.method
-    print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
-          f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
-          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}",
-          flush=True)
-    result = trainer.fit()
-    print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
-    print(f"bundle: {result.bundle_path}")
-    if not arguments.no_eval and cases["test"]:
-        evaluation_dir = run_dir / EVALUATION_DIR
-        evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
-                                     device=config.device, batch_size=config.batch_size,
-                                     degradations=tuple(DEGRADATIONS) if arguments.degraded else ())
-        print_summary(evaluation.summary, evaluation_dir)
-    return result.bundle_path
+    try:
+        with run_folder_lock(run_dir):  # a second run on this folder is refused while this one lasts
+            trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description)
+            if arguments.resume:
+                trainer.resume(checkpoint)
+                print(f"resumed {run_dir} after epoch {trainer.epoch}")
+            loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
+            method_text = f"{config.method} ({loss_text})" if loss_text else config.method
+            print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
+                  f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
+                  f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}",
+                  flush=True)
+            result = trainer.fit()
+            print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
+            print(f"bundle: {result.bundle_path}")
+            if not arguments.no_eval and cases["test"]:
+                evaluation_dir = run_dir / EVALUATION_DIR
+                evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
+                                             device=config.device, batch_size=config.batch_size,
+                                             degradations=tuple(DEGRADATIONS) if arguments.degraded else ())
+                print_summary(evaluation.summary, evaluation_dir)
+            return result.bundle_path
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted_text(checkpoint)) from None
+
+
+def _interrupted_text(checkpoint: Path) -> str:
+    """What a Ctrl-C during training leaves: the last checkpoint to resume from, or none yet."""
+    if checkpoint.exists():
+        return f"interrupted: the last completed epoch's checkpoint {checkpoint} is kept; continue with --resume."
+    return (f"interrupted before the first epoch ended, so no checkpoint was written in {checkpoint.parent}; "
+            "start the run again.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -330,8 +350,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {os_error_sentence(error)}") from None
     except KeyError as error:  # unknown loss hyper-parameter: the registry's sentence is its argument
         raise SystemExit(f"error: {error.args[0]}") from None
-    except KeyboardInterrupt:
-        raise SystemExit("interrupted: the last completed epoch's checkpoint is kept; continue with --resume.") from None
+    except KeyboardInterrupt as interruption:  # run() says what was kept once the run folder exists
+        raise SystemExit(str(interruption) or "interrupted before training started: nothing was written.") from None
     print(f"total time {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -76,14 +76,25 @@ class CalibSegOutputs:
     metrics: dict[str, float] = field(default_factory=dict)  # the table's rows: label -> value
 
 
-def _checked_threshold(threshold: float | None) -> float | None:
-    """``threshold`` as a float in [0, 1] (None stays None); ValueError with one sentence otherwise."""
-    if threshold is None:
+def _checked_fraction(value: float | None, what: str) -> float | None:
+    """``value`` as a float in [0, 1] (None stays None); ValueError with one sentence naming ``what`` otherwise."""
+    if value is None:
         return None
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not 0 <= threshold <= 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
         # ``not 0 <= nan <= 1`` is True, so NaN is refused here too.
-        raise ValueError(f"The low-confidence threshold must be a number in [0, 1], got {threshold!r}.")
-    return float(threshold)
+        raise ValueError(f"The {what} must be a number in [0, 1], got {value!r}.")
+    return float(value)
+
+
+def _checked_whole(value: int, what: str) -> int:
+    """``value`` as an int when it is a whole number (NumPy integers too, never bool, float or text);
+    ValueError with one sentence naming ``what`` otherwise, rather than truncating 2.7 to 2."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"The {what} must be a whole number, got {value!r}.")
+    return int(value)
+
+
+_SLICE_AXES = (0, 1, 2)  # array axes (z, y, x) of a volume
 
 
 def review_text(summary: dict) -> str:
@@ -112,7 +123,8 @@ class SegmentationRunner:
         from CalibSegLib.pretrained import resolve_bundle_path
         from CalibSegLib.quality import HOT_SPOT_LEVEL
 
-        lowConfidenceThreshold = _checked_threshold(lowConfidenceThreshold)
+        lowConfidenceThreshold = _checked_fraction(lowConfidenceThreshold, "low-confidence threshold")
+        hotSpotLevel = _checked_fraction(hotSpotLevel, "hot-spot level")
         if not bundlePath:
             raise ValueError("Choose a model bundle (.calibseg file).")
         bundle = load_bundle(resolve_bundle_path(bundlePath))
@@ -122,7 +134,7 @@ class SegmentationRunner:
             reference = reference_label_array(referenceNode, inputVolumeNode, bundle.metadata.class_names)
         return CalibSegRequest(inputVolumeNode, bundle, image, volume_spacing(inputVolumeNode), referenceNode,
                                reference, device, lowConfidenceThreshold,
-                               HOT_SPOT_LEVEL if hotSpotLevel is None else float(hotSpotLevel))
+                               HOT_SPOT_LEVEL if hotSpotLevel is None else hotSpotLevel)
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
                 cancel: threading.Event | None = None) -> "CaseAnalysis":
@@ -180,21 +192,33 @@ class SegmentationRunner:
         """
         import slicer.util
 
-        threshold = _checked_threshold(threshold)
+        threshold = _checked_fraction(threshold, "low-confidence threshold")
         confidence = np.array(slicer.util.arrayFromVolume(outputs.confidence))
         set_low_confidence_segment(outputs.segmentation, inputVolumeNode, confidence, threshold)
 
     @staticmethod
     def setHotSpotLevel(outputs: CalibSegOutputs, level: float) -> None:
-        """Show the uncertainty overlay from another normalised-entropy level on (the widget's slider)."""
-        show_hot_spots(outputs.uncertainty, level)
+        """Show the uncertainty overlay from another normalised-entropy level on (the widget's slider).
+
+        Raises:
+            ValueError: ``level`` is not a number in [0, 1] (NaN included); nothing changes then.
+        """
+        show_hot_spots(outputs.uncertainty, _checked_fraction(level, "hot-spot level"))
 
     @staticmethod
     def jumpToSlice(inputVolumeNode, sliceIndex: int, sliceAxis: int = 0) -> np.ndarray:
         """Centre every slice view of the scene on the middle of slice ``sliceIndex`` of the input
         (along array axis ``sliceAxis``, as ``summary["uncertain_slices"]`` counts); returns that
-        point in RAS (mm)."""
-        ras = slice_center_ras(inputVolumeNode, int(sliceIndex), int(sliceAxis))
+        point in RAS (mm).
+
+        Raises:
+            ValueError: the node holds no image data, ``sliceAxis`` is not 0, 1 or 2, or ``sliceIndex`` is not
+                a whole number inside the volume along it; no view moves then.
+        """
+        axis = _checked_whole(sliceAxis, "slice axis")
+        if axis not in _SLICE_AXES:
+            raise ValueError(f"The slice axis must be 0, 1 or 2 (an array axis of the (z, y, x) volume), got {axis}.")
+        ras = slice_center_ras(inputVolumeNode, _checked_whole(sliceIndex, "slice index"), axis)
         slice_nodes = inputVolumeNode.GetScene().GetNodesByClass("vtkMRMLSliceNode")
         for index in range(slice_nodes.GetNumberOfItems()):
             slice_nodes.GetItemAsObject(index).JumpSliceByCentering(*ras)

@@ -27,9 +27,7 @@ def volume_array(volume_node) -> np.ndarray:
     """A copy of a scalar volume's voxels as a (z, y, x) array; ValueError unless it is a 3D scalar volume."""
     if volume_node is None or not volume_node.IsA("vtkMRMLScalarVolumeNode"):
         raise ValueError("Select a scalar volume as input.")
-    image = volume_node.GetImageData()
-    if image is None:
-        raise ValueError(f"The volume '{volume_node.GetName()}' holds no image data.")
+    image = _image_data(volume_node)
     if image.GetNumberOfScalarComponents() != 1:
         raise ValueError(f"The volume '{volume_node.GetName()}' has {image.GetNumberOfScalarComponents()} components; "
                          "choose a scalar (single-component) volume.")
@@ -37,6 +35,16 @@ def volume_array(volume_node) -> np.ndarray:
     if sum(size > 1 for size in dimensions) < 3:
         raise ValueError(f"The volume '{volume_node.GetName()}' is {'×'.join(map(str, dimensions))} voxels; CalibSeg needs a 3D volume.")
     return np.array(_util().arrayFromVolume(volume_node), copy=True)
+
+
+def _image_data(volume_node):
+    """The ``vtkImageData`` of a volume node; ValueError (one sentence) for no volume or one without voxels."""
+    if volume_node is None or not volume_node.IsA("vtkMRMLVolumeNode"):
+        raise ValueError("Select a volume.")
+    image = volume_node.GetImageData()
+    if image is None:
+        raise ValueError(f"The volume '{volume_node.GetName()}' holds no image data.")
+    return image
 
 
 def volume_spacing(volume_node) -> tuple[float, float, float]:
@@ -57,9 +65,9 @@ def slice_center_ras(volume_node, index: int, axis: int = 0) -> np.ndarray:
     """RAS position (mm) of the centre of slice ``index`` along array axis ``axis`` (0 = k, 1 = j, 2 = i).
 
     Raises:
-        ValueError: ``index`` is outside the volume along that axis.
+        ValueError: ``volume_node`` holds no image data, or ``index`` is outside the volume along that axis.
     """
-    dimensions = volume_node.GetImageData().GetDimensions()  # (i, j, k)
+    dimensions = _image_data(volume_node).GetDimensions()  # (i, j, k)
     ijk_axis = 2 - axis
     if not 0 <= index < dimensions[ijk_axis]:
         raise ValueError(f"Slice {index} is outside the volume, which has {dimensions[ijk_axis]} slices "

@@ -22,6 +22,7 @@ from CalibSegLib import __version__
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityModelError
+from CalibSegLib.quality.summary import structure_key
 from CalibSegLib.sliding_window import SlidingWindow
 
 __all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError",
@@ -163,6 +164,13 @@ class BundleMetadata:
             )
         if not all(isinstance(name, str) for name in self.class_names):
             raise BundleError(f"The bundle's class_names must be strings, got {self.class_names!r}.")
+        # Summaries, tables and metric rows are keyed by name (spaces as underscores): a name given twice
+        # would make one structure vanish from them.
+        keys = [structure_key(name) for name in self.class_names]
+        repeated = [name for name, key in zip(self.class_names, keys) if keys.count(key) > 1]
+        if repeated:
+            raise BundleError(f"The bundle's class_names {', '.join(map(repr, dict.fromkeys(repeated)))} name one "
+                              "class twice; give every class its own name.")
         if not all(
             isinstance(color, (list, tuple))
             and len(color) == 3

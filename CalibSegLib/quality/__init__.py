@@ -17,8 +17,8 @@ stored model with it, and the summary and the fitting, which read bundles and ru
 """
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
-from CalibSegLib.quality.fitting import (Observation, QualityCase, fit_from_observations, fit_quality_model,
-                                         observe_cases)
+from CalibSegLib.quality.fitting import (Observation, QualityCase, check_references, fit_from_observations,
+                                         fit_quality_model, observe_cases)
 from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
                                        MIRROR_AGREEMENT, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
                                        QualityModel, QualityModelError, StructureQuality)
@@ -48,6 +48,7 @@ __all__ = [
     "summary_columns",
     "with_predicted_dice",
     "review_text",
+    "check_references",
     "observe_cases",
     "fit_from_observations",
     "fit_quality_model",

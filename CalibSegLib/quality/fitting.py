@@ -38,7 +38,7 @@ from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, FEATURES, IN
 if TYPE_CHECKING:
     from CalibSegLib.inference import Predictor
 
-__all__ = ["MIN_FIT_CASES", "QualityCase", "Observation", "observe_cases", "fit_from_observations",
+__all__ = ["MIN_FIT_CASES", "QualityCase", "Observation", "check_references", "observe_cases", "fit_from_observations",
            "fit_quality_model"]
 
 MIN_FIT_CASES = 3
@@ -64,6 +64,22 @@ class Observation:
     patient: str
     features: list[dict[str, float] | None]
     dice: np.ndarray
+
+
+def check_references(cases: Sequence[QualityCase], class_names: Sequence[str]) -> None:
+    """Refuse validation ``cases`` whose references hold some structure of ``class_names`` (background first) in
+    fewer than :data:`MIN_FIT_CASES` volumes: where the reference lacks a structure its Dice is 0 or 1 by
+    definition, whatever the model did, so it says nothing about the model.
+
+    Raises:
+        QualityModelError: one sentence naming the structure.
+    """
+    for index, name in enumerate(class_names[1:], start=1):
+        containing = sum(bool(np.any(np.asarray(case.label) == index)) for case in cases)
+        if containing < MIN_FIT_CASES:
+            raise QualityModelError(
+                f"Only {containing} of {len(cases)} validation references contain {name!r} (at least {MIN_FIT_CASES} "
+                "are needed), so its Dice there would say nothing about the model; check the validation labels.")
 
 
 def observe_cases(predictor: "Predictor", cases: Sequence[QualityCase]) -> list[Observation]:
@@ -181,6 +197,8 @@ def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase],
         The model; store it with ``dataclasses.replace(metadata, quality_model=model.to_dict())``.
 
     Raises:
-        QualityModelError: too few cases predict some structure, or none overlaps the reference.
+        QualityModelError: too few references contain some structure (:func:`check_references`, before any
+            prediction), too few cases predict it, or none overlaps the reference.
     """
+    check_references(cases, predictor.metadata.class_names)
     return fit_from_observations(observe_cases(predictor, cases), predictor.metadata.class_names, review_below)

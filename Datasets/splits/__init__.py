@@ -18,6 +18,8 @@ __all__ = ["SPLITS_DIR", "SIDES", "load_split", "select_patients", "default_spli
 SPLITS_DIR = Path(__file__).parent
 SIDES: tuple[str, ...] = ("train", "val", "test")
 _SHIPPED = ("acdc_sample.json", "acdc.json")
+# How a split file's top-level JSON value is named in a sentence (anything else is a number).
+_JSON_KINDS = {list: "an array", str: "a string", type(None): "null", bool: "true or false"}
 
 
 def load_split(path: str | Path) -> dict[str, list[str]]:
@@ -27,9 +29,16 @@ def load_split(path: str | Path) -> dict[str, list[str]]:
         payload = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:
         raise DataError(f"Cannot read split file {path} ({error}); pass --split with a JSON split file.") from None
-    missing = [key for key in ("train", "val", "test") if not isinstance(payload.get(key), list)]
+    if not isinstance(payload, dict):
+        raise DataError(f"Split file {path} holds {_JSON_KINDS.get(type(payload), 'a number')}, not an object "
+                        '{"train": [...], "val": [...], "test": [...]}; pass a split file of that shape.')
+    missing = [key for key in SIDES if not isinstance(payload.get(key), list)]
     if missing:
         raise DataError(f"Split file {path} lacks the list(s) {', '.join(missing)}.")
+    not_ids = [key for key in SIDES if not all(isinstance(patient, str) for patient in payload[key])]
+    if not_ids:
+        raise DataError(f"Split file {path} lists something other than patient ids (strings) in "
+                        f"{', '.join(not_ids)}; list each patient by its id, e.g. \"patient001\".")
     overlap = set(payload["train"]) & set(payload["val"]) | set(payload["train"]) & set(payload["test"]) \
         | set(payload["val"]) & set(payload["test"])
     if overlap:
