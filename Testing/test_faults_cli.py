@@ -323,7 +323,7 @@ def test_predict_on_a_full_disk_exits_with_one_sentence_and_keeps_the_earlier_se
 
 @pytest.fixture()
 def recorded_data(tmp_path) -> tuple[Path, Path]:
-    """A folder of four image/label pairs and a tiny bundle recording p1, p2 as validation and p3, p4 as test."""
+    """A folder of four image/label pairs and a tiny bundle recording p1, p2, p3 as validation and p4 as test."""
     data = tmp_path / "data"
     rng = np.random.default_rng(4)
     for patient in ("p1", "p2", "p3", "p4"):
@@ -331,7 +331,7 @@ def recorded_data(tmp_path) -> tuple[Path, Path]:
         label[:, 4:12, 3:9], label[:, 12:20, 9:15], label[:, 5:9, 14:18] = 1, 2, 3
         write_image(data / f"{patient}_image.nii.gz", rng.normal(300, 60, label.shape).astype(np.float32), GRID)
         write_image(data / f"{patient}_label.nii.gz", label, GRID)
-    recorded = {"dataset": "data", "train": [], "val": ["p1", "p2"], "test": ["p3", "p4"]}
+    recorded = {"dataset": "data", "train": [], "val": ["p1", "p2", "p3"], "test": ["p4"]}
     return data, make_test_bundle(tmp_path / "run" / "model.calibseg", data=recorded)
 
 
@@ -341,7 +341,7 @@ def _interrupt(*args, **kwargs):
 
 def test_ctrl_c_in_fit_quality_is_one_line_and_keeps_the_bundle(recorded_data, tmp_path, monkeypatch):
     data, bundle = recorded_data
-    monkeypatch.setattr(fit_quality, "fit_quality_model", _interrupt)  # Ctrl-C while the cases are predicted
+    monkeypatch.setattr(fit_quality, "observe_cases", _interrupt)  # Ctrl-C while the cases are predicted
     before = tree_snapshot(tmp_path)
     with pytest.raises(SystemExit) as caught:
         fit_quality.main(["--bundle", str(bundle), "--data", str(data), "--device", "cpu"])

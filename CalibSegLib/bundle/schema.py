@@ -21,8 +21,7 @@ import torch
 from CalibSegLib import __version__
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
-from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityModelError
-from CalibSegLib.quality.summary import structure_key
+from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityModelError, structure_key
 from CalibSegLib.sliding_window import SlidingWindow
 
 __all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError",

@@ -21,8 +21,8 @@ from CalibSegLib.quality.fitting import (Observation, QualityCase, check_referen
                                          fit_quality_model, observe_cases)
 from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
                                        MIRROR_AGREEMENT, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
-                                       QualityModel, QualityModelError, StructureQuality)
-from CalibSegLib.quality.summary import (quality_summary, review_text, structure_key,
+                                       QualityModel, QualityModelError, StructureQuality, structure_key)
+from CalibSegLib.quality.summary import (quality_summary, review_text,
                                          summary_columns, with_predicted_dice)
 
 __all__ = [

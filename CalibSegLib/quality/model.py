@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
            "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "FORMS", "AVERAGED",
-           "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "StructureQuality", "QualityModel", "evaluate_form"]
+           "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "structure_key", "StructureQuality", "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
 LOW_CONFIDENCE_THRESHOLD = 0.6  # the Slicer module's default low-confidence slider
@@ -48,6 +48,11 @@ AVERAGED = "linear_mean"
 AVERAGED_FEATURES = "features, averaged"  # what an averaged structure's ``feature`` says
 # The largest intercept or slope a stored linear fit may have: larger ones only come from a feature that barely varies.
 PARAMETER_BOUND = 1e6
+
+
+def structure_key(name: str) -> str:
+    """A class name as it appears in flat metric keys (``right ventricle`` → ``right_ventricle``)."""
+    return name.replace(" ", "_")
 
 
 class QualityModelError(ValueError):

@@ -47,22 +47,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, uncertain_slices
-from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW,
-                                       StructureQuality)
+from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, StructureQuality,
+                                       structure_key)
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
     from CalibSegLib.inference import Prediction
 
-__all__ = ["structure_key", "quality_summary", "review_text", "summary_columns",
+__all__ = ["quality_summary", "review_text", "summary_columns",
            "with_predicted_dice"]
 
 _SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")  # in the summary as they are
-
-
-def structure_key(name: str) -> str:
-    """A class name as it appears in flat metric keys (``right ventricle`` → ``right_ventricle``)."""
-    return name.replace(" ", "_")
 
 
 
