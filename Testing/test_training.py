@@ -17,7 +17,7 @@ from Reporting import ship as ship_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
 from Datasets.cases import DataError, find_cases, load_cases
-from Datasets.splits import SPLITS_DIR, load_split
+from Datasets.splits import SPLITS_DIR, load_split, make_split
 from Training.records import RunSummary
 from Training.trainer import TrainConfig, Trainer
 
@@ -252,6 +252,50 @@ def test_bad_data_stops_before_training_with_one_sentence(tmp_path, prepare, mes
     error = str(stopped.value)
     assert error.startswith("error: ") and message in error and "\n" not in error
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_seeded_split_is_patient_level_repeatable_and_needs_three_patients():
+    patients = [f"case{index:02d}" for index in range(20)]
+    split = make_split(patients, seed=3)
+    assert [len(split[side]) for side in ("train", "val", "test")] == [14, 2, 4]
+    assert sorted(split["train"] + split["val"] + split["test"]) == patients
+    assert make_split(list(reversed(patients)), seed=3) == split and make_split(patients, seed=4) != split
+    assert [len(side) for side in make_split(["a", "b", "c"]).values()] == [1, 1, 1]
+    with pytest.raises(DataError, match=r"^The data holds 2 patient\(s\); a split needs at least 3"):
+        make_split(["a", "b", "b"])
+
+
+def test_training_without_a_split_makes_one_writes_it_and_resumes_with_it(tmp_path, capsys):
+    from CalibSegLib.io import ImageGeometry, write_image
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for index in range(5):
+        label = np.zeros((3, 40, 40), np.uint8)
+        label[:, 8 + index:24, 10:26] = 1
+        image = rng.normal(0, 0.1, label.shape).astype(np.float32) + label
+        geometry = ImageGeometry((3.0, 1.5, 1.5))
+        write_image(data / f"case{index}_image.nii.gz", image, geometry)
+        write_image(data / f"case{index}_label.nii.gz", label, geometry)
+    out = tmp_path / "run"
+    flags = ["--data", str(data), "--num-classes", "2", "--epochs", "1", "--iterations-per-epoch", "1",
+             "--patch-size", "32", "--batch-size", "2", "--network-arg", "channels=[4,8]", "--network-arg",
+             "strides=[2]", "--network-arg", "num_res_units=0", "--device", "cpu", "--no-compile", "--no-eval",
+             "--out", str(out)]
+    assert train_cli.main(flags) == 0
+    written = json.loads((out / "split.json").read_text())
+    expected = make_split([f"case{index}" for index in range(5)], seed=0)
+    assert {side: written[side] for side in ("train", "val", "test")} == expected
+    assert load_split(out / "split.json") == expected  # a file --split takes as it is
+    data_record = load_bundle(out / "model.calibseg").metadata.data
+    assert {side: data_record[side] for side in ("train", "val", "test")} == expected
+    assert data_record["split_file"] == str(out / "split.json")
+    assert "a seeded patient-level split (70%/10%/20%) is written to" in capsys.readouterr().out
+    (out / "split.json").write_text(json.dumps({**written, "description": "kept"}))
+    assert train_cli.main([*flags, "--resume"]) == 0  # the run's own split, not a new one
+    assert json.loads((out / "split.json").read_text())["description"] == "kept"
+    assert "seeded patient-level split" not in capsys.readouterr().out
 
 
 def test_splits_have_no_patient_on_two_sides():

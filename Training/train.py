@@ -35,12 +35,13 @@ from typing import Any, Mapping, Sequence
 
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.device import resolve_device
-from CalibSegLib.io import check_output_folder, os_error_sentence
+from CalibSegLib.io import check_output_folder, os_error_sentence, write_json_atomic
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta, input_size_problem
 from Datasets.cases import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
                            dataset_name, default_classes, find_cases, load_cases)
-from Datasets.splits import SIDES, default_split_for, load_split, select_patients, split_reference
+from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
+                             select_patients, split_json, split_reference)
 from Evaluation.evaluate import evaluate_bundle, print_summary
 from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
@@ -231,19 +232,21 @@ def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
     return candidate
 
 
-def _load_split_cases(arguments: argparse.Namespace, num_classes: int
-                      ) -> tuple[list[CaseFile], Path, dict[str, list[str]], dict[str, list[Case]]]:
-    """Find, split and read every volume, so that bad data stops the run before any training."""
+def _load_split_cases(arguments: argparse.Namespace, num_classes: int, run_dir: Path, seed: int,
+                      ) -> tuple[list[CaseFile], Path, dict[str, list[str]], dict[str, list[Case]], bool]:
+    """Find, split and read every volume, so that bad data stops the run before any training.
+
+    The split: ``--split``, else the shipped split of these patients, else the run folder's own
+    ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`); the last
+    element of the result says whether it is new, to be written into the run folder once that exists.
+    """
     files = find_cases(arguments.data, arguments.dataset)
     split_file = arguments.split or default_split_for(files)
-    if split_file is None:
-        raise DataError(
-            f"No shipped split covers the cases in {arguments.data}; pass --split with a JSON file "
-            '{"train": [...], "val": [...], "test": [...]} of patient/case ids.'
-        )
-    split = load_split(split_file)
+    made = split_file is None and not (run_dir / SPLIT_NAME).is_file()
+    split_file = split_file or run_dir / SPLIT_NAME
+    split = make_split([file.patient_id for file in files], seed) if made else load_split(split_file)
     cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in SIDES}
-    return files, Path(split_file), split, cases
+    return files, Path(split_file), split, cases, made
 
 
 def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], split_file: Path,
@@ -296,13 +299,19 @@ def run(arguments: argparse.Namespace) -> Path:
         raise DataError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
     if arguments.resume and not checkpoint.exists():
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
-    files, split_file, split, cases = _load_split_cases(arguments, config.num_classes)
+    files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed)
     dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
     print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if made:  # the run can be repeated with --split pointing at it
+        fractions = "/".join(f"{share:.0%}" for share in SPLIT_FRACTIONS)
+        write_json_atomic(split_file, split_json(split, f"made by calibseg-train: {fractions} of the patients "
+                                                        f"of {dataset}, seed {config.seed}"))
+        print(f"no shipped split covers {dataset}: a seeded patient-level split ({fractions}) is written to "
+              f"{split_file}; pass --split {split_file} to repeat it", flush=True)
     try:
         with run_folder_lock(run_dir):  # a second run on this folder is refused while this one lasts
             trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description)

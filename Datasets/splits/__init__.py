@@ -1,4 +1,5 @@
-"""Fixed patient-level splits kept in JSON files beside this module (see make_splits.py).
+"""Fixed patient-level splits kept in JSON files beside this module (see make_splits.py), and the seeded split
+a training run makes for data no shipped split covers (:func:`make_split`, written into the run folder).
 
 Bundles record a shipped split by its file name (``acdc.json``), any other by the path given,
 and always the patient lists themselves (:func:`split_reference`, :func:`recorded_split`).
@@ -7,17 +8,20 @@ and always the patient lists themselves (:func:`split_reference`, :func:`recorde
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Sequence
 
 from Datasets.cases import CaseFile, DataError
 
-__all__ = ["SPLITS_DIR", "SIDES", "load_split", "select_patients", "default_split_for", "split_reference",
-           "recorded_split"]
+__all__ = ["SPLITS_DIR", "SIDES", "SPLIT_NAME", "SPLIT_FRACTIONS", "load_split", "make_split", "split_json",
+           "select_patients", "default_split_for", "split_reference", "recorded_split"]
 
 SPLITS_DIR = Path(__file__).parent
 SIDES: tuple[str, ...] = ("train", "val", "test")
 _SHIPPED = ("acdc_sample.json", "acdc.json")
+SPLIT_NAME = "split.json"  # the split a run made, in its run folder
+SPLIT_FRACTIONS: tuple[float, float, float] = (0.7, 0.1, 0.2)  # train, validation, test share of the patients
 # How a split file's top-level JSON value is named in a sentence (anything else is a number).
 _JSON_KINDS = {list: "an array", str: "a string", type(None): "null", bool: "true or false"}
 
@@ -44,6 +48,32 @@ def load_split(path: str | Path) -> dict[str, list[str]]:
     if overlap:
         raise DataError(f"Split file {path} puts patient(s) {', '.join(sorted(overlap))} on two sides.")
     return {key: list(payload[key]) for key in ("train", "val", "test")}
+
+
+def make_split(patients: Sequence[str], seed: int = 0,
+               fractions: tuple[float, float, float] = SPLIT_FRACTIONS) -> dict[str, list[str]]:
+    """A seeded patient-level split of ``patients``: validation and test get their ``fractions`` of the patients
+    rounded, at least one each, training the rest; each side sorted. The same patients and seed give the same
+    split on any machine (Python's own generator, not NumPy's or torch's).
+
+    Raises:
+        DataError: fewer than 3 patients (each side needs one).
+    """
+    unique = sorted(set(patients))
+    if len(unique) < 3:
+        raise DataError(f"The data holds {len(unique)} patient(s); a split needs at least 3 (training, validation, "
+                        "test), so add patients or pass --split.")
+    shuffled = unique.copy()
+    random.Random(seed).shuffle(shuffled)
+    validation = max(1, round(fractions[1] * len(unique)))
+    test = max(1, min(round(fractions[2] * len(unique)), len(unique) - validation - 1))
+    return {"train": sorted(shuffled[validation + test:]), "val": sorted(shuffled[:validation]),
+            "test": sorted(shuffled[validation:validation + test])}
+
+
+def split_json(split: dict[str, list[str]], description: str) -> dict:
+    """A split as its file holds it (what :func:`load_split` reads), with a ``description`` of how it was made."""
+    return {"description": description, **{side: list(split[side]) for side in SIDES}}
 
 
 def select_patients(files: Sequence[CaseFile], patients: Sequence[str]) -> list[CaseFile]:
