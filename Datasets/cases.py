@@ -29,6 +29,7 @@ written before names were recorded the absolute folder they hold, when it exists
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ __all__ = [
     "CaseFile",
     "DATASETS",
     "find_cases",
+    "DATASET_DESCRIPTION",
+    "dataset_class_names",
     "default_classes",
     "dataset_name",
     "recorded_dataset",
@@ -78,6 +81,7 @@ ACDC_CLASS_COLORS: list[tuple[float, float, float]] = [
 SAMPLE_DATA = Path(__file__).resolve().parents[1] / "SampleData" / "ACDC"
 SAMPLE_DATASET = "acdc-sample"
 ACDC_DATASET = "acdc"
+DATASET_DESCRIPTION = "dataset.json"  # nnU-Net v2 / Decathlon: the classes' names
 # Where readers of a bundle trained on full ACDC look for the data when no --data is given.
 ACDC_ENVIRONMENT = "CALIBSEG_ACDC"
 
@@ -240,12 +244,44 @@ def data_folder(data: dict, given: str | Path | None = None) -> Path:
                     "pass --data with that folder.")
 
 
-def default_classes(num_classes: int, dataset: str) -> tuple[list[str], list[tuple[float, float, float]]]:
-    """Class names and RGB colours in [0, 1]: ACDC's for ACDC data (``dataset`` ``acdc`` or
-    ``acdc-sample``), else ``class k`` on a fixed palette."""
-    if dataset in (ACDC_DATASET, SAMPLE_DATASET) and num_classes == len(ACDC_CLASS_NAMES):
+def dataset_class_names(folder: str | Path) -> list[str] | None:
+    """The class names the ``dataset.json`` of ``folder`` gives, background (id 0) first; None without one.
+
+    Both forms are read: nnU-Net v2's ``"labels": {"background": 0, "liver": 1}`` and the Medical Segmentation
+    Decathlon's ``"labels": {"0": "background", "1": "liver"}``.
+
+    Raises:
+        DataError: the file is unreadable, or its labels are not the ids 0, 1, ..., C - 1 each named once
+            (nnU-Net's region labels, lists of ids, included).
+    """
+    path = Path(folder) / DATASET_DESCRIPTION
+    if not path.is_file():
+        return None
+    try:
+        labels = json.loads(path.read_text()).get("labels")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
+        raise DataError(f"Cannot read {path} ({error}); give it a \"labels\" object or remove it.") from None
+    if not isinstance(labels, dict) or not labels:
+        raise DataError(f"{path} has no \"labels\" object naming the classes; add one, e.g. "
+                        '{"background": 0, "liver": 1}.')
+    by_name = all(isinstance(value, int) and not isinstance(value, bool) for value in labels.values())
+    pairs = ([(value, name) for name, value in labels.items()] if by_name
+             else [(int(key), value) for key, value in labels.items() if key.isdigit() and isinstance(value, str)])
+    ids = sorted(identifier for identifier, _ in pairs)
+    if len(pairs) != len(labels) or ids != list(range(len(labels))):
+        raise DataError(f"{path}'s labels must give the ids 0 to {len(labels) - 1} one name each (background 0); "
+                        f"got {labels}.")
+    return [name for _, name in sorted(pairs)]
+
+
+def default_classes(num_classes: int, dataset: str, names: Sequence[str] | None = None,
+                    ) -> tuple[list[str], list[tuple[float, float, float]]]:
+    """Class names and RGB colours in [0, 1]: ``names`` when given (a ``dataset.json``'s,
+    :func:`dataset_class_names`), ACDC's for ACDC data (``dataset`` ``acdc`` or ``acdc-sample``), else
+    ``class k``; colours from a fixed palette."""
+    if names is None and dataset in (ACDC_DATASET, SAMPLE_DATASET) and num_classes == len(ACDC_CLASS_NAMES):
         return list(ACDC_CLASS_NAMES), list(ACDC_CLASS_COLORS)
-    names = ["background"] + [f"class {index}" for index in range(1, num_classes)]
+    names = list(names) if names is not None else ["background"] + [f"class {index}" for index in range(1, num_classes)]
     palette = [(0.90, 0.30, 0.25), (0.30, 0.70, 0.35), (0.25, 0.45, 0.90), (0.95, 0.75, 0.20),
                (0.65, 0.35, 0.80), (0.20, 0.75, 0.80), (0.95, 0.50, 0.70), (0.60, 0.45, 0.25)]
     return names, [(0.0, 0.0, 0.0)] + [palette[(index - 1) % len(palette)] for index in range(1, num_classes)]

@@ -265,24 +265,34 @@ def test_a_seeded_split_is_patient_level_repeatable_and_needs_three_patients():
         make_split(["a", "b", "b"])
 
 
-def test_training_without_a_split_makes_one_writes_it_and_resumes_with_it(tmp_path, capsys):
+def _write_cases(data, count=5, decathlon=False):
+    """``count`` small two-class volumes as ``<case>_image/_label`` pairs, or imagesTr/labelsTr."""
     from CalibSegLib.io import ImageGeometry, write_image
 
-    data = tmp_path / "data"
-    data.mkdir()
     rng = np.random.default_rng(0)
-    for index in range(5):
+    for folder in (["imagesTr", "labelsTr"] if decathlon else ["."]):
+        (data / folder).mkdir(parents=True, exist_ok=True)
+    for index in range(count):
         label = np.zeros((3, 40, 40), np.uint8)
         label[:, 8 + index:24, 10:26] = 1
         image = rng.normal(0, 0.1, label.shape).astype(np.float32) + label
         geometry = ImageGeometry((3.0, 1.5, 1.5))
-        write_image(data / f"case{index}_image.nii.gz", image, geometry)
-        write_image(data / f"case{index}_label.nii.gz", label, geometry)
+        image_path, label_path = ((data / "imagesTr" / f"case{index}_0000.nii.gz", data / "labelsTr" / f"case{index}.nii.gz")
+                                  if decathlon else (data / f"case{index}_image.nii.gz", data / f"case{index}_label.nii.gz"))
+        write_image(image_path, image, geometry)
+        write_image(label_path, label, geometry)
+
+
+TINY_FLAGS = ["--epochs", "1", "--iterations-per-epoch", "1", "--patch-size", "32", "--batch-size", "2",
+              "--network-arg", "channels=[4,8]", "--network-arg", "strides=[2]", "--network-arg", "num_res_units=0",
+              "--device", "cpu", "--no-compile", "--no-eval"]
+
+
+def test_training_without_a_split_makes_one_writes_it_and_resumes_with_it(tmp_path, capsys):
+    data = tmp_path / "data"
+    _write_cases(data)
     out = tmp_path / "run"
-    flags = ["--data", str(data), "--num-classes", "2", "--epochs", "1", "--iterations-per-epoch", "1",
-             "--patch-size", "32", "--batch-size", "2", "--network-arg", "channels=[4,8]", "--network-arg",
-             "strides=[2]", "--network-arg", "num_res_units=0", "--device", "cpu", "--no-compile", "--no-eval",
-             "--out", str(out)]
+    flags = ["--data", str(data), "--num-classes", "2", *TINY_FLAGS, "--out", str(out)]
     assert train_cli.main(flags) == 0
     written = json.loads((out / "split.json").read_text())
     expected = make_split([f"case{index}" for index in range(5)], seed=0)
@@ -296,6 +306,22 @@ def test_training_without_a_split_makes_one_writes_it_and_resumes_with_it(tmp_pa
     assert train_cli.main([*flags, "--resume"]) == 0  # the run's own split, not a new one
     assert json.loads((out / "split.json").read_text())["description"] == "kept"
     assert "seeded patient-level split" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("labels", [{"background": 0, "liver": 1}, {"0": "background", "1": "liver"}])
+def test_class_names_and_their_number_come_from_dataset_json_in_either_form(tmp_path, labels):
+    data = tmp_path / "data"
+    _write_cases(data, decathlon=True)
+    (data / "dataset.json").write_text(json.dumps({"name": "phantom", "labels": labels}))
+    assert train_cli.main(["--data", str(data), *TINY_FLAGS, "--out", str(tmp_path / "run")]) == 0
+    assert load_bundle(tmp_path / "run" / "model.calibseg").metadata.class_names == ["background", "liver"]
+    with pytest.raises(SystemExit, match=r"^error: --num-classes 3 contradicts the data's dataset.json, which names 2 "
+                                         r"classes \(background, liver\); leave --num-classes out\.$"):
+        train_cli.main(["--data", str(data), "--num-classes", "3", *TINY_FLAGS, "--out", str(tmp_path / "other")])
+    (data / "dataset.json").write_text(json.dumps({"labels": {"background": 0, "liver": 2}}))
+    with pytest.raises(SystemExit, match=r"labels must give the ids 0 to 1 one name each"):
+        train_cli.main(["--data", str(data), *TINY_FLAGS, "--out", str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()
 
 
 def test_splits_have_no_patient_on_two_sides():

@@ -38,8 +38,8 @@ from CalibSegLib.device import resolve_device
 from CalibSegLib.io import check_output_folder, os_error_sentence, write_json_atomic
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta, input_size_problem
-from Datasets.cases import (ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
-                           dataset_name, default_classes, find_cases, load_cases)
+from Datasets.cases import (ACDC_CLASS_NAMES, ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
+                           dataset_class_names, dataset_name, default_classes, find_cases, load_cases)
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json, split_reference)
 from Evaluation.evaluate import evaluate_bundle, print_summary
@@ -111,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="ACDC .h5 folder, <case>_image/<case>_label folder, or imagesTr/labelsTr folder")
     parser.add_argument("--dataset", default="auto", choices=DATASETS, help="data layout (default: detected)")
     parser.add_argument("--split", type=Path, default=None, help="split JSON (default: the shipped one for --data)")
-    parser.add_argument("--num-classes", type=int, default=4, help="classes including background (ACDC: 4)")
+    parser.add_argument("--num-classes", type=int, default=None,
+                        help="classes including background (default: as many as the data folder's dataset.json "
+                             "names, else 4, ACDC's)")
     schedule = parser.add_mutually_exclusive_group()
     schedule.add_argument("--cpu", action="store_true",
                           help=f"{SCHEDULES['cpu'].description}: {SCHEDULES['cpu'].epochs} epochs of "
@@ -174,11 +176,17 @@ def _schedule(arguments: argparse.Namespace) -> Schedule:
     return SCHEDULES["paper" if arguments.paper else "cpu" if arguments.cpu else "quick"]
 
 
-def parse_config(arguments: argparse.Namespace) -> TrainConfig:
-    """The training configuration the flags ask for (the quick schedule unless ``--cpu`` or ``--paper``)."""
+def parse_config(arguments: argparse.Namespace, class_names: Sequence[str] | None = None) -> TrainConfig:
+    """The training configuration the flags ask for (the quick schedule unless ``--cpu`` or ``--paper``);
+    ``class_names``: those the data's ``dataset.json`` gives (background first), which set the number of
+    classes unless ``--num-classes`` says it, and then must agree."""
+    num_classes = arguments.num_classes or (len(class_names) if class_names else len(ACDC_CLASS_NAMES))
+    if class_names and num_classes != len(class_names):
+        raise DataError(f"--num-classes {num_classes} contradicts the data's dataset.json, which names "
+                        f"{len(class_names)} classes ({', '.join(class_names)}); leave --num-classes out.")
     for name in ("epochs", "batch_size", "lr", "lr_step_to", "lr_step_epoch", "iterations_per_epoch", "val_every"):
         _positive("--" + name.replace("_", "-"), getattr(arguments, name))
-    if arguments.num_classes < 2 or arguments.workers < 0:
+    if num_classes < 2 or arguments.workers < 0:
         raise DataError("--num-classes must be at least 2 and --workers at least 0.")
     if not 0 <= arguments.foreground_share <= 1:
         raise DataError(f"--foreground-share must lie in [0, 1], got {arguments.foreground_share}.")
@@ -211,7 +219,7 @@ def parse_config(arguments: argparse.Namespace) -> TrainConfig:
         amp=arguments.amp,
         seed=arguments.seed,
         val_every=arguments.val_every or schedule.val_every,
-        num_classes=arguments.num_classes,
+        num_classes=num_classes,
         deterministic=arguments.deterministic,
         workers=arguments.workers,
     )
@@ -291,7 +299,8 @@ def run(arguments: argparse.Namespace) -> Path:
     Everything that can be wrong with the flags, the output folder and the data is checked
     before the run folder is created, so a refused run leaves nothing behind.
     """
-    config = parse_config(arguments)
+    class_names = dataset_class_names(arguments.data)
+    config = parse_config(arguments, class_names)
     _check_model(config)
     run_dir = check_output_folder(_run_dir(arguments, config.method))
     checkpoint = run_dir / CHECKPOINT_NAME
@@ -301,7 +310,7 @@ def run(arguments: argparse.Namespace) -> Path:
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
     files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed)
     dataset = dataset_name(arguments.data, files)
-    config.class_names, config.class_colors = default_classes(config.num_classes, dataset)
+    config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
     print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
