@@ -3,6 +3,7 @@
     calibseg-predict --bundle model.calibseg --image case.nii.gz --out-dir out/ \
         [--reference ref.nii.gz] [--device auto] [--batch-size 16]
     calibseg-predict --bundle acdc_crac --image case.nii.gz --out-dir out/
+    calibseg-predict --bundle acdc_crac --image-dir cases/ --out-dir out/     # every image of a folder
 
 ``--bundle`` is a bundle file or the name of a shipped model (:mod:`CalibSegLib.pretrained`).
 
@@ -17,6 +18,11 @@ metrics streamed batch by batch, error detection). The work is done by :func:`pr
 on the same library path the Slicer module runs; errors print one line and exit with status 2
 (Ctrl-C: 130).
 
+With ``--image-dir`` every image of the folder is one such case (:func:`predict_folder`), and
+``predictions.csv`` in the output folder holds one row per case: its status (``ok`` or the error's
+sentence), the case's review flag and per structure the volume, predicted Dice and review flag. A case
+that fails is reported in its row and does not stop the others; the command then exits with status 2.
+
 While it runs it shows a progress bar on a terminal (tqdm, when installed) or a line at every
 quarter otherwise (logs, CI); at the end it prints a short summary of the case
 (:func:`summary_lines`: each structure's volume in mL, mean confidence and predicted Dice, the
@@ -30,6 +36,8 @@ end, so an error or Ctrl-C leaves the previous outputs (or none) exactly as they
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 import sys
 import threading
@@ -42,7 +50,9 @@ from CalibSegLib.bundle import BundleError
 from CalibSegLib.analysis import analyse_case
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import (
+    IMAGE_SUFFIXES,
     OutputSet,
+    atomic_output,
     check_output_file,
     check_output_folder,
     image_stem,
@@ -52,12 +62,14 @@ from CalibSegLib.io import (
     write_json_atomic,
 )
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
-from CalibSegLib.quality import review_text, structure_key
+from CalibSegLib.quality import review_text, structure_key, summary_columns
 
-__all__ = ["predict_files", "summary_lines", "ProgressReport", "main"]
+__all__ = ["BATCH_TABLE", "predict_files", "folder_images", "predict_folder", "summary_lines", "ProgressReport",
+           "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
+BATCH_TABLE = "predictions.csv"
 
 
 def predict_files(
@@ -109,6 +121,69 @@ def predict_files(
         for name in OUTPUT_MAPS:
             write_image(output_set.stage(outputs[name]), getattr(prediction, name), geometry)
     return outputs
+
+
+def folder_images(folder: str | Path) -> list[Path]:
+    """The images of ``folder`` (:data:`~CalibSegLib.io.IMAGE_SUFFIXES`, hidden files left out), sorted.
+
+    Raises:
+        ValueError: the folder does not exist or holds no image.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"Image folder {folder} does not exist; pass --image-dir with a folder of images.")
+    images = sorted(path for path in folder.iterdir()
+                    if path.is_file() and not path.name.startswith(".") and path.name.lower().endswith(IMAGE_SUFFIXES))
+    if not images:
+        raise ValueError(f"{folder} holds no image ({', '.join(IMAGE_SUFFIXES)}); pass --image-dir with a folder "
+                         "of images.")
+    return images
+
+
+def _batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One row of :data:`BATCH_TABLE`: the case, its status and, when it was segmented, its summary."""
+    if summary is None:
+        return {"case": case, "status": status}
+    volumes = {f"volume_ml_{structure_key(name)}": entry["volume_ml"] for name, entry in summary["structures"].items()}
+    return {"case": case, "status": status, "review": summary["review"], **volumes, **summary_columns(summary)}
+
+
+def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | Path,
+                   progress_stream: TextIO | None = None) -> tuple[list[dict[str, Any]], Path]:
+    """Segment every image of ``image_dir`` into ``out_dir`` (each one output set, as :func:`predict_files`
+    writes it) and write :data:`BATCH_TABLE` over them; a case that fails gets its error in its row.
+
+    Returns:
+        The table's rows and its path.
+
+    Raises:
+        ValueError: no image in ``image_dir``, or ``out_dir`` cannot take the outputs (before any inference).
+    """
+    images = folder_images(image_dir)
+    out_dir = check_output_folder(out_dir)
+    table = check_output_file(Path(out_dir) / BATCH_TABLE)
+    rows = []
+    for number, image in enumerate(images, start=1):
+        progress = ProgressReport(progress_stream, f"segmenting {image.name} ({number} of {len(images)})") \
+            if progress_stream is not None else None
+        try:
+            outputs = predict_files(predictor, image, out_dir, progress=progress)
+            rows.append(_batch_row(image_stem(image), "ok", json.loads(outputs["summary"].read_text())))
+        except ValueError as error:
+            rows.append(_batch_row(image_stem(image), f"error: {error}"))
+        except OSError as error:
+            rows.append(_batch_row(image_stem(image), f"error: {os_error_sentence(error)}"))
+        finally:
+            if progress is not None:
+                progress.close()
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    with atomic_output(table) as temporary:
+        temporary.write_text(buffer.getvalue())
+    return rows, table
 
 
 def summary_lines(summary: dict[str, Any], metrics: dict[str, float] | None = None) -> list[str]:
@@ -187,7 +262,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--bundle", required=True,
                         help="model bundle (.calibseg) or a shipped model's name: "
                              + (", ".join(pretrained_models()) or "none shipped"))
-    parser.add_argument("--image", required=True, type=Path, help="3D image (NIfTI, NRRD, MHA)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--image", type=Path, help="3D image (NIfTI, NRRD, MHA)")
+    source.add_argument("--image-dir", type=Path, help=f"a folder of 3D images: each one a case, and {BATCH_TABLE}")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
     parser.add_argument("--reference", type=Path, help="reference label image on the same grid, for metrics")
     parser.add_argument(
@@ -197,35 +274,62 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 done, 2 bad input, 130 interrupted)."""
-    arguments = _parser().parse_args(argv)
+def _predict_case(arguments: argparse.Namespace) -> int:
+    """``--image``: one case; prints its account and the written paths."""
+    check_output_folder(arguments.out_dir)  # a bad --out-dir is reported before the bundle loads
+    predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
+                          batch_size=arguments.batch_size)
+    # stdout, like the summary: stderr carries nothing but the one-sentence error
+    progress = ProgressReport(sys.stdout, f"segmenting {arguments.image.name}")
     try:
-        check_output_folder(arguments.out_dir)  # a bad --out-dir is reported before the bundle loads
-        predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
-                              batch_size=arguments.batch_size)
-        # stdout, like the summary: stderr carries nothing but the one-sentence error
-        progress = ProgressReport(sys.stdout, f"segmenting {arguments.image.name}")
-        try:
-            outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference,
-                                    progress=progress)
-        finally:
-            progress.close()
-    except (BundleError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except OSError as error:  # writing failed: the output set has put the previous files back
-        print(f"error: {os_error_sentence(error)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"interrupted: nothing was written to {arguments.out_dir}.", file=sys.stderr)
-        return 130
+        outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference, progress=progress)
+    finally:
+        progress.close()
     summary = json.loads(outputs["summary"].read_text())
     metrics = json.loads(outputs["metrics"].read_text()) if "metrics" in outputs else None
     print(f"{image_stem(arguments.image)}: " + "\n".join(summary_lines(summary, metrics)))
     for name, path in outputs.items():
         print(f"{name}: {path}")
     return 0
+
+
+def _predict_folder(arguments: argparse.Namespace) -> int:
+    """``--image-dir``: every image a case; 0 when all were segmented, 2 when any failed (said on stderr)."""
+    if arguments.reference is not None:
+        raise ValueError("--reference names one case's reference; use it with --image, not --image-dir.")
+    folder_images(arguments.image_dir)
+    check_output_folder(arguments.out_dir)
+    predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
+                          batch_size=arguments.batch_size)
+    rows, table = predict_folder(predictor, arguments.image_dir, arguments.out_dir, sys.stdout)
+    for row in rows:
+        flag = {True: "REVIEW", False: "ok", None: "not judged"}[row["review"]] if row["status"] == "ok" else ""
+        print(f"{row['case']}: {flag or row['status']}")
+    print(f"table: {table}")
+    failed = [row for row in rows if row["status"] != "ok"]
+    if failed:
+        print(f"error: {len(failed)} of {len(rows)} cases failed (first: {failed[0]['case']}: "
+              f"{failed[0]['status'][len('error: '):]}); the others' outputs and {table.name} are written.",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 done, 2 bad input or a failed case, 130 interrupted)."""
+    arguments = _parser().parse_args(argv)
+    try:
+        return (_predict_folder if arguments.image_dir is not None else _predict_case)(arguments)
+    except (BundleError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+    except OSError as error:  # writing failed: the output set has put the previous files back
+        print(f"error: {os_error_sentence(error)}", file=sys.stderr)
+    except KeyboardInterrupt:
+        kept = (f"the cases finished before are kept in {arguments.out_dir}, without {BATCH_TABLE}"
+                if arguments.image_dir else f"nothing was written to {arguments.out_dir}")
+        print(f"interrupted: {kept}.", file=sys.stderr)
+        return 130
+    return 2
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -247,3 +248,64 @@ def test_shipped_model_writes_the_quality_summary(tmp_path, with_reference):
             assert metrics[f"predicted_dice_{key}"] == entry["predicted_dice"]
     else:
         assert not (out / "acdc_patient_image_metrics.json").exists()
+
+
+def _batch(folder: Path, images: dict[str, np.ndarray]) -> Path:
+    """A folder of images (name → array on the test grid)."""
+    folder.mkdir()
+    for name, image in images.items():
+        write_image(folder / f"{name}.nii.gz", image, GRID)
+    return folder
+
+
+def test_image_dir_writes_every_case_and_one_table(case, tmp_path, capsys):
+    import csv
+
+    image = read_image(case / "case.nii.gz")[0]
+    cases = _batch(tmp_path / "cases", {"a": image, "b": image[::-1].copy(), "c": image[:, ::-1].copy()})
+    out = tmp_path / "out"
+    assert main(["--bundle", str(case / "model.calibseg"), "--image-dir", str(cases), "--out-dir", str(out),
+                 "--device", "cpu", "--batch-size", "2"]) == 0
+    for name in "abc":
+        assert {path.name for path in out.glob(f"{name}_*")} == {f"{name}_{output}" for output in
+                                                                 ("summary.json", "labels.nii.gz",
+                                                                  "confidence.nii.gz", "entropy.nii.gz")}
+    with (out / "predictions.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["case"] for row in rows] == ["a", "b", "c"] and {row["status"] for row in rows} == {"ok"}
+    summary = json.loads((out / "b_summary.json").read_text())
+    assert float(rows[1]["volume_ml_class_1"]) == pytest.approx(summary["structures"]["class 1"]["volume_ml"])
+    assert "table: " in capsys.readouterr().out
+
+
+def test_a_failing_case_is_reported_in_its_row_and_the_others_are_kept(case, tmp_path, capsys):
+    import csv
+
+    image = read_image(case / "case.nii.gz")[0]
+    cases = _batch(tmp_path / "cases", {"a": image, "flat": np.full(image.shape, 5, np.int16), "z": image})
+    out = tmp_path / "out"
+    assert main(["--bundle", str(case / "model.calibseg"), "--image-dir", str(cases), "--out-dir", str(out),
+                 "--device", "cpu"]) == 2
+    with (out / "predictions.csv").open() as handle:
+        rows = {row["case"]: row for row in csv.DictReader(handle)}
+    assert rows["a"]["status"] == rows["z"]["status"] == "ok"
+    assert rows["flat"]["status"].startswith("error: The image is constant") and rows["flat"]["review"] == ""
+    assert (out / "z_labels.nii.gz").is_file() and not list(out.glob("flat_*"))
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("error: 1 of 3 cases failed (first: flat: The image is constant")
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (lambda folder: ["--image-dir", str(folder / "none")], "^error: Image folder .*none does not exist"),
+    (lambda folder: ["--image-dir", str(folder)], "^error: .* holds no image"),
+    (lambda folder: ["--image-dir", str(folder), "--reference", str(folder / "r.nii.gz")],
+     "^error: --reference names one case's reference; use it with --image, not --image-dir.$"),
+])
+def test_image_dir_refusals_are_one_sentence_before_any_output(case, tmp_path, capsys, arguments, message):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--bundle", str(case / "model.calibseg"), *arguments(empty), "--out-dir", str(tmp_path / "out"),
+                 "--device", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and re.match(message, error.strip())
+    assert not (tmp_path / "out").exists()
