@@ -196,10 +196,10 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
                 parameters.inputVolume, str(parameters.bundlePath), parameters.referenceNode, parameters.device,
                 parameters.lowConfidenceThreshold if parameters.showLowConfidence else None,
                 parameters.hotSpotLevel)
+            self._job = InferenceJob(self.logic.runner, request).start()  # the network runs in a child process
         except Exception as error:  # every expected failure is one sentence; the scene is untouched
             slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
             return
-        self._job = InferenceJob(self.logic.runner, request).start()
         self._showQuality(None)
         self.ui.statusLabel.text = "Running…"
         self.ui.progressBar.value = 0

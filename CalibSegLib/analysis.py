@@ -15,6 +15,7 @@ import numpy as np
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.evaluation import CaseEvaluation, case_metrics_row, evaluate_variants
 from CalibSegLib.inference import Prediction, Predictor
+from CalibSegLib.metrics.calibration import Reliability
 from CalibSegLib.quality import HOT_SPOT_LEVEL, quality_summary, with_predicted_dice
 
 __all__ = ["CaseAnalysis", "analyse_case", "analyse_variants"]
@@ -25,14 +26,17 @@ class CaseAnalysis:
     """One predicted volume and what is known about it.
 
     ``summary``: :func:`CalibSegLib.quality.quality_summary` (what a reader sees without a reference);
-    ``evaluation`` and ``metrics`` (the flat row of :func:`CalibSegLib.evaluation.case_metrics_row` with the
-    predicted Dice beside each measured one): None without a reference.
+    ``evaluation``, ``metrics`` (the flat row of :func:`CalibSegLib.evaluation.case_metrics_row` with the
+    predicted Dice beside each measured one) and ``reliability`` (the reference foreground's reliability bins):
+    None without a reference (``evaluation`` also for a case read back from a child process,
+    :mod:`CalibSegLib.analysis_process`, whose numbers are in the other two).
     """
 
     prediction: Prediction
     summary: dict[str, Any]
     evaluation: CaseEvaluation | None = None
     metrics: dict[str, float] | None = None
+    reliability: Reliability | None = None
 
 
 def analyse_variants(predictor: Predictor, image: np.ndarray, spacing: Sequence[float],
@@ -55,9 +59,11 @@ def analyse_variants(predictor: Predictor, image: np.ndarray, spacing: Sequence[
     analyses = []
     for metadata, prediction, evaluation in zip(variants, predictions, evaluations):
         summary = quality_summary(prediction, spacing, metadata, hot_spot_level)
-        metrics = (None if evaluation is None
-                   else with_predicted_dice(case_metrics_row(evaluation, metadata.class_names), summary))
-        analyses.append(CaseAnalysis(prediction, summary, evaluation, metrics))
+        if evaluation is None:
+            analyses.append(CaseAnalysis(prediction, summary))
+            continue
+        metrics = with_predicted_dice(case_metrics_row(evaluation, metadata.class_names), summary)
+        analyses.append(CaseAnalysis(prediction, summary, evaluation, metrics, evaluation.statistics.reliability()))
     return analyses
 
 

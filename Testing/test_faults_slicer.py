@@ -158,3 +158,20 @@ def test_jump_to_slice_takes_numpy_integers(mrml_scene):  # noqa: F811
     volume = make_volume_node(mrml_scene, image())
     first = SegmentationRunner.jumpToSlice(volume, np.int64(3), np.int64(0))
     np.testing.assert_allclose(first, SegmentationRunner.jumpToSlice(volume, 3, 0))
+
+
+def test_an_inference_child_that_exits_non_zero_mid_way_is_one_sentence(bundle, mrml_scene, tmp_path):  # noqa: F811
+    """A child interpreter that reports progress, then dies with a message of its own: the runner says how it
+    ended in one sentence, publishes nothing, and a job with the real interpreter runs afterwards."""
+    failing = tmp_path / "failing-python"
+    failing.write_text("#!/bin/sh\necho 'progress 0.5000'\necho 'Fatal Python error: Segmentation fault' >&2\nexit 3\n")
+    failing.chmod(0o755)
+    runner = SegmentationRunner()
+    volume = make_volume_node(mrml_scene, image())
+    job = InferenceJob(runner, runner.prepare(volume, bundle), python=str(failing)).start()
+    assert job.wait(timeout=60) and job.fraction == 0.5
+    message = refused_without_change(mrml_scene, job.finish)
+    assert_one_sentence(message, r"^The inference process stopped with exit status 3 \(Fatal Python error: "
+                                 r"Segmentation fault\); it may have run out of memory")
+    again = InferenceJob(runner, runner.prepare(volume, bundle)).start()
+    assert again.wait(timeout=60) and again.finish().segmentation is not None

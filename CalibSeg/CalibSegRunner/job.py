@@ -1,59 +1,132 @@
-"""Background inference: the network runs in a worker thread; the main thread polls and publishes.
+"""Background inference in a child process; the main thread polls and publishes.
 
-The widget starts an :class:`InferenceJob`, polls :attr:`InferenceJob.fraction` from a timer
-for the progress bar, and calls :meth:`InferenceJob.finish` on the main thread once
-:meth:`InferenceJob.done` is true; MRML is only touched there.
+The widget starts an :class:`InferenceJob`, polls :attr:`InferenceJob.fraction` from a timer for the
+progress bar, and calls :meth:`InferenceJob.finish` on the main thread once :meth:`InferenceJob.done` is
+true; MRML is only touched there. The network runs in a child Python process
+(:mod:`CalibSegLib.analysis_process`, as SlicerMONAIAuto3DSeg and SlicerTotalSegmentator run theirs): a crash,
+an out-of-memory kill or a hung CUDA call there ends that process, never the user's Slicer session, and
+becomes one sentence with the scene unchanged.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
+from pathlib import Path
 
 from .runner import CalibSegOutputs, CalibSegRequest, SegmentationRunner
 
-__all__ = ["InferenceJob"]
+__all__ = ["InferenceJob", "child_python"]
+
+
+def child_python() -> str:
+    """The interpreter the child runs in: Slicer's ``PythonSlicer`` inside Slicer (``sys.executable`` is the
+    application there), else this process's own."""
+    return shutil.which("PythonSlicer") or sys.executable
+
+
+def _library_path() -> str:
+    """``PYTHONPATH`` for the child, so it imports the very CalibSegLib this process runs."""
+    import CalibSegLib
+
+    parent = str(Path(CalibSegLib.__file__).resolve().parents[1])
+    return os.pathsep.join([parent, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 class InferenceJob:
-    """One run of :meth:`SegmentationRunner.compute` in a daemon thread, with progress and cancel."""
+    """One :func:`CalibSegLib.analysis.analyse_case` of ``request`` in a child process, with progress and cancel.
 
-    def __init__(self, runner: SegmentationRunner, request: CalibSegRequest) -> None:
+    ``python``: the child's interpreter (default :func:`child_python`).
+    """
+
+    def __init__(self, runner: SegmentationRunner, request: CalibSegRequest, python: str | None = None) -> None:
         self.runner = runner
         self.request = request
+        self.python = python or child_python()
         self.fraction = 0.0
-        self.error: BaseException | None = None
-        self._computation = None
-        self._cancel = threading.Event()
-        self._thread = threading.Thread(target=self._work, name="CalibSeg inference", daemon=True)
+        self._folder = Path(tempfile.mkdtemp(prefix="calibseg-job-"))
+        self._process: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._cancelled = False
 
     def _progress(self, fraction: float) -> None:
         self.fraction = fraction
 
-    def _work(self) -> None:
-        try:
-            self._computation = self.runner.compute(self.request, self._progress, self._cancel)
-        except BaseException as error:  # reported to the main thread by finish()
-            self.error = error
+    def _read_progress(self) -> None:
+        """Follow the child's stdout: each ``progress <fraction>`` line moves :attr:`fraction`."""
+        from CalibSegLib.analysis_process import PROGRESS_PREFIX
+
+        for line in self._process.stdout:
+            if line.startswith(PROGRESS_PREFIX):
+                self._progress(float(line[len(PROGRESS_PREFIX):]))
 
     def start(self) -> "InferenceJob":
-        self._thread.start()
+        from CalibSegLib.analysis_process import write_request
+
+        request = self.request
+        if request.bundle.path is None:
+            raise ValueError("The bundle was not loaded from a file, so the inference process cannot read it; save "
+                             "it with CalibSegLib.bundle.save_bundle first.")
+        write_request(self._folder, request.bundle.path, request.image, request.spacing, request.reference,
+                      request.device, request.hot_spot_level)
+        with (self._folder / "stderr.txt").open("w") as stderr:
+            self._process = subprocess.Popen(
+                [self.python, "-m", "CalibSegLib.analysis_process", str(self._folder)], stdout=subprocess.PIPE,
+                stderr=stderr, stdin=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": _library_path()})
+        self._reader = threading.Thread(target=self._read_progress, name="CalibSeg progress", daemon=True)
+        self._reader.start()
         return self
 
     def cancel(self) -> None:
-        """Ask the worker to stop before its next batch."""
-        self._cancel.set()
+        """End the child at once (its partial results are discarded)."""
+        self._cancelled = True
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._process is not None and self._process.poll() is not None and not self._reader.is_alive()
 
     def wait(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        self._reader.join(timeout)
         return self.done()
 
     def finish(self) -> CalibSegOutputs:
-        """Publish the results (main thread); re-raises the worker's error, including InferenceCancelled."""
+        """Publish the results (main thread).
+
+        Raises:
+            InferenceCancelled: :meth:`cancel` ended the child.
+            ValueError: the library refused the input, or the child died (one sentence each); nothing added.
+        """
+        from CalibSegLib.analysis_process import REFUSED_STATUS, read_result
+        from CalibSegLib.inference import InferenceCancelled
+
         if not self.done():
             raise RuntimeError("The inference job is still running; wait for done() first.")
-        if self.error is not None:
-            raise self.error
-        return self.runner.publish(self.request, self._computation)
+        try:
+            status = self._process.returncode
+            if self._cancelled:
+                raise InferenceCancelled("The inference was cancelled; the scene is unchanged.")
+            if status != 0:
+                raise ValueError(self._failure(status, REFUSED_STATUS))
+            analysis = read_result(self._folder)
+        finally:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        return self.runner.publish(self.request, analysis)
+
+    def _failure(self, status: int, refused: int) -> str:
+        """One sentence for a child that ended with ``status``: its own refusal, or how it died."""
+        lines = [line for line in (self._folder / "stderr.txt").read_text(errors="replace").splitlines() if line]
+        if status == refused and lines and lines[-1].startswith("error: "):
+            return lines[-1][len("error: "):]
+        how = (f"was killed by signal {-status}" if status < 0 else f"stopped with exit status {status}")
+        last = f" ({lines[-1].strip()[:200]})" if lines else ""
+        return (f"The inference process {how}{last}; it may have run out of memory, so try the CPU device or a "
+                "smaller volume; the scene is unchanged.")

@@ -182,22 +182,20 @@ CALIBRATION_METRICS = (("ece", "ECE"), ("cece", "CECE"), ("tace", "TACE"), ("bri
                        ("mce", "MCE"), ("error_auroc", "Error-detection AUROC"), ("aurc", "AURC"))
 
 
-def metrics_rows(evaluation, class_names: Sequence[str]) -> list[tuple[str, float, str]]:
+def metrics_rows(metrics: dict[str, float], class_names: Sequence[str]) -> list[tuple[str, float, str]]:
     """``(label, value, unit)`` rows of one case: Dice/HD95/ASD per class and mean, then calibration.
 
-    The values are those of :func:`CalibSegLib.evaluation.case_metrics_row` (the CLI's and
-    evaluate.py's flat row), labelled for the table; undefined ones (e.g. HD95 when only one of
-    the two masks is empty) stay NaN.
+    ``metrics`` is the case's flat row (:attr:`CalibSegLib.analysis.CaseAnalysis.metrics`, the CLI's and
+    evaluate.py's), labelled here for the table; undefined values (e.g. HD95 when only one of the two masks
+    is empty) stay NaN.
     """
-    from CalibSegLib.evaluation import case_metrics_row
     from CalibSegLib.quality import structure_key
 
-    row = case_metrics_row(evaluation, class_names)
     rows = []
     for key, label, unit in SEGMENTATION_METRICS:
-        rows += [(f"{label} {name}", row[f"{key}_{structure_key(name)}"], unit) for name in class_names[1:]]
-        rows.append((f"{label} mean", row[f"{key}_mean"], unit))
-    rows += [(label, row[key], "") for key, label in CALIBRATION_METRICS]
+        rows += [(f"{label} {name}", metrics[f"{key}_{structure_key(name)}"], unit) for name in class_names[1:]]
+        rows.append((f"{label} mean", metrics[f"{key}_mean"], unit))
+    rows += [(label, metrics[key], "") for key, label in CALIBRATION_METRICS]
     return rows
 
 

@@ -149,12 +149,15 @@ class SegmentationRunner:
                                 cancel=cancel, hot_spot_level=request.hot_spot_level)
         return analysis
 
-    def publish(self, request: CalibSegRequest, computation: "CaseAnalysis") -> CalibSegOutputs:
-        """Add the output nodes; on any error remove what was added and re-raise."""
+    def publish(self, request: CalibSegRequest, analysis: "CaseAnalysis") -> CalibSegOutputs:
+        """Add the output nodes of ``analysis`` (from :meth:`compute` or a child process); on any error remove
+        what was added and re-raise."""
+        from CalibSegLib.quality import structure_key
+
         scene = request.input_node.GetScene()
         metadata = request.bundle.metadata
         base = request.input_node.GetName()
-        prediction = computation.prediction
+        prediction = analysis.prediction
         with NodeTransaction(scene):
             segmentation = add_segmentation(scene, request.input_node, prediction.labels, metadata.class_names,
                                             metadata.class_colors, f"{base} CalibSeg segmentation")
@@ -164,15 +167,17 @@ class SegmentationRunner:
             if request.low_confidence_threshold is not None:
                 set_low_confidence_segment(segmentation, request.input_node, prediction.confidence,
                                            request.low_confidence_threshold)
-            measured = None if computation.evaluation is None else computation.evaluation.segmentation["dice"]
-            quality = add_quality_table(scene, f"{base} CalibSeg quality", computation.summary, measured)
-            outputs = CalibSegOutputs(segmentation, confidence, uncertainty, quality, computation.summary)
-            if computation.evaluation is not None:
-                rows = metrics_rows(computation.evaluation, metadata.class_names)
+            metrics = analysis.metrics
+            measured = None if metrics is None else [metrics[f"dice_{structure_key(name)}"]
+                                                     for name in metadata.class_names[1:]]
+            quality = add_quality_table(scene, f"{base} CalibSeg quality", analysis.summary, measured)
+            outputs = CalibSegOutputs(segmentation, confidence, uncertainty, quality, analysis.summary)
+            if metrics is not None:
+                rows = metrics_rows(metrics, metadata.class_names)
                 outputs.metrics = {label: value for label, value, _ in rows}
                 outputs.metrics_table = add_metrics_table(scene, f"{base} CalibSeg metrics", rows)
-                outputs.reliability_chart = add_reliability_plot(
-                    scene, f"{base} reliability", computation.evaluation.statistics.reliability())
+                outputs.reliability_chart = add_reliability_plot(scene, f"{base} reliability",
+                                                                 analysis.reliability)
         return outputs
 
     def run(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import zipfile
 from pathlib import Path
@@ -343,19 +344,55 @@ def check_cancel_leaves_the_scene_unchanged(scene, work_dir: Path) -> None:
 
 
 def check_background_job_publishes_what_run_publishes(scene, work_dir: Path) -> None:
+    """The child process's outputs, metrics and reliability bins with a reference, equal the in-process run's."""
     import slicer
 
-    image, _ = _phantom()
+    image, labels = _phantom()
     volume = make_volume_node(scene, image)
+    reference = make_volume_node(scene, labels, "reference", "vtkMRMLLabelMapVolumeNode")
     bundle_path = _bundle(work_dir)
     runner = SegmentationRunner()
-    job = InferenceJob(runner, runner.prepare(volume, bundle_path)).start()
+    job = InferenceJob(runner, runner.prepare(volume, bundle_path, referenceNode=reference)).start()
     assert job.wait(timeout=120)
     in_background = job.finish()
-    in_foreground = runner.run(volume, bundle_path)
+    in_foreground = runner.run(volume, bundle_path, referenceNode=reference)
     assert job.fraction == 1.0
-    np.testing.assert_array_equal(slicer.util.arrayFromVolume(in_background.confidence),
-                                  slicer.util.arrayFromVolume(in_foreground.confidence))
+    for name in ("confidence", "uncertainty"):
+        np.testing.assert_array_equal(slicer.util.arrayFromVolume(getattr(in_background, name)),
+                                      slicer.util.arrayFromVolume(getattr(in_foreground, name)))
+    np.testing.assert_equal(in_background.metrics, in_foreground.metrics)  # NaN where both are undefined
+    np.testing.assert_equal(in_background.summary, in_foreground.summary)
+
+
+def check_a_killed_inference_child_is_one_sentence_and_the_next_run_works(scene, work_dir: Path) -> None:
+    """The child dies mid-way (as an out-of-memory kill would end it): one sentence, nothing added, and the
+    next job runs to the end."""
+    import signal
+
+    image, _ = _phantom(shape=(40, 48, 40))
+    volume = make_volume_node(scene, image)
+    runner = SegmentationRunner()
+    request = runner.prepare(volume, _bundle(work_dir))
+    before = scene_snapshot(scene)
+    job = InferenceJob(runner, request)
+    killed = threading.Event()
+    original_progress = job._progress
+
+    def progress(fraction: float) -> None:
+        original_progress(fraction)
+        if not killed.is_set():
+            killed.set()
+            os.kill(job._process.pid, signal.SIGKILL)  # not cancel(): the process just dies
+
+    job._progress = progress
+    job.start()
+    assert job.wait(timeout=120), "the killed job did not end"
+    error = _scene_is_unchanged_after(scene, job.finish, "killed child")
+    assert killed.is_set() and error.startswith("The inference process was killed by signal 9"), error
+    assert error.count(". ") == 0 and error.endswith("the scene is unchanged."), error
+    assert scene_snapshot(scene) == before
+    again = InferenceJob(runner, runner.prepare(volume, _bundle(work_dir))).start()
+    assert again.wait(timeout=120) and again.finish().segmentation is not None
 
 
 def check_a_failure_while_publishing_removes_every_new_node(scene, work_dir: Path) -> None:
