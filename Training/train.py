@@ -12,6 +12,10 @@ sliding window (:data:`SCHEDULES`). The default *quick* schedule and ``--cpu`` u
 decay, ``torch.compile``d; ``--paper`` is the papers' 100 epochs of one pass each with Adam
 1e-3 → 1e-4 at epoch 50, on 224×224 crops. Any flag overrides its schedule's value.
 
+Several GPUs (or CPU processes) train one run data-parallel under torchrun
+(:mod:`Training.distributed`): ``torchrun --standalone --nproc_per_node N -m Training.train ...``;
+each process trains on ``--batch-size / N`` crops of every batch, the first one writes the files.
+
 Writes into ``--out`` (default: ``runs/<method>`` under the current folder, or the next free
 ``runs/<method>-N``), and prints these paths when it starts:
 ``checkpoint.pt`` (every epoch, atomic), ``history.jsonl``, ``tensorboard/``,
@@ -26,7 +30,9 @@ it is a shipped one, and the patient lists, never a path of this machine
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +49,7 @@ from Datasets.splits import SIDES, default_split_for, load_split, select_patient
 from Evaluation.evaluate import evaluate_bundle, print_summary
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
+from Training.distributed import Processes, start_processes, stop_processes
 from Training.trainer import (BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, LR_SCHEDULES, RUN_SUMMARY_NAME,
                               TEMPERATURE_FITS, TrainConfig, Trainer)
 
@@ -137,7 +144,10 @@ def _parser() -> argparse.ArgumentParser:
                                help="torch.compile the network for training (default on the quick and --cpu schedules)")
     compile_group.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--amp", action="store_true", help="mixed precision (float16 on CUDA, bfloat16 on CPU)")
+    amp_group = parser.add_mutually_exclusive_group()
+    amp_group.add_argument("--amp", dest="amp", action="store_true", default=None,
+                           help="bfloat16 autocast (default on CUDA; on a CPU fast only with bf16 units)")
+    amp_group.add_argument("--no-amp", dest="amp", action="store_false", help="float32 throughout")
     parser.add_argument("--workers", type=int, default=0, help="threads assembling batches ahead of the step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-every", type=int, default=None,
@@ -269,8 +279,8 @@ def _check_model(config: TrainConfig) -> None:
     resolve_device(config.device)
 
 
-def run(arguments: argparse.Namespace) -> Path:
-    """Train (or resume), evaluate, and return the bundle path.
+def run(arguments: argparse.Namespace) -> Path | None:
+    """Train (or resume), evaluate, and return the bundle path (None in torchrun's other processes).
 
     Everything that can be wrong with the flags, the output folder and the data is checked
     before the run folder is created, so a refused run leaves nothing behind.
@@ -290,7 +300,20 @@ def run(arguments: argparse.Namespace) -> Path:
     data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
     print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description)
+    processes = Processes.from_environment()
+    start_processes(processes, resolve_device(config.device))
+    try:
+        return _train_and_evaluate(arguments, config, run_dir, cases, data_description, processes)
+    finally:
+        stop_processes(processes)
+
+
+def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_dir: Path,
+                        cases: dict[str, list[Case]], data_description: dict[str, Any], processes: Processes
+                        ) -> Path | None:
+    """Train (or resume) in this process, and in the main one evaluate; the bundle path (None elsewhere)."""
+    checkpoint = run_dir / CHECKPOINT_NAME
+    trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description, processes)
     if arguments.resume:
         trainer.resume(checkpoint)
         print(f"resumed {run_dir} after epoch {trainer.epoch}")
@@ -298,9 +321,12 @@ def run(arguments: argparse.Namespace) -> Path:
     method_text = f"{config.method} ({loss_text})" if loss_text else config.method
     print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
           f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
-          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}",
-          flush=True)
+          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}"
+          + (f", {processes.world_size} processes of {config.batch_size // processes.world_size} crops each"
+             if processes.is_distributed else ""), flush=True)
     result = trainer.fit()
+    if result is None:  # not the main process: it wrote nothing and evaluates nothing
+        return None
     print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
     print(f"bundle: {result.bundle_path}")
     if not arguments.no_eval and cases["test"]:
@@ -317,7 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = _parser().parse_args(argv)
     started = time.perf_counter()
     try:
-        run(arguments)
+        with contextlib.ExitStack() as outputs:
+            if not Processes.from_environment().is_main:  # under torchrun the main process speaks for the run
+                outputs.enter_context(contextlib.redirect_stdout(outputs.enter_context(open(os.devnull, "w"))))
+            run(arguments)
+            print(f"total time {time.perf_counter() - started:.0f} s")
     except (DataError, CheckpointError, BundleError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
@@ -326,7 +356,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {error.args[0]}") from None
     except KeyboardInterrupt:
         raise SystemExit("interrupted: the last completed epoch's checkpoint is kept; continue with --resume.") from None
-    print(f"total time {time.perf_counter() - started:.0f} s")
     return 0
 
 
