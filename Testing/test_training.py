@@ -18,6 +18,7 @@ from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
 from Datasets.cases import DataError, find_cases, load_cases
 from Datasets.splits import SPLITS_DIR, load_split
+from Training.distributed import SINGLE_PROCESS
 from Training.trainer import RunSummary, TrainConfig, Trainer
 
 TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
@@ -31,12 +32,12 @@ def sample_cases(sample_acdc_dir):
     return pick(split["train"][:1]), pick(split["val"][:1])
 
 
-def tiny_trainer(tmp_path, cases, method="crac", **overrides) -> Trainer:
+def tiny_trainer(tmp_path, cases, method="crac", processes=SINGLE_PROCESS, **overrides) -> Trainer:
     options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, patch_size=(64, 64), device="cpu",
                    lr_step_epoch=1, deterministic=True, progress=False, augment=True, iterations_per_epoch=3)
     config = TrainConfig(**{**options, **overrides})
     train_cases, val_cases = cases
-    return Trainer(config, train_cases, val_cases, tmp_path, {"dataset": "test"})
+    return Trainer(config, train_cases, val_cases, tmp_path, {"dataset": "test"}, processes)
 
 
 @pytest.mark.parametrize("method", LOSSES)
