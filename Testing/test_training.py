@@ -246,3 +246,11 @@ def test_nifti_pairs_and_decathlon_layouts(tmp_path):
         cases = load_cases(find_cases(tmp_path / folder), 3)
         assert cases[0].case_id == case_id and cases[0].spacing == (3.0, 1.0, 1.0)
         np.testing.assert_array_equal(cases[0].label, label)
+
+
+def test_a_loss_that_becomes_nan_stops_the_epoch_before_its_checkpoint(sample_cases, tmp_path):
+    trainer = tiny_trainer(tmp_path, sample_cases, epochs=1)
+    trainer._loss_value = lambda logits, target, images: logits.mean() * float("nan")
+    with pytest.raises(ValueError, match="training loss became NaN or infinite in epoch 1; the last checkpoint"):
+        trainer.fit()
+    assert not (tmp_path / "checkpoint.pt").exists()

@@ -366,10 +366,12 @@ class Trainer:
         self.writer.flush()
 
     def _loss_value(self, logits: torch.Tensor, target: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        # The loss's compute without its input checks: they read the device twice a step, and the batches
+        # are valid by construction (labels checked when read; non-finite values caught once an epoch).
         # Only two-view losses (BWCR) get the model and the batch; the others take (logits, target).
         if self.loss.needs_model:
-            return self.loss(logits, target, model=self.training_model, images=images)
-        return self.loss(logits, target)
+            return self.loss.compute(logits, target, model=self.training_model, images=images)
+        return self.loss.compute(logits, target)
 
     def train_step(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """One optimiser step on ``images (B, 1, H, W)`` and ``target (B, H, W)`` int64 (on the device); returns
@@ -414,6 +416,9 @@ class Trainer:
         # Every process's crops: the epoch's mean loss over the whole batches, and the run's crops/s.
         counted = torch.stack([total.float(), torch.tensor(float(seen), device=self.device)])
         total, seen_everywhere = self.processes.sum(counted).tolist()
+        if not math.isfinite(total):
+            raise ValueError(f"The training loss became NaN or infinite in epoch {self.epoch + 1}; the last "
+                             "checkpoint is kept: lower --lr, or train with --no-amp.")
         elapsed = max(time.perf_counter() - started, 1e-9)
         return EpochStatistics(total / max(seen_everywhere, 1), seen_everywhere / elapsed, waited / elapsed)
 
