@@ -71,7 +71,8 @@ def test_plans_are_reproducible_and_threads_assemble_the_same_batches():
         torch.testing.assert_close(target, threaded_target, rtol=0, atol=0)
 
 
-def reference_crops(volumes: list[GridVolume], sampler: CropSampler, plan, patch_size) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_crops(volumes: list[GridVolume], sampler: CropSampler, plan, patch_size
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per crop, one grid_sample on its own volume's slice (unpadded), with the source position of every
     crop voxel written out: centre + scale · rotation(angle) · mirror · offset from the crop centre."""
     height, width = patch_size

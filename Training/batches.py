@@ -251,7 +251,8 @@ def plan_epoch(
     seeds = torch.randint(0, 2**62, (-(-needed // batch_size),), generator=generator)
     parts = [tensor.split(batch_size) for tensor in (picks, centres, angle, flip, scale, gamma, contrast, brightness,
                                                      noise_std)]
-    return [BatchPlan(*batch, noise_seed=int(seed), planned_size=len(batch[0])) for batch, seed in zip(zip(*parts), seeds)]
+    return [BatchPlan(*batch, noise_seed=int(seed), planned_size=len(batch[0]))
+            for batch, seed in zip(zip(*parts), seeds)]
 
 
 # Columns of a plan packed for the device: the (2, 3) affine matrix, the four intensity factors, the slice.
