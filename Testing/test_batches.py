@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from CalibSegLib.preprocessing import Preprocessing
 from Training.batches import NO_AUGMENTATION, Augmentation, CropSampler, assemble, iterate_batches, plan_epoch
@@ -23,8 +26,7 @@ def synthetic_volume(depth: int = 4, size: int = 96) -> GridVolume:
 def test_foreground_crops_are_centred_on_every_class_equally_often():
     sampler = CropSampler([synthetic_volume()], 4)
     slices, centres = sampler.foreground_centres(3000, torch.Generator().manual_seed(0))
-    volume = sampler.volumes[0]
-    classes = volume.labels[sampler.slice_z[slices], centres[:, 0].long(), centres[:, 1].long()]
+    classes = sampler.labels[slices, 0, centres[:, 0].long(), centres[:, 1].long()]
     counts = torch.bincount(classes.long(), minlength=4)
     assert counts[0] == 0  # always a foreground voxel
     # 3600, 100 and 4 voxels per slice, yet each class is drawn about a third of the time.
@@ -67,6 +69,66 @@ def test_plans_are_reproducible_and_threads_assemble_the_same_batches():
     for (images, target), (threaded_images, threaded_target) in zip(in_loop, threaded):
         torch.testing.assert_close(images, threaded_images, rtol=0, atol=0)
         torch.testing.assert_close(target, threaded_target, rtol=0, atol=0)
+
+
+def reference_crops(volumes: list[GridVolume], sampler: CropSampler, plan, patch_size
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per crop, one grid_sample on its own volume's slice (unpadded), with the source position of every
+    crop voxel written out: centre + scale · rotation(angle) · mirror · offset from the crop centre."""
+    height, width = patch_size
+    offset_y, offset_x = torch.meshgrid(torch.arange(height) + 0.5 - height / 2,
+                                        torch.arange(width) + 0.5 - width / 2, indexing="ij")
+    images, labels = [], []
+    for crop, index in enumerate(plan.slice_index.tolist()):
+        volume = volumes[int(sampler.slice_volume[index])]
+        z = int(sampler.slice_z[index])
+        mirrored_x = -offset_x if bool(plan.flip[crop]) else offset_x
+        angle, scale = float(plan.angle[crop]), float(plan.scale[crop])
+        source_x = plan.centre[crop, 1] + scale * (math.cos(angle) * mirrored_x - math.sin(angle) * offset_y)
+        source_y = plan.centre[crop, 0] + scale * (math.sin(angle) * mirrored_x + math.cos(angle) * offset_y)
+        slice_height, slice_width = volume.labels.shape[1:]
+        grid = torch.stack([2 * source_x / slice_width - 1, 2 * source_y / slice_height - 1], dim=-1)[None].float()
+        images.append(F.grid_sample(volume.images[z:z + 1], grid, mode="bilinear", align_corners=False))
+        labels.append(F.grid_sample(volume.labels[z:z + 1, None].float(), grid, mode="nearest", align_corners=False))
+    return torch.cat(images), torch.cat(labels)[:, 0].long()
+
+
+def test_batched_crops_equal_one_grid_sample_per_crop_on_slices_of_different_sizes():
+    """Slices padded into one stack and cut by one grid_sample give what each slice alone gives."""
+    volumes = [synthetic_volume(depth=3, size=96), synthetic_volume(depth=2, size=120)]
+    ramp = torch.linspace(0, 1, 120)
+    volumes[1] = GridVolume("ramp", (volumes[1].images + ramp).clamp(0, 1) * 0.5, volumes[1].labels[:, :, :])
+    sampler = CropSampler(volumes, 4)
+    no_intensity = Augmentation(gamma_probability=0.0, contrast_probability=0.0, brightness_probability=0.0,
+                                noise_probability=0.0)
+    for plan in plan_epoch(sampler, 16, 3, torch.Generator().manual_seed(4), (40, 56), no_intensity):
+        images, target = assemble(sampler, plan, (40, 56), torch.device("cpu"))
+        expected_images, expected_target = reference_crops(volumes, sampler, plan, (40, 56))
+        torch.testing.assert_close(images, expected_images, rtol=0, atol=1e-4)
+        # Nearest neighbour may round the other way exactly between two voxels: at most a few voxels.
+        assert (target != expected_target).float().mean() < 1e-3
+
+
+def test_an_unaugmented_crop_on_voxel_boundaries_is_the_slice_itself():
+    volume = synthetic_volume(depth=2, size=96)
+    volume = GridVolume("noise", torch.rand(2, 1, 96, 96, generator=torch.Generator().manual_seed(0)), volume.labels)
+    sampler = CropSampler([volume, synthetic_volume(depth=1, size=128)], 4)
+    plan = plan_epoch(sampler, 1, 1, torch.Generator().manual_seed(0), (32, 48), NO_AUGMENTATION)[0]
+    plan = type(plan)(**{**plan.__dict__, "slice_index": torch.tensor([1]), "centre": torch.tensor([[30.0, 50.0]])})
+    images, target = assemble(sampler, plan, (32, 48), torch.device("cpu"))
+    torch.testing.assert_close(images[0, 0], volume.images[1, 0, 14:46, 26:74], rtol=0, atol=1e-5)
+    assert torch.equal(target[0], volume.labels[1, 14:46, 26:74].long())
+
+
+def test_shares_of_a_batch_are_its_crops_with_the_same_noise():
+    sampler = CropSampler([synthetic_volume()], 4)
+    noisy = Augmentation(noise_probability=1.0, noise_std=(0.05, 0.1))
+    plan = plan_epoch(sampler, 8, 1, torch.Generator().manual_seed(5), (32, 32), noisy)[0]
+    whole, whole_target = assemble(sampler, plan, (32, 32), torch.device("cpu"))
+    shares = [assemble(sampler, plan.share(rank, 2), (32, 32), torch.device("cpu")) for rank in range(2)]
+    torch.testing.assert_close(torch.cat([images for images, _ in shares]), whole, rtol=0, atol=1e-6)
+    assert torch.equal(torch.cat([target for _, target in shares]), whole_target)
+    assert plan.share(0, 16) is None and len(plan.share(2, 3)) == 2
 
 
 def test_volumes_are_resampled_to_the_model_spacing_with_their_labels():

@@ -18,6 +18,7 @@ from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
 from Datasets.cases import DataError, find_cases, load_cases
 from Datasets.splits import SPLITS_DIR, load_split, make_split
+from Training.distributed import SINGLE_PROCESS
 from Training.records import RunSummary
 from Training.trainer import TrainConfig, Trainer
 
@@ -32,12 +33,12 @@ def sample_cases(sample_acdc_dir):
     return pick(split["train"][:1]), pick(split["val"][:1])
 
 
-def tiny_trainer(tmp_path, cases, method="crac", **overrides) -> Trainer:
+def tiny_trainer(tmp_path, cases, method="crac", processes=SINGLE_PROCESS, **overrides) -> Trainer:
     options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, patch_size=(64, 64), device="cpu",
                    lr_step_epoch=1, deterministic=True, progress=False, augment=True, iterations_per_epoch=3)
     config = TrainConfig(**{**options, **overrides})
     train_cases, val_cases = cases
-    return Trainer(config, train_cases, val_cases, tmp_path, {"dataset": "test"})
+    return Trainer(config, train_cases, val_cases, tmp_path, {"dataset": "test"}, processes)
 
 
 @pytest.mark.parametrize("method", LOSSES)
@@ -355,3 +356,11 @@ def test_nifti_pairs_and_decathlon_layouts(tmp_path):
         cases = load_cases(find_cases(tmp_path / folder), 3)
         assert cases[0].case_id == case_id and cases[0].spacing == (3.0, 1.0, 1.0)
         np.testing.assert_array_equal(cases[0].label, label)
+
+
+def test_a_loss_that_becomes_nan_stops_the_epoch_before_its_checkpoint(sample_cases, tmp_path):
+    trainer = tiny_trainer(tmp_path, sample_cases, epochs=1)
+    trainer._loss_value = lambda logits, target, images: logits.mean() * float("nan")
+    with pytest.raises(ValueError, match="training loss became NaN or infinite in epoch 1; the last checkpoint"):
+        trainer.fit()
+    assert not (tmp_path / "checkpoint.pt").exists()

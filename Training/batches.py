@@ -1,11 +1,12 @@
 """Training batches: random crops of the cached volumes, foreground oversampling, augmentation, prefetching.
 
-Every crop is cut from a whole slice on the model's grid (:func:`Datasets.cases.to_model_grid`)
-by one ``grid_sample`` whose sampling grid already holds the augmentation's rotation, mirroring
-and scaling, so cropping and the spatial transform cost one interpolation of the crop's
-``patch_size`` voxels, whatever the slice's size (nnU-Net's recipe: random crops, a share of
-them centred on a random foreground voxel, rotation, scaling, mirroring, gamma, contrast,
-brightness and noise).
+The crops of a batch are cut from whole slices on the model's grid (:func:`Datasets.cases.to_model_grid`,
+stacked once in :class:`CropSampler`) by one ``affine_grid``/``grid_sample`` over the batch, whose
+per-crop affine matrices already hold the augmentation's rotation, mirroring and scaling, so
+cropping and the spatial transform cost one interpolation of the batch's ``patch_size`` voxels,
+whatever the slices' size, and run where the slices are cached (the GPU when they fit) without
+waiting on the host (nnU-Net's recipe: random crops, a share of them centred on a random
+foreground voxel, rotation, scaling, mirroring, gamma, contrast, brightness and noise).
 
 Foreground crops pick a slice holding foreground, then one of the classes present in it, then a
 voxel of that class: small structures (the right ventricle at end-systole, apical slices) are
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Iterator, Sequence
 
 import torch
@@ -65,20 +66,23 @@ NO_AUGMENTATION = Augmentation(quarter_turns=False, rotation_degrees=0.0, mirror
 
 
 class CropSampler:
-    """Where crops come from: every slice of the cached volumes and an index of their foreground voxels.
+    """Where crops come from: every slice of the cached volumes, stacked, and an index of their foreground voxels.
 
-    ``slice_volume``/``slice_z`` ``(N,)`` locate each slice, ``slice_shape (N, 2)`` its ``(y, x)``
-    size; ``coordinates (M, 2)`` int32 ``(y, x)`` of every foreground voxel sorted by slice and
-    class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per slice and foreground class.
+    ``images (N, 1, H, W)`` float32 and ``labels (N, 1, H, W)`` uint8 hold every slice at the top-left
+    corner of the largest slice's ``(H, W)`` extent, zero beyond its own (what ``grid_sample`` reads
+    outside a slice anyway), on ``device``: a batch's slices are then one index away from one batched
+    ``grid_sample``. ``slice_volume``/``slice_z`` ``(N,)`` locate each slice, ``slice_shape (N, 2)``
+    its ``(y, x)`` size; ``coordinates (M, 2)`` int32 ``(y, x)`` of every foreground voxel sorted by
+    slice and class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per slice and
+    foreground class (the index and everything planning reads stay on the CPU).
     """
 
-    def __init__(self, volumes: Sequence[GridVolume], num_classes: int) -> None:
+    def __init__(self, volumes: Sequence[GridVolume], num_classes: int, device: torch.device | str = "cpu") -> None:
         if not volumes:
             raise DataError("No training volumes to cut crops from.")
-        self.volumes = list(volumes)
         volume_ids, z_ids, shapes, coordinates, counts = [], [], [], [], []
         foreground_classes = num_classes - 1
-        for index, volume in enumerate(self.volumes):
+        for index, volume in enumerate(volumes):
             labels = volume.labels.cpu().long()
             depth = labels.shape[0]
             volume_ids.append(torch.full((depth,), index, dtype=torch.int64))
@@ -99,6 +103,24 @@ class CropSampler:
         self.counts = torch.cat(counts)
         self.starts = self.counts.flatten().cumsum(0).sub(self.counts.flatten()).view_as(self.counts)
         self.foreground_slices = (self.counts.sum(dim=1) > 0).nonzero().squeeze(1)
+        height, width = self.largest_slice
+        self.images = torch.zeros(len(self.slice_z), 1, height, width, device=device)
+        self.labels = torch.zeros(len(self.slice_z), 1, height, width, dtype=torch.uint8, device=device)
+        first = 0
+        for volume in volumes:
+            depth, _, volume_height, volume_width = volume.images.shape
+            self.images[first:first + depth, :, :volume_height, :volume_width] = volume.images
+            self.labels[first:first + depth, 0, :volume_height, :volume_width] = volume.labels
+            first += depth
+
+    @staticmethod
+    def stack_bytes(volumes: Sequence[GridVolume]) -> int:
+        """Bytes the stacked slices of ``volumes`` take (float32 images and uint8 labels, padded to the
+        largest slice), to decide where they can be cached."""
+        slices = sum(volume.images.shape[0] for volume in volumes)
+        height = max(volume.images.shape[-2] for volume in volumes)
+        width = max(volume.images.shape[-1] for volume in volumes)
+        return slices * height * width * 5
 
     def __len__(self) -> int:
         return len(self.slice_volume)
@@ -138,7 +160,9 @@ class CropSampler:
 class BatchPlan:
     """One batch, drawn up front: per crop ``slice_index``, ``centre (n, 2)`` (y, x) in voxels,
     ``angle`` (radians), ``flip`` (mirror along x), ``scale``, ``gamma``, ``contrast``,
-    ``brightness``, ``noise_std``; ``noise_seed`` seeds the batch's noise."""
+    ``brightness``, ``noise_std``; ``noise_seed`` seeds the noise of the whole planned batch of
+    ``planned_size`` crops, of which this plan's crops are the rows from ``first`` on (a process's
+    share of the batch under data parallelism gets the noise the whole batch would give it)."""
 
     slice_index: torch.Tensor
     centre: torch.Tensor
@@ -150,6 +174,25 @@ class BatchPlan:
     brightness: torch.Tensor
     noise_std: torch.Tensor
     noise_seed: int
+    planned_size: int
+    first: int = 0
+
+    def __len__(self) -> int:
+        return len(self.slice_index)
+
+    def share(self, rank: int, world_size: int) -> "BatchPlan | None":
+        """Process ``rank``'s equal share of the batch, of ``len // world_size`` consecutive crops (a
+        remainder of fewer than ``world_size`` crops is left out, so that every process's mean loss weighs
+        the same); None when the batch has fewer crops than processes."""
+        if world_size == 1:
+            return self
+        size = len(self) // world_size
+        if size == 0:
+            return None
+        start = self.first + rank * size
+        parts = {item.name: getattr(self, item.name)[rank * size:(rank + 1) * size]
+                 for item in fields(self) if isinstance(getattr(self, item.name), torch.Tensor)}
+        return BatchPlan(**parts, noise_seed=self.noise_seed, planned_size=self.planned_size, first=start)
 
 
 def _uniform(low: float, high: float, count: int, generator: torch.Generator) -> torch.Tensor:
@@ -208,56 +251,74 @@ def plan_epoch(
     seeds = torch.randint(0, 2**62, (-(-needed // batch_size),), generator=generator)
     parts = [tensor.split(batch_size) for tensor in (picks, centres, angle, flip, scale, gamma, contrast, brightness,
                                                      noise_std)]
-    return [BatchPlan(*batch, noise_seed=int(seed)) for batch, seed in zip(zip(*parts), seeds)]
+    return [BatchPlan(*batch, noise_seed=int(seed), planned_size=len(batch[0]))
+            for batch, seed in zip(zip(*parts), seeds)]
 
 
-def _sampling_grids(plan: BatchPlan, shapes: torch.Tensor, patch_size: Sequence[int]) -> torch.Tensor:
-    """``(n, py, px, 2)`` grid_sample grids (x, y in [-1, 1] of each source slice) of the planned crops."""
-    height, width = (int(value) for value in patch_size)
-    rows = torch.arange(height, dtype=torch.float32) + 0.5 - height / 2
-    columns = torch.arange(width, dtype=torch.float32) + 0.5 - width / 2
-    offset_y, offset_x = torch.meshgrid(rows, columns, indexing="ij")  # (py, px) in crop voxels
-    sign = torch.where(plan.flip, -1.0, 1.0).view(-1, 1, 1)
-    cos, sin = (plan.angle.cos() * plan.scale).view(-1, 1, 1), (plan.angle.sin() * plan.scale).view(-1, 1, 1)
-    source_x = plan.centre[:, 1].view(-1, 1, 1) + cos * sign * offset_x - sin * offset_y
-    source_y = plan.centre[:, 0].view(-1, 1, 1) + sin * sign * offset_x + cos * offset_y
-    shapes = shapes.float()
-    return torch.stack([2 * source_x / shapes[:, 1].view(-1, 1, 1) - 1,
-                        2 * source_y / shapes[:, 0].view(-1, 1, 1) - 1], dim=-1)
+# Columns of a plan packed for the device: the (2, 3) affine matrix, the four intensity factors, the slice.
+_THETA, _INTENSITY, _SLICE = slice(0, 6), slice(6, 10), 10
 
 
-def _augment_intensity(images: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
-    """Gamma, contrast, brightness and noise of ``images (n, 1, py, px)`` in [0, 1], per crop."""
-    view = (-1, 1, 1, 1)
-    images = images.clamp(0.0, 1.0).pow(plan.gamma.to(images.device).view(view))
+def _packed(plan: BatchPlan, sampler: CropSampler, patch_size: Sequence[int]) -> torch.Tensor:
+    """``(n, 11)`` float32: per crop the ``affine_grid`` matrix mapping the crop onto the stacked slices'
+    ``[-1, 1]`` coordinates (rotation, mirroring and scaling about the crop centre), then gamma, contrast,
+    brightness and noise standard deviation, then the slice index (exact in float32 below 2**24 slices).
+
+    A crop voxel ``(i, j)`` lies ``(i + 0.5 - py/2, j + 0.5 - px/2)`` voxels from the crop centre; its
+    source is the centre plus that offset mirrored, rotated and scaled; ``affine_grid``'s crop coordinates
+    are these offsets times ``2 / p`` and ``grid_sample``'s source coordinates ``2 · position / size - 1``.
+    """
+    height, width = (float(value) for value in patch_size)
+    stack_height, stack_width = (float(value) for value in sampler.images.shape[-2:])
+    sign = torch.where(plan.flip, -1.0, 1.0)
+    cos, sin = plan.angle.cos() * plan.scale, plan.angle.sin() * plan.scale
+    theta = torch.stack([cos * sign * width / stack_width, -sin * height / stack_width,
+                         2 * plan.centre[:, 1] / stack_width - 1,
+                         sin * sign * width / stack_height, cos * height / stack_height,
+                         2 * plan.centre[:, 0] / stack_height - 1], dim=1)
+    return torch.cat([theta, torch.stack([plan.gamma, plan.contrast, plan.brightness, plan.noise_std], dim=1),
+                      plan.slice_index.unsqueeze(1).float()], dim=1)
+
+
+def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
+    """Gamma, contrast, brightness and noise of ``images (n, 1, py, px)`` in [0, 1], per crop, with
+    ``factors (n, 4)`` on the images' device (no host synchronisation)."""
+    gamma, contrast, brightness, noise_std = (column.view(-1, 1, 1, 1) for column in factors.unbind(dim=1))
+    images = images.clamp(0.0, 1.0).pow(gamma)
     mean = images.mean(dim=(1, 2, 3), keepdim=True)
-    images = (images - mean) * plan.contrast.to(images.device).view(view) + mean
-    images = images * plan.brightness.to(images.device).view(view)
-    if bool((plan.noise_std > 0).any()):
-        noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(plan.noise_seed))
-        images = images + noise.to(images.device) * plan.noise_std.to(images.device).view(view)
+    images = ((images - mean) * contrast + mean) * brightness
+    if bool((plan.noise_std > 0).any()):  # the plan's own CPU copy: no device read
+        generator = torch.Generator(device=images.device).manual_seed(plan.noise_seed)
+        noise = torch.randn((plan.planned_size, *images.shape[1:]), generator=generator, device=images.device)
+        images = images + noise[plan.first:plan.first + len(images)] * noise_std
     return images
 
 
 def assemble(sampler: CropSampler, plan: BatchPlan, patch_size: Sequence[int], device: torch.device
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut, augment and move one batch: ``images (n, 1, py, px)`` float32 and ``target (n, py, px)`` int64."""
-    grids = _sampling_grids(plan, sampler.slice_shape[plan.slice_index], patch_size)
-    images, labels = [], []
-    for index, grid in zip(plan.slice_index.tolist(), grids):
-        volume = sampler.volumes[int(sampler.slice_volume[index])]
-        z = int(sampler.slice_z[index])
-        grid = grid.unsqueeze(0).to(volume.images.device)
-        images.append(F.grid_sample(volume.images[z:z + 1], grid, mode="bilinear", padding_mode="zeros",
-                                    align_corners=False))
-        labels.append(F.grid_sample(volume.labels[z:z + 1].unsqueeze(1).float(), grid, mode="nearest",
-                                    padding_mode="zeros", align_corners=False))
-    images = _augment_intensity(torch.cat(images), plan)
-    target = torch.cat(labels).squeeze(1).round().long()
+    """Cut, augment and move one batch: ``images (n, 1, py, px)`` float32 and ``target (n, py, px)`` int64.
+
+    One ``affine_grid`` and one ``grid_sample`` per batch (bilinear for the images, nearest for the labels)
+    over the plan's slices, on ``device``: the plan goes over in one asynchronous copy, the slices are
+    indexed where they are cached (pinned host memory or the device), and nothing waits for the device.
+    """
     non_blocking = device.type == "cuda"
-    if images.device.type == "cpu" and non_blocking:
-        images, target = images.pin_memory(), target.pin_memory()
-    return images.to(device, non_blocking=non_blocking), target.to(device, non_blocking=non_blocking)
+    packed = _packed(plan, sampler, patch_size)
+    if non_blocking:
+        packed = packed.pin_memory()
+    packed = packed.to(device, non_blocking=non_blocking)
+    if sampler.images.device.type == "cpu":
+        images, labels = sampler.images[plan.slice_index], sampler.labels[plan.slice_index]
+        if non_blocking:  # slices cached on the host for a GPU they do not fit on: pinned, copied asynchronously
+            images, labels = images.pin_memory(), labels.pin_memory()
+        images, labels = images.to(device, non_blocking=non_blocking), labels.to(device, non_blocking=non_blocking)
+    else:
+        index = packed[:, _SLICE].long()
+        images, labels = sampler.images[index], sampler.labels[index]
+    grid = F.affine_grid(packed[:, _THETA].view(-1, 2, 3), [len(plan), 1, *patch_size], align_corners=False)
+    images = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    target = F.grid_sample(labels.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
+    return _augment_intensity(images, packed[:, _INTENSITY], plan), target.squeeze(1).round().long()
 
 
 def iterate_batches(sampler: CropSampler, plans: Sequence[BatchPlan], patch_size: Sequence[int],

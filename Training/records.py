@@ -26,7 +26,8 @@ class RunSummary:
 
     ``training_wall_s`` is the wall time of the epochs (training and validation, resumed runs
     summed), ``finish_wall_s`` that of the end-of-run choices and the bundle; ``choices`` holds
-    each validation decision with the numbers behind it (or ``"none: <why>"`` where one could not be made).
+    each validation decision with the numbers behind it (or ``"none: <why>"`` where one could not be made);
+    ``world_size`` the number of processes that trained (torchrun's, 1 without it).
     """
 
     method: str
@@ -41,13 +42,15 @@ class RunSummary:
     choices: dict[str, Any]
     loss_state: dict[str, Any]
     environment: dict[str, Any]
+    world_size: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> "RunSummary":
-        return cls(**{item.name: values[item.name] for item in fields(cls)})
+        # Runs written before a field existed keep its default (world_size: one process).
+        return cls(**{item.name: values[item.name] for item in fields(cls) if item.name in values})
 
     @classmethod
     def read(cls, run_dir: str | Path) -> "RunSummary":

@@ -12,6 +12,10 @@ sliding window (:data:`SCHEDULES`). The default *quick* schedule and ``--cpu`` u
 decay, ``torch.compile``d; ``--paper`` is the papers' 100 epochs of one pass each with Adam
 1e-3 → 1e-4 at epoch 50, on 224×224 crops. Any flag overrides its schedule's value.
 
+Several GPUs (or CPU processes) train one run data-parallel under torchrun
+(:mod:`Training.distributed`): ``torchrun --standalone --nproc_per_node N -m Training.train ...``;
+each process trains on ``--batch-size / N`` crops of every batch, the first one writes the files.
+
 Writes into ``--out`` (default: ``runs/<method>`` under the current folder, or the next free
 ``runs/<method>-N``), and prints these paths when it starts:
 ``checkpoint.pt`` (every epoch, atomic), ``history.jsonl``, ``tensorboard/``,
@@ -26,8 +30,10 @@ it is a shipped one, and the patient lists, never a path of this machine
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +53,7 @@ from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
 from Training.choices import TEMPERATURE_FITS
+from Training.distributed import Processes, start_processes, stop_processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
 from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer
@@ -144,7 +151,10 @@ def _parser() -> argparse.ArgumentParser:
                                help="torch.compile the network for training (default on the quick and --cpu schedules)")
     compile_group.add_argument("--no-compile", dest="compile", action="store_false")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    parser.add_argument("--amp", action="store_true", help="mixed precision (float16 on CUDA, bfloat16 on CPU)")
+    amp_group = parser.add_mutually_exclusive_group()
+    amp_group.add_argument("--amp", dest="amp", action="store_true", default=None,
+                           help="bfloat16 autocast (default on CUDA; on a CPU fast only with bf16 units)")
+    amp_group.add_argument("--no-amp", dest="amp", action="store_false", help="float32 throughout")
     parser.add_argument("--workers", type=int, default=0, help="threads assembling batches ahead of the step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--val-every", type=int, default=None,
@@ -293,8 +303,8 @@ def _check_model(config: TrainConfig) -> None:
     resolve_device(config.device)
 
 
-def run(arguments: argparse.Namespace) -> Path:
-    """Train (or resume), evaluate, and return the bundle path.
+def run(arguments: argparse.Namespace) -> Path | None:
+    """Train (or resume), evaluate, and return the bundle path (None in torchrun's other processes).
 
     Everything that can be wrong with the flags, the output folder and the data is checked
     before the run folder is created, so a refused run leaves nothing behind.
@@ -315,34 +325,21 @@ def run(arguments: argparse.Namespace) -> Path:
     data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
     print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
-    if made:  # the run can be repeated with --split pointing at it
+    processes = Processes.from_environment()
+    if made and processes.is_main:  # the run can be repeated with --split pointing at it
         fractions = "/".join(f"{share:.0%}" for share in SPLIT_FRACTIONS)
         write_json_atomic(split_file, split_json(split, f"made by calibseg-train: {fractions} of the patients "
                                                         f"of {dataset}, seed {config.seed}"))
         print(f"no shipped split covers {dataset}: a seeded patient-level split ({fractions}) is written to "
               f"{split_file}; pass --split {split_file} to repeat it", flush=True)
     try:
-        with run_folder_lock(run_dir):  # a second run on this folder is refused while this one lasts
-            trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description)
-            if arguments.resume:
-                trainer.resume(checkpoint)
-                print(f"resumed {run_dir} after epoch {trainer.epoch}")
-            loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
-            method_text = f"{config.method} ({loss_text})" if loss_text else config.method
-            print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
-                  f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
-                  f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}",
-                  flush=True)
-            result = trainer.fit()
-            print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
-            print(f"bundle: {result.bundle_path}")
-            if not arguments.no_eval and cases["test"]:
-                evaluation_dir = run_dir / EVALUATION_DIR
-                evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
-                                             device=config.device, batch_size=config.batch_size,
-                                             degradations=tuple(DEGRADATIONS) if arguments.degraded else ())
-                print_summary(evaluation.summary, evaluation_dir)
-            return result.bundle_path
+        # The main process holds the run folder; under torchrun the others train beside it, writing nothing.
+        with run_folder_lock(run_dir) if processes.is_main else contextlib.nullcontext():
+            start_processes(processes, resolve_device(config.device))
+            try:
+                return _train_and_evaluate(arguments, config, run_dir, cases, data_description, processes)
+            finally:
+                stop_processes(processes)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(_interrupted_text(checkpoint)) from None
 
@@ -355,13 +352,47 @@ def _interrupted_text(checkpoint: Path) -> str:
             "start the run again.")
 
 
+def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_dir: Path,
+                        cases: dict[str, list[Case]], data_description: dict[str, Any], processes: Processes
+                        ) -> Path | None:
+    """Train (or resume) in this process, and in the main one evaluate; the bundle path (None elsewhere)."""
+    checkpoint = run_dir / CHECKPOINT_NAME
+    trainer = Trainer(config, cases["train"], cases["val"], run_dir, data_description, processes)
+    if arguments.resume:
+        trainer.resume(checkpoint)
+        print(f"resumed {run_dir} after epoch {trainer.epoch}")
+    loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
+    method_text = f"{config.method} ({loss_text})" if loss_text else config.method
+    print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
+          f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
+          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}"
+          + (f", {processes.world_size} processes of {config.batch_size // processes.world_size} crops each"
+             if processes.is_distributed else ""), flush=True)
+    result = trainer.fit()
+    if result is None:  # not the main process: it wrote nothing and evaluates nothing
+        return None
+    print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
+    print(f"bundle: {result.bundle_path}")
+    if not arguments.no_eval and cases["test"]:
+        evaluation_dir = run_dir / EVALUATION_DIR
+        evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
+                                     device=config.device, batch_size=config.batch_size,
+                                     degradations=tuple(DEGRADATIONS) if arguments.degraded else ())
+        print_summary(evaluation.summary, evaluation_dir)
+    return result.bundle_path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``calibseg-train`` command: prints the bundle's path; returns the exit status 0. Bad input
     exits with one sentence, no traceback."""
     arguments = _parser().parse_args(argv)
     started = time.perf_counter()
     try:
-        run(arguments)
+        with contextlib.ExitStack() as outputs:
+            if not Processes.from_environment().is_main:  # under torchrun the main process speaks for the run
+                outputs.enter_context(contextlib.redirect_stdout(outputs.enter_context(open(os.devnull, "w"))))
+            run(arguments)
+            print(f"total time {time.perf_counter() - started:.0f} s")
     except (DataError, CheckpointError, BundleError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
@@ -370,7 +401,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {error.args[0]}") from None
     except KeyboardInterrupt as interruption:  # run() says what was kept once the run folder exists
         raise SystemExit(str(interruption) or "interrupted before training started: nothing was written.") from None
-    print(f"total time {time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -31,11 +31,14 @@ from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError,
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
 from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, validation_pass, volume_dice
+from Training.distributed import SINGLE_PROCESS, Processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME, EpochRecord, RunSummary
 
 __all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES"]
 
 LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
+# Steps between progress-bar updates of the loss (each update waits for the device to finish the step).
+_PROGRESS_EVERY = 10
 # Resuming with any of these changed would not continue the same run.
 _RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "target_spacing", "patch_size",
                       "batch_size", "lr", "lr_schedule", "lr_step_to", "lr_step_epoch", "seed", "num_classes",
@@ -64,7 +67,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the training forward/backward (CPU: 1.6× faster steps)
     temperature_fit: str = "auto"  # voxels the temperature is fitted on: all, foreground, or the better
     device: str = "auto"
-    amp: bool = False
+    amp: bool | None = None  # bfloat16 autocast; None: on CUDA, not on a CPU (slower there without bf16 units)
     seed: int = 0
     val_every: int = 1
     deterministic: bool = False
@@ -100,11 +103,20 @@ def _seed_everything(seed: int, deterministic: bool) -> None:
     if deterministic:
         torch.use_deterministic_algorithms(True)
         torch.backends.cudnn.benchmark = False
+    else:  # every training batch has the same shape: cuDNN's fastest convolutions are worth timing once
+        torch.backends.cudnn.benchmark = True
 
 
 def _progress_enabled(requested: bool) -> bool:
     """Progress bars only on an interactive terminal: logs and CI get the per-epoch lines alone."""
     return requested and sys.stderr.isatty()
+
+
+def _data_parallel(model: torch.nn.Module, processes: Processes, device: torch.device) -> torch.nn.Module:
+    """``model`` in DDP when several processes train (gradients averaged over them in the backward pass)."""
+    if not processes.is_distributed:
+        return model
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
 
 def _compiled(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
@@ -120,23 +132,41 @@ def _compiled(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
         return model
 
 
+def _cache_device(device: torch.device, volumes: list[GridVolume]) -> torch.device:
+    """Where the training slices are cached: on the GPU when they take at most half its free memory
+    (batches are then cut without the host), else in host memory."""
+    if device.type != "cuda":
+        return device
+    free, _ = torch.cuda.mem_get_info(device)
+    return device if CropSampler.stack_bytes(volumes) <= free // 2 else torch.device("cpu")
+
+
 class Trainer:
-    """Trains one network on crops of cached volumes and writes checkpoints, logs and the bundle into ``run_dir``."""
+    """Trains one network on crops of cached volumes and writes checkpoints, logs and the bundle into ``run_dir``.
+
+    ``processes``: this process's place among torchrun's (:mod:`Training.distributed`); with several,
+    each trains on its share of every batch, and only the main one validates and writes files.
+    """
 
     def __init__(self, config: TrainConfig, train_cases: list[Case], val_cases: list[Case], run_dir: Path,
-                 data_description: dict[str, Any]) -> None:
+                 data_description: dict[str, Any], processes: Processes = SINGLE_PROCESS) -> None:
         if not train_cases or not val_cases:
             raise DataError("The split must give at least one training and one validation volume.")
+        if config.batch_size % processes.world_size:
+            raise DataError(f"--batch-size {config.batch_size} does not split evenly over {processes.world_size} "
+                            f"processes; choose a multiple of {processes.world_size}.")
         if config.lr_schedule not in LR_SCHEDULES:
             raise DataError(f"Unknown learning-rate schedule {config.lr_schedule!r}; use {' or '.join(LR_SCHEDULES)}.")
         if config.temperature_fit not in TEMPERATURE_FITS:
             raise DataError(f"Unknown temperature fit {config.temperature_fit!r}; use {', '.join(TEMPERATURE_FITS)}.")
         self.config = config
+        self.processes = processes
         self.run_dir = Path(run_dir)
         self.val_cases = val_cases
         self.data_description = data_description
         _seed_everything(config.seed, config.deterministic)
-        self.device = resolve_device(config.device)
+        self.device = processes.device(resolve_device(config.device))
+        self.amp = self.device.type == "cuda" if config.amp is None else config.amp
         self.preprocessing = Preprocessing(target_spacing=tuple(config.target_spacing))
         patch_size = tuple(config.patch_size)
         self.sliding_window = SlidingWindow(patch_size=patch_size, batch_size=windows_per_pass(patch_size))
@@ -145,12 +175,9 @@ class Trainer:
             self.sliding_window.validate()
         except ValueError as error:
             raise DataError(str(error)) from None
-        # On a GPU the volumes live in its memory, so assembling a batch never waits for the host.
-        cache_device = self.device if self.device.type == "cuda" else torch.device("cpu")
-        self.train_volumes = [volume.to(cache_device)
-                              for volume in to_model_grid(train_cases, self.preprocessing, config.num_classes)]
+        train_volumes = to_model_grid(train_cases, self.preprocessing, config.num_classes)
         self.val_volumes: list[GridVolume] = to_model_grid(val_cases, self.preprocessing, config.num_classes)
-        self.sampler = CropSampler(self.train_volumes, config.num_classes)
+        self.sampler = CropSampler(train_volumes, config.num_classes, _cache_device(self.device, train_volumes))
         largest = self.sampler.largest_slice
         if all(patch > size for patch, size in zip(config.patch_size, largest)):
             raise DataError(
@@ -159,12 +186,11 @@ class Trainer:
                 "--patch-size."
             )
         self.model = build_network(config.network, 1, config.num_classes, 2, **config.network_kwargs).to(self.device)
-        self.training_model = _compiled(self.model, config.compile)
+        self.training_model = _compiled(_data_parallel(self.model, processes, self.device), config.compile)
         self.loss = build_loss(config.method, config.num_classes, **config.loss_args).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
         self.steps_per_epoch = config.iterations_per_epoch or -(-len(self.sampler) // config.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp and self.device.type == "cuda")
         self.data_order = torch.Generator().manual_seed(config.seed)
         self.epoch = 0
         self.best_dice = -math.inf
@@ -197,7 +223,6 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
             "loss": self.loss.state_dict(),
             "best_dice": self.best_dice,
             "best_epoch": self.best_epoch,
@@ -205,6 +230,7 @@ class Trainer:
             "rng": capture_rng_state(self.data_order),
             "history": json.dumps(self.history),
             "config": json.dumps(asdict(self.config), default=str),
+            "world_size": self.processes.world_size,
         }
 
     def _check_same_run(self, saved_config: str, checkpoint_path: Path) -> None:
@@ -219,13 +245,20 @@ class Trainer:
             )
 
     def resume(self, checkpoint_path: Path) -> None:
-        """Continue from ``checkpoint_path``; raises :class:`CheckpointError` if it is damaged or another run's."""
+        """Continue from ``checkpoint_path``; raises :class:`CheckpointError` if it is damaged, another run's,
+        or trained by another number of processes (each trained on another share of the batches)."""
         state = load_checkpoint(checkpoint_path)
         self._check_same_run(state.get("config", "{}"), checkpoint_path)
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.processes.world_size:
+            raise CheckpointError(
+                f"{checkpoint_path} was trained by {saved_world} process(es) but this run has "
+                f"{self.processes.world_size}; resume it with torchrun --nproc_per_node {saved_world}"
+                f"{' (or without torchrun)' if saved_world == 1 else ''}."
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
         self.loss.load_state_dict(state["loss"])
         self.epoch = int(state["epoch"])
         self.steps = int(state.get("steps", 0))
@@ -247,67 +280,89 @@ class Trainer:
         self.writer.flush()
 
     def _loss_value(self, logits: torch.Tensor, target: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        # The loss's compute without its input checks: they read the device twice a step, and the batches
+        # are valid by construction (labels checked when read; non-finite values caught once an epoch).
         # Only two-view losses (BWCR) get the model and the batch; the others take (logits, target).
         if self.loss.needs_model:
-            return self.loss(logits, target, model=self.training_model, images=images)
-        return self.loss(logits, target)
+            return self.loss.compute(logits, target, model=self.training_model, images=images)
+        return self.loss.compute(logits, target)
 
-    def train_step(self, images: torch.Tensor, target: torch.Tensor) -> float:
-        """One optimiser step on ``images (B, 1, H, W)`` and ``target (B, H, W)`` int64 (on the device); returns the loss."""
-        with torch.autocast(self.device.type, enabled=self.config.amp):
+    def train_step(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """One optimiser step on ``images (B, 1, H, W)`` and ``target (B, H, W)`` int64 (on the device); returns
+        the loss, a 0-d tensor on the device (reading it waits for the step: the loop sums them on the device)."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
             logits = self.training_model(images)
             value = self._loss_value(logits.float(), target, images)
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(value).backward()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        value.backward()  # bfloat16 keeps float32's range: no loss scaling (which would read the device)
+        self.optimizer.step()
         self.scheduler.step()
-        return value.item()
+        return value.detach()
 
     def epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of the next epoch (advances the data-order generator)."""
         augmentation = DEFAULT_AUGMENTATION if self.config.augment else NO_AUGMENTATION
         plans = plan_epoch(self.sampler, self.config.batch_size, self.config.iterations_per_epoch, self.data_order,
                            self.config.patch_size, augmentation, self.config.foreground_share)
-        return iterate_batches(self.sampler, plans, self.config.patch_size, self.device, self.config.workers)
+        shares = [plan.share(self.processes.rank, self.processes.world_size) for plan in plans]
+        return iterate_batches(self.sampler, [share for share in shares if share is not None], self.config.patch_size,
+                               self.device, self.config.workers)
 
     def train_epoch(self) -> EpochStatistics:
         """One epoch of optimiser steps (the learning rate follows its schedule step by step)."""
         from tqdm import tqdm
 
         self.model.train()
-        total, seen, waited = 0.0, 0, 0.0
+        total, seen, waited = torch.zeros((), device=self.device), 0, 0.0
         started = ready = time.perf_counter()
+        shown = _progress_enabled(self.config.progress) and self.processes.is_main
         bar = tqdm(self.epoch_batches(), desc=f"epoch {self.epoch + 1}/{self.config.epochs}", unit="batch",
-                   total=self.steps_per_epoch, leave=False, disable=not _progress_enabled(self.config.progress))
+                   total=self.steps_per_epoch, leave=False, disable=not shown)
         for images, target in bar:
             waited += time.perf_counter() - ready
             total += self.train_step(images, target) * len(images)
             seen += len(images)
             self.steps += 1
             ready = time.perf_counter()
-            bar.set_postfix(loss=f"{total / seen:.4f}", slices_s=f"{seen / (ready - started):.1f}",
-                            data=f"{100 * waited / (ready - started):.0f}%")
+            if shown and self.steps % _PROGRESS_EVERY == 0:  # reading the loss waits for the device
+                bar.set_postfix(loss=f"{float(total) / seen:.4f}", slices_s=f"{seen / (ready - started):.1f}",
+                                data=f"{100 * waited / (ready - started):.0f}%")
+        # Every process's crops: the epoch's mean loss over the whole batches, and the run's crops/s.
+        counted = torch.stack([total.float(), torch.tensor(float(seen), device=self.device)])
+        total, seen_everywhere = self.processes.sum(counted).tolist()
+        if not math.isfinite(total):
+            raise ValueError(f"The training loss became NaN or infinite in epoch {self.epoch + 1}; the last "
+                             "checkpoint is kept: lower --lr, or train with --no-amp.")
         elapsed = max(time.perf_counter() - started, 1e-9)
-        return EpochStatistics(total / max(seen, 1), seen / elapsed, waited / elapsed)
+        return EpochStatistics(total / max(seen_everywhere, 1), seen_everywhere / elapsed, waited / elapsed)
 
     def validate(self) -> dict[str, float]:
         """Mean 3D foreground Dice and pooled foreground ECE (T = 1) over the validation volumes, the loss's
-        epoch hook fed with the same logits, and its scalars."""
-        validation = validation_pass(self.validator, self.val_volumes, self.config.batch_size)
+        epoch hook fed with the same logits, and its scalars.
+
+        With several processes the main one validates (and returns the scalars; the others return none)
+        and hands the loss's statistics to every process, so that all update the loss alike.
+        """
+        scalars: dict[str, float] = {}
+        totals: dict[str, torch.Tensor] = {}
+        if self.processes.is_main:
+            validation = validation_pass(self.validator, self.val_volumes, self.config.batch_size)
+            if self.loss.uses_validation_statistics:
+                for logits, labels in zip(validation.logits, validation.labels):
+                    for key, value in self.loss.validation_statistics(logits.to(self.device),
+                                                                      labels.to(self.device)).items():
+                        totals[key] = totals[key] + value if key in totals else value
+            scores = volume_dice(validation, Postprocessing(), self.config.num_classes)
+            scalars = {"val/dice": float(np.nanmean(scores)), "val/ece": foreground_ece(validation, 1.0)}
         if self.loss.uses_validation_statistics:
-            totals: dict[str, torch.Tensor] = {}
-            for logits, labels in zip(validation.logits, validation.labels):
-                for key, value in self.loss.validation_statistics(logits.to(self.device), labels.to(self.device)).items():
-                    totals[key] = totals[key] + value if key in totals else value
-            self.loss.end_epoch(totals)
-        scores = volume_dice(validation, Postprocessing(), self.config.num_classes)
-        scalars = {"val/dice": float(np.nanmean(scores)), "val/ece": foreground_ece(validation, 1.0)}
-        scalars.update(self.loss.epoch_scalars(self.config.class_names))
+            self.loss.end_epoch(self.processes.from_main(totals, self.device))
+        if self.processes.is_main:
+            scalars.update(self.loss.epoch_scalars(self.config.class_names))
         return scalars
 
-    def fit(self) -> TrainResult:
-        """Train until ``config.epochs``, checkpointing every epoch; returns the best model's bundle."""
+    def fit(self) -> TrainResult | None:
+        """Train until ``config.epochs``, checkpointing every epoch; returns the best model's bundle (None in a
+        process other than the main one, which writes nothing)."""
         checkpoint = self.run_dir / CHECKPOINT_NAME
         while self.epoch < self.config.epochs:
             started = time.perf_counter()
@@ -318,20 +373,23 @@ class Trainer:
             is_last = self.epoch + 1 == self.config.epochs
             if (self.epoch + 1) % self.config.val_every == 0 or is_last or self.loss.uses_validation_statistics:
                 scalars.update(self.validate())
-                if scalars["val/dice"] > self.best_dice:
+                if scalars.get("val/dice", -math.inf) > self.best_dice:
                     self.best_dice, self.best_epoch = scalars["val/dice"], self.epoch
                     self.best_state = copy.deepcopy(self.model.state_dict())
             scalars["time/epoch_s"] = time.perf_counter() - started
             self.training_seconds += scalars["time/epoch_s"]
-            self._log(scalars)
-            self.history.append(EpochRecord(self.epoch + 1, self.steps, scalars, self.loss.state_summary()).to_json())
-            # Rewritten whole from the checkpointed history, so a resumed run never repeats an epoch.
-            with atomic_output(self.run_dir / HISTORY_NAME) as temporary:
-                temporary.write_text("".join(json.dumps(row) + "\n" for row in self.history))
+            if self.processes.is_main:
+                self._log(scalars)
+                self.history.append(EpochRecord(self.epoch + 1, self.steps, scalars,
+                                                self.loss.state_summary()).to_json())
+                # Rewritten whole from the checkpointed history, so a resumed run never repeats an epoch.
+                with atomic_output(self.run_dir / HISTORY_NAME) as temporary:
+                    temporary.write_text("".join(json.dumps(row) + "\n" for row in self.history))
             self.epoch += 1
-            save_checkpoint(checkpoint, self.state())
-            self._print_epoch(scalars)
-        return self.finish()
+            if self.processes.is_main:
+                save_checkpoint(checkpoint, self.state())
+                self._print_epoch(scalars)
+        return self.finish() if self.processes.is_main else None
 
     def _print_epoch(self, scalars: dict[str, float]) -> None:
         parts = [f"epoch {self.epoch}/{self.config.epochs}", f"loss {scalars['train/loss']:.4f}"]
@@ -359,7 +417,7 @@ class Trainer:
             "lr_step_to": self.config.lr_step_to,
             "lr_step_epoch": self.config.lr_step_epoch,
             "seed": self.config.seed,
-            "amp": self.config.amp,
+            "amp": self.amp,
             "loss_state": self.loss.state_summary(),
         }
         values = dict(
@@ -396,6 +454,6 @@ class Trainer:
             bundle=str(path), best_epoch=self.best_epoch + 1, best_validation_dice=self.best_dice,
             epochs=self.epoch, steps=self.steps, training_wall_s=self.training_seconds,
             finish_wall_s=time.perf_counter() - started, choices=choices, loss_state=self.loss.state_summary(),
-            environment=environment(self.config.device))
+            environment=environment(self.device), world_size=self.processes.world_size)
         write_json_atomic(self.run_dir / RUN_SUMMARY_NAME, summary.to_json())
         return TrainResult(path, self.best_epoch + 1, self.best_dice, self.history)

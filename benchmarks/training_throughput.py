@@ -1,7 +1,11 @@
 """Training throughput (crops/s) of the trainer's own step under the CPU/GPU options, as ratios to fp32.
 
     python -m benchmarks.training_throughput [--steps 30] [--method ce_dice] [--settings fp32,compile,...]
-        [--record docs/records/benchmark_training_throughput.json]
+        [--dice] [--record docs/records/benchmark_training_throughput.json]
+
+    # On a GPU machine: every CPU and GPU setting, ratios to the same machine's CPU cores, and the
+    # validation Dice of the CPU and the GPU path after the quick schedule's steps
+    python -m benchmarks.training_throughput --steps 50 --settings fp32,compile,cuda,cuda_fp32,cuda_compile,cuda_channels_last --dice --record docs/records/benchmark_training_throughput_gpu.json
 
 Runs the real :class:`Training.trainer.Trainer` (its crop sampler, augmentation and step) on
 the shipped ACDC sample, each setting in a fresh process (thread count, ``torch.compile``
@@ -16,7 +20,16 @@ Settings (the reference is ``fp32``: eager float32 on all CPU threads, MONAI UNe
 - ``threads1``: one intra-op thread (two such runs share a 2-core machine without contention);
 - ``patch160``: 160×160 crops instead of 128×128 (ratio in crops/s; a crop holds 1.56× the voxels);
 - ``dynunet``: MONAI DynUNet 16–256 (instance norm, full-resolution first level) instead of UNet;
-- ``cuda``/``cuda_amp``: on a GPU when one is present.
+- ``ddp2``: two gloo processes under torchrun, each with half the threads and half of every batch
+  (crops/s of the whole batches);
+- ``cuda``: on a GPU, as training runs there by default (bf16 autocast, slices cached on the GPU,
+  one batched ``grid_sample`` per batch, no host synchronisation in the step); ``cuda_fp32``: without
+  bf16; ``cuda_compile``, ``cuda_channels_last``: with ``torch.compile`` or NHWC; ``cuda_ddp``: every
+  GPU of the machine under torchrun (NCCL), with two or more.
+
+``--dice`` also trains the quick schedule's steps (``--dice-epochs`` × 100 batches) with ``--method``
+on the CPU and on the GPU and records the last validation Dice of each (their difference is the
+GPU path's cost in accuracy).
 
 ``--record`` writes the numbers as a JSON record (:mod:`benchmarks.record`); docs/performance.md's table
 is made from it.
@@ -26,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -46,22 +60,48 @@ SETTINGS: dict[str, dict] = {
     "threads1": {"threads": 1},
     "patch160": {"patch_size": (160, 160)},
     "dynunet": {"network": "dynunet"},
+    "ddp2": {"processes": 2},
     "cuda": {"device": "cuda"},
-    "cuda_amp": {"device": "cuda", "amp": True},
+    "cuda_fp32": {"device": "cuda", "amp": False},
+    "cuda_compile": {"device": "cuda", "compile": True},
+    "cuda_channels_last": {"device": "cuda", "channels_last": True},
+    "cuda_ddp": {"device": "cuda", "processes": "gpus"},
 }
 WARMUP_STEPS = 3
+# The quick schedule's batches per epoch (Training/train.py), for --dice.
+_DICE_ITERATIONS = 100
+
+
+def _process_count(setting: str) -> int:
+    """Processes a setting trains with (torchrun's ``--nproc_per_node``; 1 without torchrun)."""
+    count = SETTINGS[setting].get("processes", 1)
+    return torch.cuda.device_count() if count == "gpus" else int(count)
+
+
+def available(setting: str) -> bool:
+    """Whether this machine can measure ``setting`` (a GPU for the cuda ones, two for ``cuda_ddp``)."""
+    if setting.startswith("cuda"):
+        return torch.cuda.is_available() and (setting != "cuda_ddp" or torch.cuda.device_count() > 1)
+    return True
 
 
 def measure(setting: str, steps: int, method: str) -> dict:
-    """Crops/s and data-wait share of ``steps`` training steps under ``setting`` (run in this process)."""
+    """Crops/s (of the whole batches) and data-wait share of ``steps`` training steps under ``setting``, in
+    this process (one of torchrun's for the distributed settings: None in all but the main one).
+
+    The device is waited for only after the warm-up and after the last step, as the training loop does."""
     from Datasets.cases import find_cases, load_cases
     from Datasets.splits import SPLITS_DIR, load_split
+    from Training.distributed import Processes, start_processes, stop_processes
     from Training.trainer import TrainConfig, Trainer
 
     options = dict(SETTINGS[setting])
     if "threads" in options:
         torch.set_num_threads(options.pop("threads"))
+    options.pop("processes", None)
     channels_last = options.pop("channels_last", False)
+    processes = Processes.from_environment()
+    start_processes(processes, torch.device(options.get("device", "cpu")))
     files = find_cases(ROOT / "SampleData" / "ACDC")
     split = load_split(SPLITS_DIR / "acdc_sample.json")
     train = load_cases([f for f in files if f.patient_id in split["train"]], 4)
@@ -69,29 +109,69 @@ def measure(setting: str, steps: int, method: str) -> dict:
     config = TrainConfig(method=method, patch_size=options.pop("patch_size", (128, 128)), progress=False,
                          iterations_per_epoch=steps + WARMUP_STEPS, **options)
     with tempfile.TemporaryDirectory() as run_dir:  # the trainer writes nothing before fit()
-        trainer = Trainer(config, train, val, Path(run_dir), {})
+        trainer = Trainer(config, train, val, Path(run_dir), {}, processes)
         if channels_last:
             trainer.model.to(memory_format=torch.channels_last)
         batches = iter(trainer.epoch_batches())
         trainer.model.train()
-        waiting = computing = warmup = 0.0
+        waiting, started = 0.0, time.perf_counter()
         for step in range(steps + WARMUP_STEPS):
-            started = time.perf_counter()
+            if step == WARMUP_STEPS:
+                _wait_for(trainer.device)
+                timed = time.perf_counter()
+                warmup = timed - started
+            fetching = time.perf_counter()
             images, target = next(batches)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
-            loaded = time.perf_counter()
+            if step >= WARMUP_STEPS:
+                waiting += time.perf_counter() - fetching
             trainer.train_step(images, target)
-            if trainer.device.type == "cuda":
-                torch.cuda.synchronize()
-            if step < WARMUP_STEPS:
-                warmup += time.perf_counter() - started
-            else:
-                waiting += loaded - started
-                computing += time.perf_counter() - loaded
-    total = waiting + computing
+        _wait_for(trainer.device)
+        total = time.perf_counter() - timed
+    stop_processes(processes)
+    if not processes.is_main:
+        return None
     return {"setting": setting, "crops_per_s": steps * config.batch_size / total, "data_wait": waiting / total,
-            "warmup_s": warmup, "threads": torch.get_num_threads()}
+            "warmup_s": warmup, "threads": torch.get_num_threads(), "processes": processes.world_size}
+
+
+def _wait_for(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _measure_in_fresh_process(setting: str, steps: int, method: str) -> dict:
+    """:func:`measure` in a new process (under torchrun with the setting's process count)."""
+    count = _process_count(setting)
+    command = [sys.executable, "-m", "benchmarks.training_throughput", "--one", setting, "--steps", str(steps),
+               "--method", method]
+    environment = dict(os.environ)
+    if count > 1:
+        command[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(count), "-m",
+                        "benchmarks.training_throughput"]
+        # The machine's threads shared among the processes (torchrun would give each one).
+        environment["OMP_NUM_THREADS"] = str(max(1, torch.get_num_threads() // count))
+    output = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=environment)
+    if output.returncode != 0:
+        raise SystemExit(f"error: setting {setting} failed: {output.stderr.strip().splitlines()[-1:]}")
+    return json.loads(output.stdout.strip().splitlines()[-1])
+
+
+def validation_dice(device: str, method: str, epochs: int) -> float:
+    """The last validation Dice of ``epochs`` × 100 batches of the quick schedule on ``device``."""
+    from Training.trainer import read_history
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        # The run's end (temperature, quality model, bundle) is not what is compared: only the epochs' Dice.
+        subprocess.run([sys.executable, "-m", "Training.train", "--device", device, "--method", method,
+                        "--epochs", str(epochs), "--iterations-per-epoch", str(_DICE_ITERATIONS), "--no-eval",
+                        "--out", str(Path(run_dir) / "run")], cwd=ROOT, capture_output=True, text=True)
+        scores = [record.scalars["val/dice"] for record in read_history(Path(run_dir) / "run")
+                  if "val/dice" in record.scalars]
+    if len(scores) < epochs:
+        raise SystemExit(f"error: the {device} run for --dice stopped after {len(scores)} of {epochs} epochs.")
+    return scores[-1]
 
 
 def record_table(record: dict) -> list[str]:
@@ -102,10 +182,15 @@ def record_table(record: dict) -> list[str]:
     rows = [f"| {result['setting']} | {result['crops_per_s']:.1f} | {result['crops_per_s'] / reference:.2f}× | "
             f"{100 * result['data_wait']:.1f} % | {result['warmup_s']:.0f} | {result['threads']} |"
             for result in results["settings"]]
-    return [f"{results['method']}, batch 16, {results['steps']} timed steps after {WARMUP_STEPS} warm-up steps, "
-            f"CPU capability {results['cpu_capability']}.", "",
-            "| setting | crops/s | ratio to fp32 | data-wait share | warm-up (s) | threads |",
-            "|---|---|---|---|---|---|", *rows, "", caption(record)]
+    lines = [f"{results['method']}, batch 16, {results['steps']} timed steps after {WARMUP_STEPS} warm-up steps, "
+             f"CPU capability {results['cpu_capability']}.", "",
+             "| setting | crops/s | ratio to fp32 | data-wait share | warm-up (s) | threads |",
+             "|---|---|---|---|---|---|", *rows, ""]
+    if "dice" in results:
+        dice = results["dice"]
+        lines += [f"Validation Dice after {dice['epochs']} × {_DICE_ITERATIONS} batches: CPU {dice['cpu']:.3f}, "
+                  f"GPU {dice['cuda']:.3f} (difference {dice['cuda'] - dice['cpu']:+.3f}).", ""]
+    return [*lines, caption(record)]
 
 
 def main() -> None:
@@ -113,26 +198,33 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--method", default="ce_dice")
     parser.add_argument("--settings", default=None, help=f"comma-separated subset of {', '.join(SETTINGS)}")
+    parser.add_argument("--dice", action="store_true", help="also compare the CPU's and the GPU's validation Dice")
+    parser.add_argument("--dice-epochs", type=int, default=10, help="epochs of 100 batches for --dice")
     parser.add_argument("--record", type=Path, default=None, help="write the results as a JSON record here")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: measure one setting, print JSON
     arguments = parser.parse_args()
     if arguments.one:
-        print(json.dumps(measure(arguments.one, arguments.steps, arguments.method)))
+        result = measure(arguments.one, arguments.steps, arguments.method)
+        if result is not None:
+            print(json.dumps(result))
         return
-    chosen = arguments.settings.split(",") if arguments.settings else [
-        name for name in SETTINGS if torch.cuda.is_available() or not name.startswith("cuda")]
+    chosen = arguments.settings.split(",") if arguments.settings else [name for name in SETTINGS if available(name)]
     unknown = [name for name in chosen if name not in SETTINGS]
     if unknown:
         raise SystemExit(f"error: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS)}.")
+    missing = [name for name in chosen if not available(name)]
+    if missing or (arguments.dice and not torch.cuda.is_available()):
+        raise SystemExit(f"error: this machine cannot measure {', '.join(missing) or '--dice'} (it needs "
+                         f"{'two GPUs' if missing == ['cuda_ddp'] else 'a GPU'}).")
     measured = []
     for setting in ["fp32"] + [name for name in chosen if name != "fp32"]:  # the reference first
-        output = subprocess.run([sys.executable, "-m", "benchmarks.training_throughput", "--one", setting, "--steps",
-                                 str(arguments.steps), "--method", arguments.method], cwd=ROOT, capture_output=True,
-                                text=True, check=True)
-        measured.append(json.loads(output.stdout.strip().splitlines()[-1]))
+        measured.append(_measure_in_fresh_process(setting, arguments.steps, arguments.method))
         print(f"{setting}: {measured[-1]['crops_per_s']:.1f} crops/s", flush=True)
     results = {"method": arguments.method, "steps": arguments.steps,
                "cpu_capability": torch.backends.cpu.get_cpu_capability(), "settings": measured}
+    if arguments.dice:
+        results["dice"] = {"epochs": arguments.dice_epochs, **{
+            device: validation_dice(device, arguments.method, arguments.dice_epochs) for device in ("cpu", "cuda")}}
     record = make_record("training_throughput", results,
                          device="cuda" if any(name.startswith("cuda") for name in chosen) else "cpu")
     print("\n".join(record_table(record)))
