@@ -35,8 +35,8 @@ from scipy.stats import spearmanr
 from CalibSegLib.analysis import analyse_case
 from CalibSegLib.bundle import Bundle
 from CalibSegLib.inference import Predictor
-from CalibSegLib.metrics import error_detection_auroc
-from CalibSegLib.quality import REVIEW_BELOW, structure_key
+from CalibSegLib.metrics import dice, error_detection_auroc
+from CalibSegLib.quality import REVIEW_BELOW, structure_key, summary_columns
 from Datasets.cases import Case
 from Evaluation.bootstrap import spearman_interval
 
@@ -135,9 +135,17 @@ def degraded_images(cases: Sequence[Case], degradation: str) -> Iterator[np.ndar
 
 
 def degraded_rows(predictor: Predictor, cases: Sequence[Case], degradation: str) -> list[dict[str, float]]:
-    """The metric row (measured Dice, predicted Dice beside it) of every case after ``degradation``."""
-    return [{"case": case.case_id, **analyse_case(predictor, image, case.spacing, case.label.astype(np.int64)).metrics}
-            for case, image in zip(cases, degraded_images(cases, degradation), strict=True)]
+    """Measured Dice and :func:`~CalibSegLib.quality.summary_columns` of every case after ``degradation``: the
+    analysis without a reference (what a user would see) and the Dice against the case's label, no other metric."""
+    metadata = predictor.metadata
+    rows = []
+    for case, image in zip(cases, degraded_images(cases, degradation), strict=True):
+        analysis = analyse_case(predictor, image, case.spacing)
+        measured = dice(analysis.prediction.labels, case.label.astype(np.int64), metadata.num_classes)
+        rows.append({"case": case.case_id,
+                     **{f"dice_{structure_key(name)}": float(value) for name, value in zip(metadata.class_names[1:], measured)},
+                     **summary_columns(analysis.summary)})
+    return rows
 
 
 def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases: Sequence[Case],
