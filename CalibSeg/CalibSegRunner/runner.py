@@ -138,6 +138,7 @@ class SegmentationRunner:
         """Run the network, the quality summary and, with a reference, the metrics; touches no MRML node."""
         from CalibSegLib.evaluation import predict_and_evaluate
         from CalibSegLib.inference import Predictor
+        from CalibSegLib.input_check import check_input
         from CalibSegLib.quality import quality_summary
 
         predictor = Predictor(request.bundle, device=request.device)
@@ -149,8 +150,8 @@ class SegmentationRunner:
                                               progress=progress, cancel=cancel)
             prediction = evaluation.prediction
         # Slices are ranked at the run's hot-spot level, so the list points where the overlay shows.
-        summary = quality_summary(prediction, request.spacing, request.bundle.metadata,
-                                  request.hot_spot_level)
+        summary = {"input_check": check_input(request.bundle.metadata, request.image, request.spacing, prediction.labels),
+                   **quality_summary(prediction, request.spacing, request.bundle.metadata, request.hot_spot_level)}
         return CalibSegComputation(prediction, summary, evaluation)
 
     def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:
@@ -161,7 +162,8 @@ class SegmentationRunner:
         prediction = computation.prediction
         with NodeTransaction(scene):
             segmentation = add_segmentation(scene, request.input_node, prediction.labels, metadata.class_names,
-                                            metadata.class_colors, f"{base} CalibSeg segmentation")
+                                            metadata.class_colors, f"{base} CalibSeg segmentation",
+                                            metadata.class_terminology)
             confidence = add_overlay(scene, request.input_node, prediction.confidence, f"{base} confidence", "viridis")
             uncertainty = add_overlay(scene, request.input_node, prediction.entropy, f"{base} uncertainty", "inferno")
             show_hot_spots(uncertainty, request.hot_spot_level)
