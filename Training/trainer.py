@@ -21,6 +21,7 @@ import torch
 from CalibSegLib.bundle import BundleMetadata, save_bundle
 from CalibSegLib.device import environment, resolve_device
 from CalibSegLib.inference import Predictor
+from CalibSegLib.input_check import InputStatisticsError, statistics_of_cases
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.losses import build_loss
 from CalibSegLib.metrics import CalibrationStatistics, dice
@@ -31,7 +32,8 @@ from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality import QualityModelError, fit_quality_model
 from CalibSegLib.sliding_window import SlidingWindow, windows_per_pass
 from CalibSegLib.temperature import apply_temperature, fit_temperature
-from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, to_model_grid
+from Datasets.cases import (ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, default_terminology,
+                            to_model_grid)
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
 from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 
@@ -218,7 +220,7 @@ class Trainer:
             raise DataError(f"Unknown temperature fit {config.temperature_fit!r}; use {', '.join(TEMPERATURE_FITS)}.")
         self.config = config
         self.run_dir = Path(run_dir)
-        self.val_cases = val_cases
+        self.train_cases, self.val_cases = train_cases, val_cases
         self.data_description = data_description
         _seed_everything(config.seed, config.deterministic)
         self.device = resolve_device(config.device)
@@ -518,6 +520,17 @@ class Trainer:
         choices["quality_model"] = "fitted on the validation volumes"
         return quality.to_dict()
 
+    def input_statistics(self, metadata: BundleMetadata, choices: dict[str, Any]) -> dict[str, Any] | None:
+        """What the training volumes looked like, for the input check; None (said in ``choices``) when it cannot
+        be computed, e.g. a structure absent from every training volume."""
+        try:
+            statistics = statistics_of_cases(metadata, self.train_cases)
+        except InputStatisticsError as error:
+            choices["input_statistics"] = f"none: {error}"
+            return None
+        choices["input_statistics"] = f"from the {statistics['volumes']} training volumes"
+        return statistics
+
     def finish(self) -> TrainResult:
         """Choose mirroring, temperature and post-processing on validation for the best weights; write the bundle."""
         started = time.perf_counter()
@@ -554,7 +567,9 @@ class Trainer:
                               "foreground_ece": chosen_fit["foreground_ece"], "choices": choices}
         metadata = self._metadata(sliding_window=window, postprocessing=postprocessing, temperature=temperature,
                                   validation_metrics=validation_metrics)
-        metadata = replace(metadata, quality_model=self.fit_quality(metadata, choices))
+        metadata = replace(metadata, quality_model=self.fit_quality(metadata, choices),
+                           input_statistics=self.input_statistics(metadata, choices),
+                           class_terminology=default_terminology(metadata.class_names))
         path = save_bundle(self.run_dir / BUNDLE_NAME, self.model.state_dict(), metadata)
         if self.writer is not None:
             self.writer.close()
