@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
 
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
-           "InputStatistics", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS", "excursions", "input_reasons",
+           "InputStatistics", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS",
+           "excursions", "input_reasons",
            "check_input", "input_check_lines"]
 
 INPUT_STATISTICS_VERSION = 1
@@ -290,15 +291,16 @@ def _findings(statistics: InputStatistics, observation: VolumeObservation) -> di
                   f"{statistics.structure_intensity[name][1]:.2f}: the contrast between structures is unlike the "
                   f"training images.")
          for name, value in found), key=lambda finding: finding.excursion, default=_Finding(0.0, ""))
+    volumes = statistics.structure_volume_ml
     missing = [name for name, value in observation.structure_volume_ml.items() if value <= 0]
     if missing:
         size = _Finding(math.inf, f"No {' and no '.join(missing)} was found, though every training volume has "
                                   f"{'it' if len(missing) == 1 else 'them'}.")
     else:
         size = max(
-            (_Finding(_log_outside(value, statistics.structure_volume_ml[name]),
+            (_Finding(_log_outside(value, volumes[name]),
                       f"The predicted {name} measures {value:.1f} mL, where training volumes have "
-                      f"{statistics.structure_volume_ml[name][0]:.1f}–{statistics.structure_volume_ml[name][1]:.1f} mL.")
+                      f"{volumes[name][0]:.1f}–{volumes[name][1]:.1f} mL.")
              for name, value in observation.structure_volume_ml.items()), key=lambda finding: finding.excursion)
     geometry = max(
         [_Finding(_log_outside(value, statistics.spacing_mm),

@@ -81,7 +81,8 @@ ACDC_CLASS_COLORS: list[tuple[float, float, float]] = [
 # SlicerMONAIAuto3DSeg's MONAIAuto3DSeg/Resources/SegmentationCategoryTypeModifier-MONAIAuto3DSeg.term.json
 # (9cdf2df4, 74281007, as SlicerTotalSegmentator's heart_myocardium), in the region 87878005 "Left Ventricle" of
 # Slicer's AnatomicRegionAndModifier-DICOM-Master.json. ACDC's cavities are the ventricles' blood pools.
-_ANATOMICAL_STRUCTURE = {"CodingSchemeDesignator": "SCT", "CodeValue": "123037004", "CodeMeaning": "Anatomical Structure"}
+_ANATOMICAL_STRUCTURE = {"CodingSchemeDesignator": "SCT", "CodeValue": "123037004",
+                         "CodeMeaning": "Anatomical Structure"}
 _LEFT_VENTRICLE = {"CodingSchemeDesignator": "SCT", "CodeValue": "87878005", "CodeMeaning": "Left ventricle"}
 _LEFT_VENTRICLE_REGION = {**_LEFT_VENTRICLE, "CodeMeaning": "Left Ventricle"}
 ACDC_TERMINOLOGY: dict[str, dict[str, dict[str, str]]] = {

@@ -128,7 +128,8 @@ def _with_metadata(tmp_path, values: dict, weights: bytes):
 ])
 def test_malformed_input_statistics_are_refused_in_one_sentence(tmp_path, edit, message):
     values, weights = _stored(tmp_path, input_statistics=_statistics().to_dict())
-    assert load_bundle(_with_metadata(tmp_path, values, weights)).metadata.input_statistics == values["input_statistics"]
+    stored = load_bundle(_with_metadata(tmp_path, values, weights)).metadata.input_statistics
+    assert stored == values["input_statistics"]
     edit(values["input_statistics"])
     with pytest.raises(BundleError, match="input_statistics are malformed") as error:
         load_bundle(_with_metadata(tmp_path, values, weights))
@@ -162,7 +163,8 @@ def test_acdc_terminology_is_specific_snomed_ct_for_every_structure():
     entries = parse_class_terminology(ACDC_TERMINOLOGY, ACDC_CLASS_NAMES)
     assert sorted(entries) == sorted(ACDC_CLASS_NAMES[1:])
     assert {name: (entry.type.scheme, entry.type.value) for name, entry in entries.items()} == {
-        "right ventricle": ("SCT", "53085002"), "myocardium": ("SCT", "74281007"), "left ventricle": ("SCT", "87878005")}
+        "right ventricle": ("SCT", "53085002"), "myocardium": ("SCT", "74281007"),
+        "left ventricle": ("SCT", "87878005")}
     assert all(entry.category.value == "123037004" for entry in entries.values())  # not Slicer's "Tissue" 85756007
     assert entries["myocardium"].region.value == "87878005"  # the left ventricle's myocardium
 

@@ -19,8 +19,8 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
-from CalibSegLib.input_check import InputStatisticsError, statistics_of_cases
+from CalibSegLib.bundle import BUNDLE_SUFFIX, load_bundle, save_bundle
+from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
 from Datasets.cases import DataError, data_folder, default_terminology, find_cases, load_cases
@@ -64,10 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write the bundle here (default: in place; a shipped model: runs/<name>/<name>.calibseg)")
     arguments = parser.parse_args(argv)
     try:
-        written = refit_input_check(arguments.bundle, arguments.data, arguments.out)
-    except (BundleError, DataError, InputStatisticsError, ValueError) as error:
+        print(f"bundle: {refit_input_check(arguments.bundle, arguments.data, arguments.out)}")
+    except ValueError as error:  # BundleError, DataError and InputStatisticsError included
         raise SystemExit(f"error: {error}") from None
-    print(f"bundle: {written}")
     return 0
 
 

@@ -162,8 +162,8 @@ def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None)
 
     A first row, ``input check``, carries the summary's ``input_check`` in its Review cell
     (:func:`CalibSegLib.input_check.input_check_lines`, numbers NaN). Structure and Review
-    (:data:`REVIEW_MARKERS`) as text, then the numbers (NaN where the summary has null); with ``measured_dice`` (``(C-1,)``, from a reference) a Measured Dice column follows
-    the predicted one.
+    (:data:`REVIEW_MARKERS`) as text, then the numbers (NaN where the summary has null); with
+    ``measured_dice`` (``(C-1,)``, from a reference) a Measured Dice column follows the predicted one.
     """
     from CalibSegLib.input_check import input_check_lines
 

@@ -150,8 +150,9 @@ class SegmentationRunner:
                                               progress=progress, cancel=cancel)
             prediction = evaluation.prediction
         # Slices are ranked at the run's hot-spot level, so the list points where the overlay shows.
-        summary = {"input_check": check_input(request.bundle.metadata, request.image, request.spacing, prediction.labels),
-                   **quality_summary(prediction, request.spacing, request.bundle.metadata, request.hot_spot_level)}
+        metadata = request.bundle.metadata
+        summary = {"input_check": check_input(metadata, request.image, request.spacing, prediction.labels),
+                   **quality_summary(prediction, request.spacing, metadata, request.hot_spot_level)}
         return CalibSegComputation(prediction, summary, evaluation)
 
     def publish(self, request: CalibSegRequest, computation: CalibSegComputation) -> CalibSegOutputs:

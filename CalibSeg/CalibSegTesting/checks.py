@@ -130,7 +130,8 @@ def _terminology_tags(segmentation_node) -> dict[str, str]:
 
 def check_segments_carry_the_bundles_terminology(scene, work_dir: Path) -> None:
     image, _ = _phantom()
-    outputs = SegmentationRunner().run(make_volume_node(scene, image), _bundle(work_dir, class_terminology=_terminology()))
+    bundle_path = _bundle(work_dir, class_terminology=_terminology())
+    outputs = SegmentationRunner().run(make_volume_node(scene, image), bundle_path)
     context = "Segmentation category and type - DICOM master list"
     tags = _terminology_tags(outputs.segmentation)
     assert "SCT^85756007^Tissue" in tags.pop("class 3"), tags  # no entry: Slicer's default "Tissue"
