@@ -18,7 +18,8 @@ current folder, never inside the installed package), each file atomically:
   ECE, MCE, CECE, TACE, Brier, NLL, error-detection AUROC and AURC of the per-voxel
   confidence, mean normalised entropy in the predicted foreground; after each class's measured
   Dice its predicted Dice, interval and review flag (:mod:`CalibSegLib.quality`; NaN for the
-  ``uncalibrated`` variant, which the quality model was not fitted for);
+  ``uncalibrated`` variant, which the quality model was not fitted for); ``input_suitable``: 1 or 0 as
+  :func:`CalibSegLib.input_check.check_input` calls the volume (NaN for a bundle without input statistics);
 - ``summary.json``: the case and patient ids; per variant, mean/std/count/undefined count of
   every column (``ece`` there is the mean of the per-volume ECEs), pooled calibration (all
   volumes' voxels together) and its reliability bins, and the Spearman correlation between
@@ -57,6 +58,7 @@ from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics
 from CalibSegLib.metrics.plots import reliability_figure, save_figure
 from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
+from CalibSegLib.input_check import check_input
 from CalibSegLib.quality import quality_summary, with_predicted_dice
 from CalibSegLib.temperature import temperature_text
 from Datasets.cases import DATASETS, Case, DataError, data_folder, find_cases, load_cases
@@ -102,7 +104,9 @@ def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch
             pooled.merge(evaluation.statistics)
             row = with_predicted_dice(case_metrics_row(evaluation, bundle.metadata.class_names),
                                       quality_summary(evaluation.prediction, case.spacing, metadata[variant]))
-            rows.append({"case": case.case_id, **row})
+            check = check_input(metadata[variant], case.image, case.spacing, evaluation.prediction.labels)
+            suitable = {"input_suitable": math.nan if check["suitable"] is None else float(check["suitable"])}
+            rows.append({"case": case.case_id, **row, **suitable})
     return results
 
 
