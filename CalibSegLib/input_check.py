@@ -357,4 +357,5 @@ def input_check_lines(check: Mapping[str, Any]) -> list[str]:
         return [check["note"]]
     if check["suitable"]:
         return ["input suitable: like the model's training volumes"]
-    return ["INPUT UNSUITABLE: unlike the model's training volumes; do not trust the Dice below", *check["reasons"]]
+    return ["INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can be trusted.",
+            *check["reasons"]]

@@ -189,7 +189,8 @@ def test_summary_lines_say_first_when_the_input_is_unsuitable():
              "predicted_dice_interval": [0.716, 0.881], "review": False}
     reason = "No myocardium was found, though every training volume has it."
     lines = summary_lines(_summary({"suitable": False, "reasons": [reason]}, **{"right ventricle": found}))
-    assert lines[:3] == ["INPUT UNSUITABLE: unlike the model's training volumes; do not trust the Dice below", reason,
+    assert lines[:3] == ["INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can be trusted.",
+                         reason,
                          "1 of 1 structures found"]
 
 

@@ -96,11 +96,15 @@ def _checked_threshold(threshold: float | None) -> float | None:
 
 
 def review_text(summary: dict) -> str:
-    """One sentence for the reader on a quality summary: :func:`CalibSegLib.quality.review_text`
-    (imported on call: the library's dependencies may not be installed when the module loads)."""
+    """What the reader is told about a quality summary: :func:`CalibSegLib.quality.review_text`, after the input
+    check's warning and reasons when the input is unsuitable (imported on call: the library's dependencies may not
+    be installed when the module loads)."""
+    from CalibSegLib.input_check import input_check_lines
     from CalibSegLib.quality import review_text as library_review_text
 
-    return library_review_text(summary)
+    check = summary.get("input_check")
+    warning = input_check_lines(check) if check is not None and check["suitable"] is False else []
+    return " ".join([*warning, library_review_text(summary)])
 
 
 class SegmentationRunner:

@@ -469,6 +469,10 @@ def check_review_text_names_what_to_check(scene, work_dir: Path) -> None:
     assert review_text(summary((False, 0.85), (False, 0.9))) == \
         "No structure flagged: every predicted Dice is 0.80 or more."
     assert review_text(summary((None, None), (None, None), model=False)).startswith("This bundle has no quality model")
+    unsuitable = {**summary((False, 0.85)), "input_check": {"suitable": False, "reasons": ["No class 2 was found."]}}
+    assert review_text(unsuitable) == ("INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can "
+                                       "be trusted. No class 2 was found. No structure flagged: every predicted Dice "
+                                       "is 0.80 or more.")
 
 
 def check_quality_table_with_a_reference_puts_measured_beside_predicted_dice(scene, work_dir: Path) -> None:
