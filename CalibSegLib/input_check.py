@@ -43,16 +43,14 @@ if TYPE_CHECKING:
 
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
            "InputStatistics", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS",
-           "excursions", "input_reasons",
-           "check_input", "input_check_lines"]
+           "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED"]
 
 INPUT_STATISTICS_VERSION = 1
 QUANTILE_LEVELS: tuple[float, ...] = (0.05, 0.25, 0.50, 0.75, 0.95)
 # The families of statistics, each with one threshold on its excursion.
 FAMILIES: tuple[str, ...] = ("intensity", "structure_intensity", "structure_volume", "geometry")
-# The largest excursion per family still called suitable, decided on the shipped models' validation patients and
-# degraded copies of them by the rule in docs/input_check.md.
-# Rule: twice the largest excursion of a clean validation volume, at least 0.05 normalised-intensity units for the
+# The largest excursion per family still called suitable, decided on acdc_ce_dice's validation patients of
+# Datasets/splits/acdc.json and degraded copies of them by the rule in docs/input_check.md: twice the largest excursion of a clean validation volume, at least 0.05 normalised-intensity units for the
 # intensity families and log(1.5) (a factor 1.5 beyond the training range) for volumes and geometry.
 THRESHOLDS: dict[str, float] = {"intensity": 0.08, "structure_intensity": 0.05, "structure_volume": math.log(1.5),
                                 "geometry": math.log(1.5)}
