@@ -15,6 +15,7 @@ import numpy as np
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.evaluation import CaseEvaluation, case_metrics_row, evaluate_variants
 from CalibSegLib.inference import Prediction, Predictor
+from CalibSegLib.input_check import check_input
 from CalibSegLib.metrics.calibration import Reliability
 from CalibSegLib.quality import HOT_SPOT_LEVEL, quality_summary, with_predicted_dice
 
@@ -25,7 +26,8 @@ __all__ = ["CaseAnalysis", "analyse_case", "analyse_variants"]
 class CaseAnalysis:
     """One predicted volume and what is known about it.
 
-    ``summary``: :func:`CalibSegLib.quality.quality_summary` (what a reader sees without a reference);
+    ``summary``: ``input_check`` (:func:`CalibSegLib.input_check.check_input`: is the image like the training
+    data?) and :func:`CalibSegLib.quality.quality_summary` (what a reader sees without a reference);
     ``evaluation``, ``metrics`` (the flat row of :func:`CalibSegLib.evaluation.case_metrics_row` with the
     predicted Dice beside each measured one) and ``reliability`` (the reference foreground's reliability bins):
     None without a reference (``evaluation`` also for a case read back from a child process,
@@ -58,7 +60,9 @@ def analyse_variants(predictor: Predictor, image: np.ndarray, spacing: Sequence[
         predictions = [evaluation.prediction for evaluation in evaluations]
     analyses = []
     for metadata, prediction, evaluation in zip(variants, predictions, evaluations):
-        summary = quality_summary(prediction, spacing, metadata, hot_spot_level)
+        # The input check first: a reader should know the image is unlike the training data before any Dice.
+        summary = {"input_check": check_input(metadata, image, spacing, prediction.labels),
+                   **quality_summary(prediction, spacing, metadata, hot_spot_level)}
         if evaluation is None:
             analyses.append(CaseAnalysis(prediction, summary))
             continue

@@ -10,7 +10,8 @@
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
 (normalised entropy in [0, 1], float32); always ``<stem>_summary.json``, the quality summary
-without a reference (:func:`CalibSegLib.quality.quality_summary`: per structure volume in mL,
+without a reference (first ``input_check``, :func:`CalibSegLib.input_check.check_input`: is the image like the model's training
+images; then :func:`CalibSegLib.quality.quality_summary`: per structure volume in mL,
 mean confidence and entropy, low-confidence fraction, predicted Dice with its interval and a
 review flag; the most uncertain slices); with ``--reference`` also ``<stem>_metrics.json``
 (Dice/HD95/ASD per class in mm, each measured Dice followed by the predicted one, calibration
@@ -49,6 +50,7 @@ import numpy as np
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.analysis import analyse_case
 from CalibSegLib.inference import Predictor
+from CalibSegLib.input_check import input_check_lines
 from CalibSegLib.io import (
     IMAGE_SUFFIXES,
     OutputSet,
@@ -189,7 +191,7 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
 def summary_lines(summary: dict[str, Any], metrics: dict[str, float] | None = None) -> list[str]:
     """A short, printable account of one case's quality summary (``<stem>_summary.json``).
 
-    One line per structure: volume (mL), mean confidence, predicted Dice with its interval (when
+    First the input check (:func:`CalibSegLib.input_check.input_check_lines`), then one line per structure: volume (mL), mean confidence, predicted Dice with its interval (when
     the bundle has a quality model), the measured Dice when ``metrics`` (``<stem>_metrics.json``)
     are given, and REVIEW or ok; then :func:`CalibSegLib.quality.review_text`.
     """
@@ -197,7 +199,7 @@ def summary_lines(summary: dict[str, Any], metrics: dict[str, float] | None = No
     width = max(len(name) for name in structures)
     # A structure predicted nowhere has volume 0 and no means (CalibSegLib.quality).
     found = sum(entry["mean_confidence"] is not None for entry in structures.values())
-    lines = [f"{found} of {len(structures)} structures found"]
+    lines = [*input_check_lines(summary["input_check"]), f"{found} of {len(structures)} structures found"]
     for name, entry in structures.items():
         if entry["mean_confidence"] is None:
             cells = ["not found"]

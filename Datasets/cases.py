@@ -51,6 +51,7 @@ __all__ = [
     "ACDC_ENVIRONMENT",
     "ACDC_CLASS_NAMES",
     "ACDC_CLASS_COLORS",
+    "ACDC_TERMINOLOGY",
     "DataError",
     "Case",
     "CaseFile",
@@ -59,6 +60,7 @@ __all__ = [
     "DATASET_DESCRIPTION",
     "dataset_class_names",
     "default_classes",
+    "default_terminology",
     "dataset_name",
     "recorded_dataset",
     "data_folder",
@@ -76,6 +78,24 @@ ACDC_CLASS_NAMES: list[str] = ["background", "right ventricle", "myocardium", "l
 ACDC_CLASS_COLORS: list[tuple[float, float, float]] = [
     (0.0, 0.0, 0.0), (0.90, 0.30, 0.25), (0.30, 0.70, 0.35), (0.25, 0.45, 0.90),
 ]
+# SNOMED CT codes of ACDC's structures (bundle.json's class_terminology, CalibSegLib.terminology): right and left
+# ventricle from Slicer's Modules/Loadable/Terminologies/Resources/SegmentationCategoryTypeModifier-DICOM-Master.json
+# (Slicer 583e9b37, "Anatomical Structure" 123037004; types 53085002 and 87878005), the myocardium from
+# SlicerMONAIAuto3DSeg's MONAIAuto3DSeg/Resources/SegmentationCategoryTypeModifier-MONAIAuto3DSeg.term.json
+# (9cdf2df4, 74281007, as SlicerTotalSegmentator's heart_myocardium), in the region 87878005 "Left Ventricle" of
+# Slicer's AnatomicRegionAndModifier-DICOM-Master.json. ACDC's cavities are the ventricles' blood pools.
+_ANATOMICAL_STRUCTURE = {"CodingSchemeDesignator": "SCT", "CodeValue": "123037004",
+                         "CodeMeaning": "Anatomical Structure"}
+_LEFT_VENTRICLE = {"CodingSchemeDesignator": "SCT", "CodeValue": "87878005", "CodeMeaning": "Left ventricle"}
+_LEFT_VENTRICLE_REGION = {**_LEFT_VENTRICLE, "CodeMeaning": "Left Ventricle"}
+ACDC_TERMINOLOGY: dict[str, dict[str, dict[str, str]]] = {
+    "right ventricle": {"category": _ANATOMICAL_STRUCTURE, "type": {
+        "CodingSchemeDesignator": "SCT", "CodeValue": "53085002", "CodeMeaning": "Right ventricle"}},
+    "myocardium": {"category": _ANATOMICAL_STRUCTURE, "type": {
+        "CodingSchemeDesignator": "SCT", "CodeValue": "74281007", "CodeMeaning": "Myocardium"},
+        "region": _LEFT_VENTRICLE_REGION},
+    "left ventricle": {"category": _ANATOMICAL_STRUCTURE, "type": _LEFT_VENTRICLE},
+}
 
 # The shipped sample of ACDC, the default training data; bundles trained on it record SAMPLE_DATASET.
 SAMPLE_DATA = Path(__file__).resolve().parents[1] / "SampleData" / "ACDC"
@@ -285,6 +305,11 @@ def default_classes(num_classes: int, dataset: str, names: Sequence[str] | None 
     palette = [(0.90, 0.30, 0.25), (0.30, 0.70, 0.35), (0.25, 0.45, 0.90), (0.95, 0.75, 0.20),
                (0.65, 0.35, 0.80), (0.20, 0.75, 0.80), (0.95, 0.50, 0.70), (0.60, 0.45, 0.25)]
     return names, [(0.0, 0.0, 0.0)] + [palette[(index - 1) % len(palette)] for index in range(1, num_classes)]
+
+
+def default_terminology(class_names: Sequence[str]) -> dict[str, dict[str, dict[str, str]]] | None:
+    """The ``class_terminology`` of a bundle with these classes: :data:`ACDC_TERMINOLOGY` for ACDC's, else None."""
+    return ACDC_TERMINOLOGY if list(class_names) == ACDC_CLASS_NAMES else None
 
 
 def _read_acdc(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:

@@ -18,7 +18,8 @@ current folder, never inside the installed package), each file atomically:
   ECE, MCE, CECE, TACE, Brier, NLL, error-detection AUROC and AURC of the per-voxel
   confidence, mean normalised entropy in the predicted foreground; after each class's measured
   Dice its predicted Dice, interval and review flag (:mod:`CalibSegLib.quality`; NaN for the
-  ``uncalibrated`` variant, which the quality model was not fitted for);
+  ``uncalibrated`` variant, which the quality model was not fitted for); ``input_suitable``: 1 or 0 as
+  :func:`CalibSegLib.input_check.check_input` calls the volume (NaN for a bundle without input statistics);
 - ``summary.json``: the case and patient ids; per variant, mean/std/count/undefined count of
   every column (``ece`` there is the mean of the per-volume ECEs), pooled calibration (all
   volumes' voxels together) and its reliability bins, and the Spearman correlation between
@@ -98,7 +99,9 @@ def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch
         for variant, analysis in zip(variants, analyses):
             rows, pooled = results[variant]
             pooled.merge(analysis.evaluation.statistics)
-            rows.append({"case": case.case_id, **analysis.metrics})
+            suitable = analysis.summary["input_check"]["suitable"]
+            rows.append({"case": case.case_id, **analysis.metrics,
+                         "input_suitable": math.nan if suitable is None else float(suitable)})
     return results
 
 

@@ -98,6 +98,8 @@ def test_bundle_json_records_every_section(good):
         "validation_metrics",
         "test_metrics",
         "quality_model",
+        "class_terminology",
+        "input_statistics",
         "library_version",
         "weights_dtype",
         "weights_sha256",

@@ -72,8 +72,10 @@ def test_outputs_have_the_input_shape_and_exact_geometry(case, tmp_path, capsys)
         np.testing.assert_array_equal(array, getattr(expected, name))
     assert not (tmp_path / "case_metrics.json").exists()
     printed = capsys.readouterr().out.splitlines()
-    assert printed[0].startswith("segmenting case.nii.gz: ") and printed[-10].endswith(": 100 %")  # not a terminal
-    assert printed[-9] == "case: 3 of 3 structures found" and printed[-5].startswith("This bundle has no quality model")
+    assert printed[0].startswith("segmenting case.nii.gz: ") and printed[-11].endswith(": 100 %")  # not a terminal
+    assert printed[-10] == "case: input not checked: this bundle stores no statistics of its training inputs " \
+                           "(add them with python -m Training.fit_input_check --bundle <bundle>)"
+    assert printed[-9] == "3 of 3 structures found" and printed[-5].startswith("This bundle has no quality model")
     assert [line.split(":")[0] for line in printed[-4:]] == ["summary", "labels", "confidence", "entropy"]
     summary = json.loads((tmp_path / "case_summary.json").read_text())
     assert summary["quality_model"] is None and summary["note"].startswith("no quality model")
@@ -164,8 +166,8 @@ def test_module_entry_point_exits_2_without_traceback(case, tmp_path):
     assert completed.stderr.startswith("error: No model bundle") and "Traceback" not in completed.stderr
 
 
-def _summary(**structures) -> dict:
-    return {"structures": structures, "review": any(entry["review"] for entry in structures.values()),
+def _summary(input_check=None, **structures) -> dict:
+    return {"input_check": input_check or {"suitable": True, "reasons": []}, "structures": structures, "review": any(entry["review"] for entry in structures.values()),
             "quality_model": {"review_below": 0.8}}
 
 
@@ -176,11 +178,21 @@ def test_summary_lines_say_what_was_found_and_what_to_review():
                "review": True}
     lines = summary_lines(_summary(**{"right ventricle": found, "myocardium": missing}),
                           {"dice_right_ventricle": 0.9, "dice_myocardium": 0.0})
-    assert lines == ["1 of 2 structures found",
+    assert lines == ["input suitable: like the model's training volumes", "1 of 2 structures found",
                      "  right ventricle     53.6 mL  mean confidence 0.94  predicted Dice 0.81 [0.72, 0.88]  "
                      "measured Dice 0.90  ok",
                      "  myocardium       not found  measured Dice 0.00  REVIEW",
                      "Review: myocardium (predicted nowhere)."]
+
+
+def test_summary_lines_say_first_when_the_input_is_unsuitable():
+    found = {"volume_ml": 53.6, "mean_confidence": 0.937, "predicted_dice": 0.81,
+             "predicted_dice_interval": [0.716, 0.881], "review": False}
+    reason = "No myocardium was found, though every training volume has it."
+    lines = summary_lines(_summary({"suitable": False, "reasons": [reason]}, **{"right ventricle": found}))
+    assert lines[:3] == ["INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can be trusted.",
+                         reason,
+                         "1 of 1 structures found"]
 
 
 class _Terminal(io.StringIO):
@@ -233,6 +245,8 @@ def test_shipped_model_writes_the_quality_summary(tmp_path, with_reference):
     predicted, geometry = read_image(out / "acdc_patient_image_labels.nii.gz")
     voxel_mm3 = float(np.prod(geometry.spacing))
     assert set(summary) >= {"structures", "review", "uncertain_slices", "quality_model", "note"}
+    # The shipped models check their input first: this test patient's cine MRI is like their training volumes.
+    assert list(summary)[0] == "input_check" and summary["input_check"] == {"suitable": True, "reasons": []}
     for label, (name, entry) in enumerate(summary["structures"].items(), start=1):
         assert entry["volume_ml"] == int((predicted == label).sum()) * voxel_mm3 / 1000.0  # exactly
         low, high = entry["predicted_dice_interval"]

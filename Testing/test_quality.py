@@ -616,6 +616,7 @@ def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_i
     scaled = [{key: float(value) for key, value in row.items() if key not in ("case", "variant")}
               for row in rows if row["variant"] == "scaled"]
     assert all(0 < row["predicted_dice_myocardium"] <= 1 for row in scaled)
+    assert [row["input_suitable"] for row in scaled] == [1.0, 1.0]  # a test patient's cine MRI: checked, suitable
     assert all(row["predicted_dice_myocardium"] == "nan" for row in rows if row["variant"] == "uncalibrated")
     quality = summary.quality
     expected = quality_statistics(scaled, bundle.metadata.class_names)

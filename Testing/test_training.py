@@ -16,7 +16,7 @@ from Reporting import results as results_cli
 from Reporting import ship as ship_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint
-from Datasets.cases import DataError, find_cases, load_cases
+from Datasets.cases import ACDC_TERMINOLOGY, DataError, find_cases, load_cases
 from Datasets.splits import SPLITS_DIR, load_split, make_split
 from Training.distributed import SINGLE_PROCESS
 from Training.records import RunSummary
@@ -95,8 +95,11 @@ def test_finished_run_records_its_validation_choices_in_run_json_and_bundle(samp
     result = trainer.fit()
     summary = RunSummary.read(tmp_path)
     assert summary.steps == 3 and summary.epochs == 1 and summary.training_wall_s > 0
-    assert set(summary.choices) >= {"mirroring", "temperature", "postprocessing", "quality_model"}
+    assert set(summary.choices) >= {"mirroring", "temperature", "postprocessing", "quality_model", "input_statistics"}
     metadata = load_bundle(result.bundle_path).metadata
+    # The input check's statistics come from the training volumes; ACDC's classes carry their SNOMED CT codes.
+    assert metadata.input_statistics["volumes"] == len(trainer.train_cases)
+    assert metadata.class_terminology == ACDC_TERMINOLOGY
     mirrored = summary.choices["mirroring"]["used"]
     assert metadata.sliding_window.mirror_axes == ((0, 1) if mirrored else ())
     assert list(metadata.postprocessing.largest_component) == summary.choices["postprocessing"]["largest_component"]

@@ -1,9 +1,10 @@
 """The end-of-run choices, made on the validation volumes for the best weights, as nnU-Net chooses its
 post-processing after training: test-time mirroring, the temperature, largest-component post-processing and the
-quality model. Each returns the setting for the bundle and the numbers behind it for ``run.json``.
+quality model; and what the training volumes looked like, for the input check. Each returns the setting for the
+bundle and the numbers behind it for ``run.json``.
 
 No choice may lose a trained run: one that fails falls back to its neutral setting (no mirroring, T = 1, no
-post-processing, no quality model), and ``run.json`` and the console say ``"<choice>: none: <why>"``.
+post-processing, no quality model, no input statistics), and ``run.json`` and the console say ``"<choice>: none: <why>"``.
 ``calibseg-train --out RUN --resume`` on a finished run makes them again from its checkpoint.
 """
 
@@ -17,6 +18,7 @@ import torch
 
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.inference import Predictor
+from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.metrics import CalibrationStatistics, dice
 from CalibSegLib.metrics.calibration import masked_probabilities
 from CalibSegLib.postprocessing import Postprocessing, choose_postprocessing
@@ -25,7 +27,7 @@ from CalibSegLib.temperature import apply_temperature, fit_temperature
 from Datasets.cases import Case, GridVolume
 
 __all__ = ["TEMPERATURE_FITS", "ValidationPass", "validation_pass", "volume_dice", "foreground_ece", "choose_mirroring",
-           "choose_temperature", "choose_largest_component", "fit_quality", "make_choices"]
+           "choose_temperature", "choose_largest_component", "fit_quality", "input_statistics", "make_choices"]
 
 # "none" ships T = 1: a fitted temperature is only worth shipping where it lowers the validation foreground ECE.
 TEMPERATURE_FITS: tuple[str, ...] = ("auto", "all", "foreground", "none")
@@ -167,11 +169,19 @@ def _or_neutral(name: str, choose: Callable[[], tuple[Setting, Any]], neutral: S
     return setting
 
 
+def input_statistics(metadata: BundleMetadata, cases: Sequence[Case]) -> tuple[dict[str, Any], str]:
+    """What the training ``cases`` looked like to the bundle described by ``metadata``
+    (:func:`CalibSegLib.input_check.statistics_of_cases`), for the input check."""
+    statistics = statistics_of_cases(metadata, cases)
+    return statistics, f"from the {statistics['volumes']} training volumes"
+
+
 def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Sequence[GridVolume],
-                 cases: Sequence[Case], device: torch.device, batch_size: int, temperature_fit: str = "auto",
-                 seed: int = 0) -> tuple[BundleMetadata, dict[str, Any]]:
+                 cases: Sequence[Case], training_cases: Sequence[Case], device: torch.device, batch_size: int,
+                 temperature_fit: str = "auto", seed: int = 0) -> tuple[BundleMetadata, dict[str, Any]]:
     """Every end-of-run choice for ``network`` (the best weights) on the validation ``volumes`` (model grid) and
-    ``cases`` (as read): the metadata to write into the bundle and the ``choices`` record for ``run.json``.
+    ``cases`` (as read), and the input statistics of ``training_cases``: the metadata to write into the bundle
+    and the ``choices`` record for ``run.json``.
 
     ``metadata`` describes the network without any choice made; its ``validation_metrics`` gets the final
     validation Dice and foreground ECE with the choices.
@@ -194,4 +204,6 @@ def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Se
                      validation_metrics={**metadata.validation_metrics, **validation_metrics})
     quality = _or_neutral("quality_model", lambda: fit_quality(network, chosen, cases, device, batch_size), None,
                           choices)
-    return replace(chosen, quality_model=quality.to_dict() if quality is not None else None), choices
+    statistics = _or_neutral("input_statistics", lambda: input_statistics(chosen, training_cases), None, choices)
+    return replace(chosen, quality_model=quality.to_dict() if quality is not None else None,
+                   input_statistics=statistics), choices

@@ -27,7 +27,8 @@ from CalibSegLib.networks import build_network
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.sliding_window import SlidingWindow, windows_per_pass
-from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, to_model_grid
+from Datasets.cases import (ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, default_terminology,
+                            to_model_grid)
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
 from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, validation_pass, volume_dice
@@ -162,7 +163,7 @@ class Trainer:
         self.config = config
         self.processes = processes
         self.run_dir = Path(run_dir)
-        self.val_cases = val_cases
+        self.train_cases, self.val_cases = train_cases, val_cases
         self.data_description = data_description
         _seed_everything(config.seed, config.deterministic)
         self.device = processes.device(resolve_device(config.device))
@@ -428,6 +429,7 @@ class Trainer:
             spatial_dims=2,
             class_names=self.config.class_names,
             class_colors=self.config.class_colors,
+            class_terminology=default_terminology(self.config.class_names),
             preprocessing=self.preprocessing,
             sliding_window=self.sliding_window,
             training=training,
@@ -444,8 +446,8 @@ class Trainer:
             self.model.load_state_dict(self.best_state)
         best = dict(self.history[self.best_epoch]) if self.best_epoch >= 0 else {}
         metadata, choices = make_choices(self.model, self._metadata(validation_metrics={"best_epoch": best}),
-                                         self.val_volumes, self.val_cases, self.device, self.config.batch_size,
-                                         self.config.temperature_fit, self.config.seed)
+                                         self.val_volumes, self.val_cases, self.train_cases, self.device,
+                                         self.config.batch_size, self.config.temperature_fit, self.config.seed)
         path = save_bundle(self.run_dir / BUNDLE_NAME, self.model.state_dict(), metadata)
         if self.writer is not None:
             self.writer.close()

@@ -84,13 +84,23 @@ def _import_mask(segmentation_node, reference_node, mask: np.ndarray, name: str,
 
 
 def add_segmentation(scene, reference_node, labels: np.ndarray, class_names: Sequence[str],
-                     class_colors: Sequence[Sequence[float]], name: str):
-    """A segmentation node with one segment per foreground class, named and coloured as in the bundle."""
+                     class_colors: Sequence[Sequence[float]], name: str, class_terminology: dict | None = None):
+    """A segmentation node with one segment per foreground class, named and coloured as in the bundle.
+
+    A class with an entry in ``class_terminology`` (``bundle.json``'s, :mod:`CalibSegLib.terminology`) gets it as
+    the segment's ``TerminologyEntry`` tag, so Slicer and DICOM SEG export read its standard codes.
+    """
+    from CalibSegLib.terminology import parse_class_terminology
+
+    terminology = parse_class_terminology(class_terminology or {}, class_names)
     node = scene.AddNewNodeByClass("vtkMRMLSegmentationNode", scene.GenerateUniqueName(name))
     node.CreateDefaultDisplayNodes()
     node.SetReferenceImageGeometryParameterFromVolumeNode(reference_node)
     for label in range(1, len(class_names)):
-        _import_mask(node, reference_node, labels == label, class_names[label], class_colors[label])
+        segment_id = _import_mask(node, reference_node, labels == label, class_names[label], class_colors[label])
+        if class_names[label] in terminology:
+            segment = node.GetSegmentation().GetSegment(segment_id)
+            segment.SetTag(segment.GetTerminologyEntryTagName(), terminology[class_names[label]].slicer_string())
     return node
 
 
@@ -150,10 +160,13 @@ QUALITY_COLUMNS = (("Predicted Dice", "predicted_dice"), ("Interval low", 0), ("
 def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None) -> dict[str, list]:
     """Columns of the quality table, one row per structure of a :func:`CalibSegLib.quality.quality_summary`.
 
-    Structure and Review (:data:`REVIEW_MARKERS`) as text, then the numbers (NaN where the summary
-    has null); with ``measured_dice`` (``(C-1,)``, from a reference) a Measured Dice column follows
-    the predicted one.
+    A first row, ``input check``, carries the summary's ``input_check`` in its Review cell
+    (:func:`CalibSegLib.input_check.input_check_lines`, numbers NaN). Structure and Review
+    (:data:`REVIEW_MARKERS`) as text, then the numbers (NaN where the summary has null); with
+    ``measured_dice`` (``(C-1,)``, from a reference) a Measured Dice column follows the predicted one.
     """
+    from CalibSegLib.input_check import input_check_lines
+
     entries = list(summary["structures"].values())
 
     def number(entry: dict, key) -> float:
@@ -161,12 +174,14 @@ def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None)
         value = entry[key] if isinstance(key, str) else interval[key]
         return math.nan if value is None else float(value)
 
-    columns: dict[str, list] = {"Structure": list(summary["structures"]),
-                                "Review": [REVIEW_MARKERS[entry["review"]] for entry in entries]}
+    # The input check comes first, above any Dice: its row says whether the image is like the training images.
+    columns: dict[str, list] = {"Structure": ["input check"] + list(summary["structures"]),
+                                "Review": [" ".join(input_check_lines(summary["input_check"]))]
+                                + [REVIEW_MARKERS[entry["review"]] for entry in entries]}
     for title, key in QUALITY_COLUMNS:
-        columns[title] = [number(entry, key) for entry in entries]
+        columns[title] = [math.nan] + [number(entry, key) for entry in entries]
         if key == "predicted_dice" and measured_dice is not None:
-            columns["Measured Dice"] = [float(value) for value in measured_dice]
+            columns["Measured Dice"] = [math.nan] + [float(value) for value in measured_dice]
     return columns
 
 

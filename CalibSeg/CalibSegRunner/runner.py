@@ -98,11 +98,15 @@ _SLICE_AXES = (0, 1, 2)  # array axes (z, y, x) of a volume
 
 
 def review_text(summary: dict) -> str:
-    """One sentence for the reader on a quality summary: :func:`CalibSegLib.quality.review_text`
-    (imported on call: the library's dependencies may not be installed when the module loads)."""
+    """What the reader is told about a quality summary: :func:`CalibSegLib.quality.review_text`, after the input
+    check's warning and reasons when the input is unsuitable (imported on call: the library's dependencies may not
+    be installed when the module loads)."""
+    from CalibSegLib.input_check import input_check_lines
     from CalibSegLib.quality import review_text as library_review_text
 
-    return library_review_text(summary)
+    check = summary.get("input_check")
+    warning = input_check_lines(check) if check is not None and check["suitable"] is False else []
+    return " ".join([*warning, library_review_text(summary)])
 
 
 class SegmentationRunner:
@@ -160,7 +164,8 @@ class SegmentationRunner:
         prediction = analysis.prediction
         with NodeTransaction(scene):
             segmentation = add_segmentation(scene, request.input_node, prediction.labels, metadata.class_names,
-                                            metadata.class_colors, f"{base} CalibSeg segmentation")
+                                            metadata.class_colors, f"{base} CalibSeg segmentation",
+                                            metadata.class_terminology)
             confidence = add_overlay(scene, request.input_node, prediction.confidence, f"{base} confidence", "viridis")
             uncertainty = add_overlay(scene, request.input_node, prediction.entropy, f"{base} uncertainty", "inferno")
             show_hot_spots(uncertainty, request.hot_spot_level)

@@ -108,6 +108,52 @@ def _quality_model() -> dict:
     return QualityModel({"class 1": line(0.5, 0.0), "class 2": line(0.95, 0.0), "class 3": line(1.2, -1.0)}).to_dict()
 
 
+def _terminology() -> dict:
+    """Hand-made SNOMED CT entries for classes 1 and 2 (class 3 has none): a type alone, and one with a region."""
+    def code(value: str, meaning: str) -> dict:
+        return {"CodingSchemeDesignator": "SCT", "CodeValue": value, "CodeMeaning": meaning}
+
+    structure = code("123037004", "Anatomical Structure")
+    return {"class 1": {"category": structure, "type": code("53085002", "Right ventricle")},
+            "class 2": {"category": structure, "type": code("74281007", "Myocardium"),
+                        "region": code("87878005", "Left Ventricle")}}
+
+
+def _terminology_tags(segmentation_node) -> dict[str, str]:
+    """Segment name → its ``TerminologyEntry`` tag."""
+    segmentation = segmentation_node.GetSegmentation()
+    tags = {}
+    for index in range(segmentation.GetNumberOfSegments()):
+        segment = segmentation.GetNthSegment(index)
+        tags[segment.GetName()] = segment.GetTerminology()  # the TerminologyEntry tag
+    return tags
+
+
+def check_segments_carry_the_bundles_terminology(scene, work_dir: Path) -> None:
+    image, _ = _phantom()
+    bundle_path = _bundle(work_dir, class_terminology=_terminology())
+    outputs = SegmentationRunner().run(make_volume_node(scene, image), bundle_path)
+    context = "Segmentation category and type - DICOM master list"
+    tags = _terminology_tags(outputs.segmentation)
+    assert "SCT^85756007^Tissue" in tags.pop("class 3"), tags  # no entry: Slicer's default "Tissue"
+    assert tags == {
+        "class 1": f"{context}~SCT^123037004^Anatomical Structure~SCT^53085002^Right ventricle~^^~~^^~^^",
+        "class 2": f"{context}~SCT^123037004^Anatomical Structure~SCT^74281007^Myocardium~^^~"
+                   "Anatomic codes - DICOM master list~SCT^87878005^Left Ventricle~^^",
+    }, tags
+
+
+def check_a_shipped_models_segments_carry_snomed_codes(scene, work_dir: Path) -> None:
+    from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path
+
+    image, _ = _phantom()
+    outputs = SegmentationRunner().run(make_volume_node(scene, image), resolve_bundle_path(DEFAULT_MODEL))
+    types = {name: tag.split("~")[2] for name, tag in _terminology_tags(outputs.segmentation).items()}
+    assert types == {"right ventricle": "SCT^53085002^Right ventricle", "myocardium": "SCT^74281007^Myocardium",
+                     "left ventricle": "SCT^87878005^Left ventricle"}, types
+    assert not any("85756007" in tag for tag in _terminology_tags(outputs.segmentation).values())
+
+
 def _table_columns(table_node) -> dict[str, list]:
     table = table_node.GetTable()
     columns = {}
@@ -281,11 +327,19 @@ def check_bad_bundles_leave_the_scene_unchanged(scene, work_dir: Path) -> None:
     with zipfile.ZipFile(malformed_quality, "w") as archive:
         archive.writestr("bundle.json", json.dumps(stored))
         archive.writestr("weights.safetensors", weights)
+    malformed_terminology = work_dir / "terminology.calibseg"
+    stored = json.loads(zipfile.ZipFile(_bundle(work_dir, class_terminology=_terminology())).read("bundle.json"))
+    del stored["class_terminology"]["class 2"]["type"]["CodeValue"]
+    with zipfile.ZipFile(malformed_terminology, "w") as archive:
+        archive.writestr("bundle.json", json.dumps(stored))
+        archive.writestr("weights.safetensors", weights)
     for path, expected in ((work_dir / "missing.calibseg", "No model bundle"), (not_a_zip, "zip"),
                            (no_metadata, "bundle.json"), ("", "Choose a model bundle"),
-                           (malformed_quality, "quality model is malformed")):
+                           (malformed_quality, "quality model is malformed"),
+                           (malformed_terminology, "class_terminology is malformed")):
         error = _scene_is_unchanged_after(scene, lambda: SegmentationRunner().run(volume, path), f"bundle {path!s}")
         assert expected in error, error
+        assert error.count(". ") == 0 and error.endswith("."), f"not one sentence: {error}"
 
 
 def check_volumes_that_are_not_3d_scalar_are_refused(scene, work_dir: Path) -> None:
@@ -418,11 +472,14 @@ def check_quality_table_without_a_reference_shows_the_summary(scene, work_dir: P
         assert outputs.metrics_table is None and outputs.quality_table.IsA("vtkMRMLTableNode")
         metadata = load_bundle(bundle_path).metadata
         expected = quality_summary(Predictor(bundle_path, device="cpu").predict(image, spacing), spacing, metadata)
-        assert outputs.summary == expected
+        assert {key: value for key, value in outputs.summary.items() if key != "input_check"} == expected
         columns = _table_columns(outputs.quality_table)
         assert list(columns) == ["Structure", "Review", "Predicted Dice", "Interval low", "Interval high",
                                  "Volume (mL)", "Mean confidence", "Mean entropy", "Low-confidence fraction"]
-        assert columns["Structure"] == list(metadata.class_names[1:])
+        assert columns["Structure"] == ["input check"] + list(metadata.class_names[1:])
+        assert columns["Review"][0].startswith("input not checked") and math.isnan(columns["Predicted Dice"][0])
+        assert outputs.summary["input_check"]["suitable"] is None
+        columns = {title: values[1:] for title, values in columns.items()}
         for row, entry in enumerate(expected["structures"].values()):
             marker = {True: "REVIEW", False: "ok", None: "no quality model"}[entry["review"]]
             assert columns["Review"][row] == marker
@@ -449,6 +506,10 @@ def check_review_text_names_what_to_check(scene, work_dir: Path) -> None:
     assert review_text(summary((False, 0.85), (False, 0.9))) == \
         "No structure flagged: every predicted Dice is 0.80 or more."
     assert review_text(summary((None, None), (None, None), model=False)).startswith("This bundle has no quality model")
+    unsuitable = {**summary((False, 0.85)), "input_check": {"suitable": False, "reasons": ["No class 2 was found."]}}
+    assert review_text(unsuitable) == ("INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can "
+                                       "be trusted. No class 2 was found. No structure flagged: every predicted Dice "
+                                       "is 0.80 or more.")
 
 
 def check_quality_table_with_a_reference_puts_measured_beside_predicted_dice(scene, work_dir: Path) -> None:
@@ -468,7 +529,8 @@ def check_quality_table_with_a_reference_puts_measured_beside_predicted_dice(sce
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, _segment_id(outputs.segmentation, label),
                                                           volume)
         predicted_labels[mask > 0] = label
-    np.testing.assert_allclose(columns["Measured Dice"], dice(predicted_labels, labels.astype(np.int64), NUM_CLASSES))
+    assert math.isnan(columns["Measured Dice"][0])  # the input check's row
+    np.testing.assert_allclose(columns["Measured Dice"][1:], dice(predicted_labels, labels.astype(np.int64), NUM_CLASSES))
     assert outputs.metrics_table is not None  # the calibration metrics stay in their own table
 
 

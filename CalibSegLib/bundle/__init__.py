@@ -5,7 +5,9 @@ Members (nothing else is allowed):
 - ``bundle.json`` — :class:`BundleMetadata`: schema version, network name and kwargs, input
   channels, classes with names and colours, preprocessing, training method and
   hyper-parameters (incl. CRaC multipliers), temperature, data and split, validation and
-  test metrics, the optional quality model (:mod:`CalibSegLib.quality`), library version,
+  test metrics, the optional quality model (:mod:`CalibSegLib.quality`), the optional standard
+  terminology of the classes (:mod:`CalibSegLib.terminology`) and statistics of the training
+  inputs (:mod:`CalibSegLib.input_check`), library version,
   weights dtype and SHA-256 checksum.
 - ``weights.safetensors`` — the state dict as plain tensors. Bundles never contain pickles,
   so loading one can never run code.

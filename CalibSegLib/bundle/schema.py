@@ -19,10 +19,12 @@ import numpy as np
 import torch
 
 from CalibSegLib import __version__
+from CalibSegLib.input_check import InputStatistics, InputStatisticsError
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityModelError, structure_key
 from CalibSegLib.sliding_window import SlidingWindow
+from CalibSegLib.terminology import TerminologyError, parse_class_terminology
 
 __all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError",
            "BundleMetadata", "check_schema_version", "parse_metadata", "is_int", "is_number"]
@@ -63,8 +65,11 @@ class BundleMetadata:
     class; ``training`` holds method, loss hyper-parameters, epochs, lr, batch size, seed and
     (for CRaC) the multipliers; ``data`` the dataset, split file and case ids;
     ``quality_model`` the predicted-Dice model fitted on the validation cases
-    (:meth:`CalibSegLib.quality.QualityModel.to_dict`), None in bundles without one. The library
-    version, weights dtype and checksum are filled in by :func:`save_bundle`.
+    (:meth:`CalibSegLib.quality.QualityModel.to_dict`), None in bundles without one;
+    ``class_terminology`` the standard codes of the foreground classes
+    (:func:`CalibSegLib.terminology.parse_class_terminology`) and ``input_statistics`` what the
+    training inputs looked like (:meth:`CalibSegLib.input_check.InputStatistics.to_dict`), None
+    where absent. The library version, weights dtype and checksum are filled in by :func:`save_bundle`.
     """
 
     network: str
@@ -83,6 +88,8 @@ class BundleMetadata:
     validation_metrics: dict[str, Any] = field(default_factory=dict)
     test_metrics: dict[str, Any] = field(default_factory=dict)
     quality_model: dict[str, Any] | None = None
+    class_terminology: dict[str, Any] | None = None
+    input_statistics: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
     library_version: str = __version__
     weights_dtype: str = "float32"
@@ -207,6 +214,21 @@ class BundleMetadata:
                     f"The bundle's quality model reads {MIRROR_AGREEMENT}, which needs test-time mirroring, but its "
                     f"sliding_window has no mirror_axes; refit it with calibseg-fit-quality."
                 )
+        if self.class_terminology is not None:
+            try:
+                parse_class_terminology(self.class_terminology, self.class_names)
+            except TerminologyError as error:
+                raise BundleError(
+                    f"The bundle's class_terminology is malformed ({error}); re-export the bundle."
+                ) from None
+        if self.input_statistics is not None:
+            try:
+                InputStatistics.from_dict(self.input_statistics, self.class_names, self.in_channels)
+            except InputStatisticsError as error:
+                raise BundleError(
+                    f"The bundle's input_statistics are malformed ({error}); refit them with "
+                    f"python -m Training.fit_input_check."
+                ) from None
 
 
 def is_int(value: Any) -> bool:

@@ -1,0 +1,359 @@
+"""Is this input like the model's training inputs? The statistics a bundle stores and the check against them.
+
+A model's predicted Dice only means something on images like the ones it learnt from: on a
+contrast-inverted cine MRI the shipped models predict Dice 0.44–0.51 where 0.01–0.03 is measured.
+So before anyone reads a Dice, :func:`check_input` says in plain sentences when an input is unlike
+every training volume. It compares one volume (and the model's prediction on it) with
+:class:`InputStatistics`, stored in ``bundle.json`` as ``input_statistics`` and computed by
+:func:`fit_input_statistics` from the training volumes and their reference labels.
+
+What is compared (:func:`observe_volume`; every intensity after the bundle's own intensity
+normalisation, :func:`~CalibSegLib.preprocessing.normalize_intensity`, so a raw scanner file and a
+volume stored already scaled to [0, 1] give the same numbers — the ones the network sees):
+
+- ``intensity``: the :data:`QUANTILE_LEVELS` quantiles of the whole normalised volume (the shape of
+  its histogram). Cine MRI is mostly dark with bright blood; an inverted copy, a CT in Hounsfield
+  units (air at the minimum, soft tissue and bone near the top) or uniform noise is not.
+- ``structure_intensity``: the median normalised intensity inside each predicted structure (in
+  cine MRI the left-ventricle cavity is bright, the myocardium dark); structures predicted nowhere
+  are not compared here.
+- ``structure_volume``: each structure's predicted volume in mL; a structure predicted nowhere is
+  always a reason (every training volume has each structure).
+- ``geometry``: the in-plane pixel spacing and field of view (mm).
+
+Each family's *excursion* (:func:`excursions`) is how far the volume lies outside the training
+range: normalised-intensity units for the two intensity families, the natural logarithm of the
+ratio to the nearest bound for volumes and geometry (0 inside the range). A family whose
+excursion exceeds its threshold (``InputStatistics.thresholds``, decided on validation volumes
+and degraded copies: docs/input_check.md) gives one sentence. Pure NumPy: no torch, no bundle.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from CalibSegLib.preprocessing import in_plane_spacing, normalize_intensity
+
+if TYPE_CHECKING:
+    from CalibSegLib.bundle import BundleMetadata
+
+__all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
+           "InputStatistics", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS",
+           "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED"]
+
+INPUT_STATISTICS_VERSION = 1
+QUANTILE_LEVELS: tuple[float, ...] = (0.05, 0.25, 0.50, 0.75, 0.95)
+# The families of statistics, each with one threshold on its excursion.
+FAMILIES: tuple[str, ...] = ("intensity", "structure_intensity", "structure_volume", "geometry")
+# The largest excursion per family still called suitable, decided on acdc_ce_dice's validation patients of
+# Datasets/splits/acdc.json and degraded copies of them by the rule in docs/input_check.md: twice the largest excursion of a clean validation volume, at least 0.05 normalised-intensity units for the
+# intensity families and log(1.5) (a factor 1.5 beyond the training range) for volumes and geometry.
+THRESHOLDS: dict[str, float] = {"intensity": 0.08, "structure_intensity": 0.05, "structure_volume": math.log(1.5),
+                                "geometry": math.log(1.5)}
+_MAX_STRUCTURES = 255  # labels are uint8
+NOT_CHECKED = ("input not checked: this bundle stores no statistics of its training inputs "
+               "(add them with python -m Training.fit_input_check --bundle <bundle>)")
+
+
+class InputStatisticsError(ValueError):
+    """Stored input statistics cannot be read, or none can be computed; the message says why in a phrase
+    (``load_bundle`` wraps it in its one-sentence ``BundleError``)."""
+
+
+@dataclass(frozen=True)
+class VolumeObservation:
+    """What :func:`observe_volume` measures on one volume.
+
+    ``quantiles``: ``(channels, len(QUANTILE_LEVELS))`` normalised intensities; ``structure_intensity``:
+    per structure the median normalised intensity inside it (first channel), None where it is absent;
+    ``structure_volume_ml``: per structure its volume in mL (0 when absent); ``spacing_mm`` and
+    ``field_of_view_mm``: the two in-plane values, mm.
+    """
+
+    quantiles: np.ndarray
+    structure_intensity: dict[str, float | None]
+    structure_volume_ml: dict[str, float]
+    spacing_mm: tuple[float, float]
+    field_of_view_mm: tuple[float, float]
+
+
+def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float], labels: np.ndarray,
+                   class_names: Sequence[str], normalization: str = "percentile", upper_percentile: float = 99.0,
+                   slice_axis: int = 0) -> VolumeObservation:
+    """The statistics of one volume and its label map.
+
+    Args:
+        channels: the ``(z, y, x)`` volume, or one per input channel, as read (any real dtype).
+        spacing: its ``(z, y, x)`` voxel size in mm.
+        labels: ``(z, y, x)`` integer labels on the same grid: the reference when fitting, the
+            prediction when checking; class ``k`` is ``class_names[k]``, 0 the background.
+        normalization, upper_percentile, slice_axis: the bundle's :class:`~CalibSegLib.preprocessing.Preprocessing`.
+    """
+    volumes = [channels] if isinstance(channels, np.ndarray) else list(channels)
+    normalized = [normalize_intensity(volume, normalization, upper_percentile) for volume in volumes]
+    quantiles = np.stack([np.quantile(volume, QUANTILE_LEVELS) for volume in normalized]).astype(np.float64)
+    voxel_ml = float(np.prod([float(value) for value in spacing])) / 1000.0
+    intensity: dict[str, float | None] = {}
+    volume_ml: dict[str, float] = {}
+    for label, name in enumerate(class_names[1:], start=1):
+        mask = labels == label
+        count = int(np.count_nonzero(mask))
+        volume_ml[name] = count * voxel_ml
+        intensity[name] = float(np.median(normalized[0][mask])) if count else None
+    pixel = in_plane_spacing(spacing, slice_axis)
+    shape = [size for axis, size in enumerate(labels.shape) if axis != slice_axis]
+    return VolumeObservation(quantiles, intensity, volume_ml, pixel,
+                             (shape[0] * pixel[0], shape[1] * pixel[1]))
+
+
+def _range(values: Any, phrase: str, positive: bool = False) -> tuple[float, float]:
+    """A stored ``[low, high]`` pair of finite numbers, low <= high (and > 0 with ``positive``)."""
+    if (not isinstance(values, (list, tuple)) or len(values) != 2
+            or not all(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                       for value in values)
+            or values[0] > values[1] or (positive and values[0] <= 0)):
+        raise InputStatisticsError(f"{phrase} must be a [low, high] pair of finite{' positive' if positive else ''} "
+                                   f"numbers with low <= high, got {values!r}")
+    return float(values[0]), float(values[1])
+
+
+def _ranges(values: Any, names: Sequence[str], phrase: str, positive: bool = False) -> dict[str, tuple[float, float]]:
+    if not isinstance(values, dict) or sorted(values) != sorted(names):
+        raise InputStatisticsError(f"{phrase} must name exactly the structures {', '.join(names)}")
+    return {name: _range(values[name], f"{phrase} of {name}", positive) for name in names}
+
+
+@dataclass(frozen=True)
+class InputStatistics:
+    """What the training inputs looked like, and how far from it an input may lie: ``bundle.json``'s
+    ``input_statistics``.
+
+    ``intensity``: per channel, per :data:`QUANTILE_LEVELS` level, the ``(low, high)`` range of that
+    normalised quantile over the training volumes; ``structure_intensity`` and ``structure_volume_ml``:
+    per foreground structure the range of its median normalised intensity and of its volume (mL);
+    ``spacing_mm`` / ``field_of_view_mm``: the in-plane ranges (mm); ``thresholds``: per
+    :data:`FAMILIES` entry the largest excursion still suitable; ``volumes``: how many training
+    volumes the ranges come from.
+    """
+
+    intensity: tuple[tuple[tuple[float, float], ...], ...]
+    structure_intensity: dict[str, tuple[float, float]]
+    structure_volume_ml: dict[str, tuple[float, float]]
+    spacing_mm: tuple[float, float]
+    field_of_view_mm: tuple[float, float]
+    thresholds: dict[str, float] = field(default_factory=dict)
+    volumes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON for ``bundle.json``."""
+        return {"version": INPUT_STATISTICS_VERSION, "quantile_levels": list(QUANTILE_LEVELS),
+                **{key: _plain(value) for key, value in asdict(self).items()}}
+
+    @classmethod
+    def from_dict(cls, values: Any, class_names: Sequence[str], in_channels: int = 1) -> "InputStatistics":
+        """Read and check stored statistics for a model with ``class_names`` and ``in_channels``.
+
+        Raises:
+            InputStatisticsError: a missing, unknown or malformed field (a phrase naming it).
+        """
+        if not isinstance(values, dict):
+            raise InputStatisticsError(f"it must be an object, got {type(values).__name__}")
+        expected = {"version", "quantile_levels", "intensity", "structure_intensity", "structure_volume_ml",
+                    "spacing_mm", "field_of_view_mm", "thresholds", "volumes"}
+        if set(values) != expected:
+            wrong = sorted(set(values) ^ expected)
+            raise InputStatisticsError(f"its fields must be {', '.join(sorted(expected))} (wrong: {', '.join(wrong)})")
+        if values["version"] != INPUT_STATISTICS_VERSION:
+            raise InputStatisticsError(f"version {values['version']!r} is not {INPUT_STATISTICS_VERSION}")
+        if values["quantile_levels"] != list(QUANTILE_LEVELS):
+            raise InputStatisticsError(f"quantile_levels must be {list(QUANTILE_LEVELS)}")
+        intensity = values["intensity"]
+        if not isinstance(intensity, list) or len(intensity) != in_channels or not all(
+                isinstance(channel, list) and len(channel) == len(QUANTILE_LEVELS) for channel in intensity):
+            raise InputStatisticsError(f"intensity must hold {len(QUANTILE_LEVELS)} ranges for each of the "
+                                       f"{in_channels} channel(s)")
+        structures = list(class_names[1:])
+        if len(structures) > _MAX_STRUCTURES:
+            raise InputStatisticsError(f"a model has at most {_MAX_STRUCTURES} structures")
+        thresholds = values["thresholds"]
+        if not isinstance(thresholds, dict) or sorted(thresholds) != sorted(FAMILIES) or not all(
+                isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+                for value in thresholds.values()):
+            raise InputStatisticsError(f"thresholds must give a finite number >= 0 for each of {', '.join(FAMILIES)}")
+        volumes = values["volumes"]
+        if not isinstance(volumes, int) or isinstance(volumes, bool) or volumes < 1:
+            raise InputStatisticsError(f"volumes must be a positive integer, got {volumes!r}")
+        return cls(
+            intensity=tuple(tuple(_range(pair, f"intensity quantile {level}") for pair, level in
+                                  zip(channel, QUANTILE_LEVELS)) for channel in intensity),
+            structure_intensity=_ranges(values["structure_intensity"], structures, "structure_intensity"),
+            structure_volume_ml=_ranges(values["structure_volume_ml"], structures, "structure_volume_ml",
+                                        positive=True),
+            spacing_mm=_range(values["spacing_mm"], "spacing_mm", positive=True),
+            field_of_view_mm=_range(values["field_of_view_mm"], "field_of_view_mm", positive=True),
+            thresholds={family: float(thresholds[family]) for family in FAMILIES},
+            volumes=volumes,
+        )
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return float(value) if isinstance(value, (float, np.floating)) else value
+
+
+def _span(values: Sequence[float]) -> tuple[float, float]:
+    return float(min(values)), float(max(values))
+
+
+def fit_input_statistics(observations: Sequence[VolumeObservation], thresholds: Mapping[str, float]) -> InputStatistics:
+    """The training ranges of ``observations`` (one per training volume, labelled with its reference).
+
+    Raises:
+        InputStatisticsError: no observation, or a structure absent from every training volume.
+    """
+    if not observations:
+        raise InputStatisticsError("there are no training volumes to compute the input statistics from")
+    quantiles = np.stack([observation.quantiles for observation in observations])  # (volumes, channels, levels)
+    structures = list(observations[0].structure_volume_ml)
+    present = {name: [o.structure_intensity[name] for o in observations if o.structure_intensity[name] is not None]
+               for name in structures}
+    absent = [name for name, values in present.items() if not values]
+    if absent:
+        raise InputStatisticsError(f"no training volume contains {', '.join(absent)}, so its range is unknown")
+    volumes = {name: [o.structure_volume_ml[name] for o in observations if o.structure_volume_ml[name] > 0]
+               for name in structures}
+    return InputStatistics(
+        intensity=tuple(tuple(_span(quantiles[:, channel, level]) for level in range(quantiles.shape[2]))
+                        for channel in range(quantiles.shape[1])),
+        structure_intensity={name: _span(values) for name, values in present.items()},
+        structure_volume_ml={name: _span(values) for name, values in volumes.items()},
+        spacing_mm=_span([value for o in observations for value in o.spacing_mm]),
+        field_of_view_mm=_span([value for o in observations for value in o.field_of_view_mm]),
+        thresholds={family: float(thresholds[family]) for family in FAMILIES},
+        volumes=len(observations),
+    )
+
+
+def statistics_of_cases(metadata: "BundleMetadata", cases: Sequence[Any],
+                        thresholds: Mapping[str, float] = THRESHOLDS) -> dict[str, Any]:
+    """``bundle.json``'s ``input_statistics`` from a bundle's training ``cases`` (each with ``image``, ``label``
+    and ``spacing`` (z, y, x) mm, as :class:`Datasets.cases.Case`), under the bundle's preprocessing."""
+    preprocessing = metadata.preprocessing
+    observations = [observe_volume(case.image, case.spacing, case.label, metadata.class_names,
+                                   preprocessing.normalization, preprocessing.upper_percentile,
+                                   preprocessing.slice_axis) for case in cases]
+    return fit_input_statistics(observations, thresholds).to_dict()
+
+
+def _outside(value: float, bounds: tuple[float, float]) -> float:
+    """Distance of ``value`` outside ``[low, high]`` (0 inside)."""
+    return max(bounds[0] - value, value - bounds[1], 0.0)
+
+
+def _log_outside(value: float, bounds: tuple[float, float]) -> float:
+    """|log(value / nearest bound)| outside ``[low, high]`` (0 inside; infinite for a value of 0)."""
+    if value <= 0:
+        return math.inf
+    return abs(math.log(value / min(max(value, bounds[0]), bounds[1])))
+
+
+@dataclass(frozen=True)
+class _Finding:
+    """The worst statistic of one family: its excursion and the sentence that says it."""
+
+    excursion: float
+    sentence: str
+
+
+def _findings(statistics: InputStatistics, observation: VolumeObservation) -> dict[str, _Finding]:
+    intensity = max(
+        (_Finding(_outside(value, bounds),
+                  f"Its intensity histogram is unlike every training volume's (channel {channel + 1}: the "
+                  f"{level:.0%} quantile is {value:.2f} of the normalised range, training volumes "
+                  f"{bounds[0]:.2f}–{bounds[1]:.2f}): another contrast, modality or an inverted image?")
+         for channel, (values, ranges) in enumerate(zip(observation.quantiles, statistics.intensity))
+         for level, value, bounds in zip(QUANTILE_LEVELS, values, ranges)),
+        key=lambda finding: finding.excursion)
+    found = [(name, value) for name, value in observation.structure_intensity.items() if value is not None]
+    contrast = max(
+        (_Finding(_outside(value, statistics.structure_intensity[name]),
+                  f"The predicted {name} has median intensity {value:.2f} of the normalised range, where training "
+                  f"volumes have {statistics.structure_intensity[name][0]:.2f}–"
+                  f"{statistics.structure_intensity[name][1]:.2f}: the contrast between structures is unlike the "
+                  f"training images.")
+         for name, value in found), key=lambda finding: finding.excursion, default=_Finding(0.0, ""))
+    volumes = statistics.structure_volume_ml
+    missing = [name for name, value in observation.structure_volume_ml.items() if value <= 0]
+    if missing:
+        size = _Finding(math.inf, f"No {' and no '.join(missing)} was found, though every training volume has "
+                                  f"{'it' if len(missing) == 1 else 'them'}.")
+    else:
+        size = max(
+            (_Finding(_log_outside(value, volumes[name]),
+                      f"The predicted {name} measures {value:.1f} mL, where training volumes have "
+                      f"{volumes[name][0]:.1f}–{volumes[name][1]:.1f} mL.")
+             for name, value in observation.structure_volume_ml.items()), key=lambda finding: finding.excursion)
+    geometry = max(
+        [_Finding(_log_outside(value, statistics.spacing_mm),
+                  f"Its in-plane pixel spacing, {value:.2f} mm, is far from the training volumes' "
+                  f"{statistics.spacing_mm[0]:.2f}–{statistics.spacing_mm[1]:.2f} mm.")
+         for value in observation.spacing_mm]
+        + [_Finding(_log_outside(value, statistics.field_of_view_mm),
+                    f"Its in-plane field of view, {value:.0f} mm, is far from the training volumes' "
+                    f"{statistics.field_of_view_mm[0]:.0f}–{statistics.field_of_view_mm[1]:.0f} mm.")
+           for value in observation.field_of_view_mm], key=lambda finding: finding.excursion)
+    return {"intensity": intensity, "structure_intensity": contrast, "structure_volume": size, "geometry": geometry}
+
+
+def excursions(statistics: InputStatistics, observation: VolumeObservation) -> dict[str, float]:
+    """Per :data:`FAMILIES` entry, how far ``observation`` lies outside the training ranges (0 inside; see the
+    module docstring for the units)."""
+    return {family: finding.excursion for family, finding in _findings(statistics, observation).items()}
+
+
+def input_reasons(statistics: InputStatistics, observation: VolumeObservation) -> list[str]:
+    """One sentence per family whose excursion exceeds its threshold, in :data:`FAMILIES` order."""
+    return [finding.sentence for family, finding in _findings(statistics, observation).items()
+            if finding.excursion > statistics.thresholds[family]]
+
+
+def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float],
+                labels: np.ndarray) -> dict[str, Any]:
+    """Is ``image`` like the bundle's training inputs? The ``input_check`` of a case's summary.
+
+    Args:
+        metadata: the bundle's metadata (its ``input_statistics``, class names and preprocessing).
+        image: the ``(z, y, x)`` volume as read, or one per input channel.
+        spacing: its ``(z, y, x)`` voxel size in mm.
+        labels: the bundle's ``(z, y, x)`` prediction on it.
+
+    Returns:
+        ``{"suitable": bool, "reasons": [one sentence each]}`` (no reason when suitable), or for a
+        bundle without statistics ``{"suitable": None, "reasons": [], "note": "input not checked: ..."}``.
+    """
+    if metadata.input_statistics is None:
+        return {"suitable": None, "reasons": [], "note": NOT_CHECKED}
+    statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels)
+    preprocessing = metadata.preprocessing
+    observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing.normalization,
+                                 preprocessing.upper_percentile, preprocessing.slice_axis)
+    reasons = input_reasons(statistics, observation)
+    return {"suitable": not reasons, "reasons": reasons}
+
+
+def input_check_lines(check: Mapping[str, Any]) -> list[str]:
+    """What a reader sees first about a case: ``input suitable``, or ``INPUT UNSUITABLE`` and its reasons,
+    or the not-checked note (the command line and the Slicer table print these)."""
+    if check["suitable"] is None:
+        return [check["note"]]
+    if check["suitable"]:
+        return ["input suitable: like the model's training volumes"]
+    return ["INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can be trusted.",
+            *check["reasons"]]
