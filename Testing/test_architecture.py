@@ -29,8 +29,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, package: str) -> list[tuple[str, ast.AST, bool]]:
-    """Every import in ``path`` as (dotted name, node, guarded: inside a try that catches ImportError)."""
+    """Every import in ``path`` as (dotted name, node, guarded: inside a try that catches ImportError), but those
+    for the type checker alone (under ``if TYPE_CHECKING:``), which never run."""
     tree = ast.parse(path.read_text())
+    typing_only = {id(child) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+                   for statement in node.body for child in ast.walk(statement)}
     guarded_nodes = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Try) and any(
@@ -39,6 +43,8 @@ def _imports(path: Path, package: str) -> list[tuple[str, ast.AST, bool]]:
             guarded_nodes |= {id(child) for statement in node.body for child in ast.walk(statement)}
     found = []
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             found += [(alias.name, node, id(node) in guarded_nodes) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -36,7 +36,7 @@ class Stop(Exception):
 def test_train_records_the_dataset_by_name_and_prints_where_everything_goes(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def trainer(config, train, val, run_dir, data_description):
+    def trainer(config, train, val, run_dir, data_description, processes):
         seen["data"] = data_description
         raise Stop
 

@@ -367,27 +367,35 @@ def check_reference_on_another_grid_is_refused(scene, work_dir: Path) -> None:
         assert "not on the input volume's grid" in error, error
 
 
-def check_cancel_leaves_the_scene_unchanged(scene, work_dir: Path) -> None:
-    from CalibSegLib.inference import InferenceCancelled
-
+def _interrupted_job(scene, work_dir: Path, interrupt: Callable[[InferenceJob], None]):
+    """A background job on a larger phantom whose first progress report calls ``interrupt(job)``, run until it
+    ended; returns the volume, the runner, the job and the scene's snapshot from before it started."""
     image, _ = _phantom(shape=(40, 48, 40))
     volume = make_volume_node(scene, image)
     runner = SegmentationRunner()
-    request = runner.prepare(volume, _bundle(work_dir))
+    job = InferenceJob(runner, runner.prepare(volume, _bundle(work_dir)))
     before = scene_snapshot(scene)
-    job = InferenceJob(runner, request)
-    started = threading.Event()
-    original_progress = job._progress
+    interrupted = threading.Event()
+    report = job._progress
 
     def progress(fraction: float) -> None:
-        original_progress(fraction)
-        started.set()
-        job.cancel()  # the user presses Cancel while the first batches run
+        report(fraction)
+        if not interrupted.is_set():
+            interrupted.set()
+            interrupt(job)
 
     job._progress = progress
     job.start()
-    assert job.wait(timeout=120), "the cancelled job did not stop"
-    assert started.is_set() and job.fraction < 1.0
+    assert job.wait(timeout=120), "the interrupted job did not end"
+    assert interrupted.is_set() and job.fraction < 1.0
+    return volume, runner, job, before
+
+
+def check_cancel_leaves_the_scene_unchanged(scene, work_dir: Path) -> None:
+    from CalibSegLib.inference import InferenceCancelled
+
+    # the user presses Cancel while the first batches run
+    _, _, job, before = _interrupted_job(scene, work_dir, InferenceJob.cancel)
     try:
         job.finish()
     except InferenceCancelled:
@@ -423,26 +431,12 @@ def check_a_killed_inference_child_is_one_sentence_and_the_next_run_works(scene,
     next job runs to the end."""
     import signal
 
-    image, _ = _phantom(shape=(40, 48, 40))
-    volume = make_volume_node(scene, image)
-    runner = SegmentationRunner()
-    request = runner.prepare(volume, _bundle(work_dir))
-    before = scene_snapshot(scene)
-    job = InferenceJob(runner, request)
-    killed = threading.Event()
-    original_progress = job._progress
+    def kill(job: InferenceJob) -> None:  # not cancel(): the process just dies
+        os.kill(job._process.pid, signal.SIGKILL)
 
-    def progress(fraction: float) -> None:
-        original_progress(fraction)
-        if not killed.is_set():
-            killed.set()
-            os.kill(job._process.pid, signal.SIGKILL)  # not cancel(): the process just dies
-
-    job._progress = progress
-    job.start()
-    assert job.wait(timeout=120), "the killed job did not end"
+    volume, runner, job, before = _interrupted_job(scene, work_dir, kill)
     error = _scene_is_unchanged_after(scene, job.finish, "killed child")
-    assert killed.is_set() and error.startswith("The inference process was killed by signal 9"), error
+    assert error.startswith("The inference process was killed by signal 9"), error
     assert error.count(". ") == 0 and error.endswith("the scene is unchanged."), error
     assert scene_snapshot(scene) == before
     again = InferenceJob(runner, runner.prepare(volume, _bundle(work_dir))).start()
