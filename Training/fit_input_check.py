@@ -19,12 +19,11 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, load_bundle, save_bundle
+from CalibSegLib.bundle import load_bundle
 from CalibSegLib.input_check import statistics_of_cases
-from CalibSegLib.io import check_output_file
-from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
-from Datasets.cases import DataError, data_folder, default_terminology, find_cases, load_cases
-from Datasets.splits import select_patients
+from CalibSegLib.pretrained import resolve_bundle_path
+from Datasets.cases import default_terminology
+from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
 
 __all__ = ["refit_input_check", "main"]
 
@@ -37,21 +36,14 @@ def refit_input_check(bundle: str | Path, data: str | Path | None = None, out: s
             sentence each).
     """
     path = resolve_bundle_path(bundle)
-    shipped = shipped_name(path)
-    if out is None:
-        out = Path("runs") / shipped / f"{shipped}{BUNDLE_SUFFIX}" if shipped else path
-    check_output_file(out)
+    out = rewrite_destination(path, out)
     loaded = load_bundle(path)
     metadata = loaded.metadata
-    patients = metadata.data.get("train")
-    if not patients:
-        raise DataError(f"{path.name} records no training patients (data['train']), so there is nothing to compute "
-                        f"its input statistics from.")
-    cases = load_cases(select_patients(find_cases(data_folder(metadata.data, data)), patients), metadata.num_classes)
+    cases = recorded_cases(metadata, path.name, data, "train", "compute its input statistics")
     terminology = metadata.class_terminology or default_terminology(metadata.class_names)
     refitted = dataclasses.replace(metadata, input_statistics=statistics_of_cases(metadata, cases),
                                    class_terminology=terminology)
-    return save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16")
+    return rewrite_bundle(loaded, refitted, out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

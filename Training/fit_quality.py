@@ -26,16 +26,15 @@ import dataclasses
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, BundleMetadata, load_bundle, save_bundle
+from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle
 from CalibSegLib.inference import Predictor
-from CalibSegLib.io import check_output_file
-from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
+from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, check_references, fit_from_observations,
                                  observe_cases)
-from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
-from Datasets.splits import select_patients
+from Datasets.cases import Case, DataError
+from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
 
-__all__ = ["refit_bundle", "fold_observations", "validation_cases", "describe", "main"]
+__all__ = ["refit_bundle", "fold_observations", "describe", "main"]
 
 
 def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None,
@@ -59,22 +58,17 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
             patients, unsuitable fold networks, or too few validation cases (one sentence each).
     """
     path = resolve_bundle_path(bundle)
-    shipped = shipped_name(path)
-    if out is None:
-        out = Path("runs") / shipped / f"{shipped}{BUNDLE_SUFFIX}" if shipped else path
-    check_output_file(out)  # before the fit: a bad destination must not cost the predictions
+    out = rewrite_destination(path, out)  # before the fit: a bad destination must not cost the predictions
     loaded = load_bundle(path)
     metadata = loaded.metadata
-    cases = validation_cases(metadata, path.name, data, "fit")
+    cases = recorded_cases(metadata, path.name, data, "val", "fit")
     check_references(cases, metadata.class_names)  # before any prediction
     observed = fold_observations(fold_bundles, metadata, data, device, batch_size)
     record = ({"fold_networks": len(fold_bundles), "fold_patients": len({item.patient for item in observed})}
               if fold_bundles else {})
     observed += observe_cases(Predictor(loaded, device=device, batch_size=batch_size), cases)
     model = fit_from_observations(observed, metadata.class_names, validation=record)
-    refitted = dataclasses.replace(metadata, quality_model=model.to_dict())
-    written = save_bundle(out, loaded.state_dict, refitted, half=metadata.weights_dtype == "float16")
-    return written, model
+    return rewrite_bundle(loaded, dataclasses.replace(metadata, quality_model=model.to_dict()), out), model
 
 
 def fold_observations(fold_bundles: Sequence[str | Path], metadata: BundleMetadata, data: str | Path | None = None,
@@ -107,20 +101,7 @@ def _fold_cases(fold: Bundle, name: str, metadata: BundleMetadata, data: str | P
     if tested:
         raise DataError(f"{name} validates on {sorted(tested)[0]}, one of the bundle's test patients; pass fold "
                         "networks whose folds split the bundle's training patients.")
-    return validation_cases(fold_metadata, name, data, "predict out of fold")
-
-
-def validation_cases(metadata: BundleMetadata, name: str, data: str | Path | None, purpose: str) -> list[Case]:
-    """The validation volumes a bundle records (``data["val"]``), loaded from ``data`` or the recorded dataset.
-
-    Raises:
-        DataError: the bundle ``name`` records no validation patients (nothing to ``purpose`` on), or the
-            data is missing.
-    """
-    patients = metadata.data.get("val")
-    if not patients:
-        raise DataError(f"{name} records no validation patients (data['val']), so there is nothing to {purpose} on.")
-    return load_cases(select_patients(find_cases(data_folder(metadata.data, data)), patients), metadata.num_classes)
+    return recorded_cases(fold_metadata, name, data, "val", "predict out of fold")
 
 
 def describe(model: QualityModel) -> list[str]:

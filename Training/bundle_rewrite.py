@@ -1,0 +1,53 @@
+"""Rewriting a finished bundle's metadata: where the new file goes, the cases it records, the same weights.
+
+``calibseg-fit-quality`` and ``python -m Training.fit_input_check`` change only ``bundle.json``; both read the
+patients the bundle records and write the same weights bytes, in the same dtype, atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleMetadata, save_bundle
+from CalibSegLib.io import check_output_file
+from CalibSegLib.pretrained import shipped_name
+from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
+from Datasets.splits import select_patients
+
+__all__ = ["rewrite_destination", "recorded_cases", "rewrite_bundle"]
+
+_SIDE_NAMES = {"train": "training", "val": "validation", "test": "test"}
+
+
+def rewrite_destination(path: Path, out: str | Path | None) -> Path:
+    """Where a rewritten ``path`` goes: ``out``, else over ``path`` itself; a shipped model is never rewritten
+    inside the package, its default is ``runs/<name>/<name>.calibseg`` under the current folder. Checked
+    writable before any work is spent.
+
+    Raises:
+        ValueError: the destination cannot be written (one sentence).
+    """
+    shipped = shipped_name(path)
+    if out is None:
+        out = Path("runs") / shipped / f"{shipped}{BUNDLE_SUFFIX}" if shipped else path
+    return check_output_file(out)
+
+
+def recorded_cases(metadata: BundleMetadata, name: str, data: str | Path | None, side: str,
+                   purpose: str) -> list[Case]:
+    """The volumes of the patients a bundle records on ``side`` (``data["train"]``, ``["val"]`` or ``["test"]``),
+    loaded from ``data`` or the recorded dataset.
+
+    Raises:
+        DataError: the bundle ``name`` records none (nothing to ``purpose`` on), or the data is missing.
+    """
+    patients = metadata.data.get(side)
+    if not patients:
+        raise DataError(f"{name} records no {_SIDE_NAMES[side]} patients (data[{side!r}]), so there is nothing to "
+                        f"{purpose} on.")
+    return load_cases(select_patients(find_cases(data_folder(metadata.data, data)), patients), metadata.num_classes)
+
+
+def rewrite_bundle(bundle: Bundle, metadata: BundleMetadata, out: Path) -> Path:
+    """``bundle``'s weights with new ``metadata`` at ``out``, in the weights' own dtype (float16 stays float16)."""
+    return save_bundle(out, bundle.state_dict, metadata, half=bundle.metadata.weights_dtype == "float16")
