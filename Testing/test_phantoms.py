@@ -1,0 +1,79 @@
+"""The generated datasets (Datasets/phantoms.py): the layouts real downloads use, the contrasts they
+promise (CT organs 15-20 HU apart, each MRI structure visible in one channel only), reproducible from a
+seed, and a refused folder left as it was."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from CalibSegLib.io import read_image
+from Datasets import phantoms
+from Datasets.cases import dataset_class_names
+from fault_checks import assert_one_sentence, tree_snapshot
+
+
+def _means(image: np.ndarray, label: np.ndarray, classes: int) -> list[float]:
+    return [float(image[label == index].mean()) for index in range(classes)]
+
+
+def test_ct_phantom_is_a_decathlon_folder_in_hounsfield_units_with_anisotropic_slices(tmp_path):
+    folder = phantoms.write_phantom(tmp_path / "ct", "ct", cases=5, seed=3)
+    description = json.loads((folder / "dataset.json").read_text())
+    assert description["modality"] == {"0": "CT"}
+    assert dataset_class_names(folder) == ["background", "liver", "spleen", "kidney"]
+    images = sorted((folder / "imagesTr").iterdir())
+    assert [path.name for path in images] == [f"ct_{index:03d}_0000.nii.gz" for index in range(5)]
+    spacings = []
+    for path in images:
+        image, geometry = read_image(path)
+        label, label_geometry = read_image(folder / "labelsTr" / path.name.replace("_0000", ""))
+        assert label_geometry.matches(geometry) and label.shape == image.shape
+        assert set(np.unique(label)) == {0, 1, 2, 3}
+        tissue = np.median(image[(label == 0) & (image > -500)])  # the body, not its blurred rim
+        liver, spleen, kidney = _means(image, label, 4)[1:]
+        # Neighbours 15-20 HU apart (partial volume pulls small organs' means a little towards their surroundings).
+        assert 10 < liver - tissue < 20 and 10 < spleen - liver < 20 and 12 < kidney - spleen < 25
+        assert image.min() < -900  # air
+        spacings.append(geometry.spacing)
+    assert all(z > 2 * y and y == x for z, y, x in spacings)
+    assert len({spacing for spacing in spacings}) == 5  # every case its own scanner setting
+
+
+def test_multichannel_phantom_shows_each_structure_in_its_own_channel_only(tmp_path):
+    folder = phantoms.write_phantom(tmp_path / "mr", "multichannel", cases=5, seed=1)
+    description = json.loads((folder / "dataset.json").read_text())
+    assert description["channel_names"] == {"0": "T1", "1": "T1ce", "2": "T2", "3": "FLAIR"}
+    assert description["file_ending"] == ".nii.gz" and description["labels"]["background"] == 0
+    label, _ = read_image(folder / "labelsTr" / "mr_002.nii.gz")
+    channels = [read_image(folder / "imagesTr" / f"mr_002_{channel:04d}.nii.gz")[0] for channel in range(4)]
+    head = channels[0] > 0.5 * channels[0].max()
+    for channel in range(1, 4):
+        means = _means(channels[channel], label, 4)
+        tissue = float(channels[channel][head & (label == 0)].mean())
+        assert means[channel] > 1.5 * tissue  # the channel's own structure is bright ...
+        others = [means[index] for index in range(1, 4) if index != channel]
+        assert all(abs(value - tissue) < 0.2 * tissue for value in others)  # ... the others invisible
+
+
+def test_the_same_seed_writes_the_same_phantom(tmp_path):
+    first = phantoms.write_phantom(tmp_path / "a", "ct", cases=5, seed=7)
+    second = phantoms.write_phantom(tmp_path / "b", "ct", cases=5, seed=7)
+    assert tree_snapshot(first) == tree_snapshot(second)
+
+
+@pytest.mark.parametrize("arguments, phrase", [
+    (["--kind", "ct", "--cases", "3"], "at least 5 cases"),
+    (["--kind", "ct"], "not empty"),
+])
+def test_bad_requests_are_one_sentence_and_leave_the_folder_alone(tmp_path, capsys, arguments, phrase):
+    out = tmp_path / "existing"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        phantoms.main([*arguments, "--out", str(out)])
+    assert_one_sentence(str(stop.value.code), phrase)
+    assert tree_snapshot(tmp_path) == before
