@@ -24,6 +24,7 @@ from CalibSegLib.quality import (
     QualityModelError,
     StructureQuality,
     fit_from_observations,
+    held_out_predictions,
     observe_cases,
     quality_summary,
     structure_features,
@@ -254,6 +255,18 @@ def test_fit_is_the_mean_of_per_feature_lines_scored_and_bounded_held_out_by_pat
     assert quality.constant_loo_mae == pytest.approx(baseline) and quality.loo_mae < baseline
     model = fit_from_observations(observations, CLASS_NAMES[:2], validation={"fold_networks": 4})
     assert model.validation == {"cases": 16, "patients": 8, "scheme": "leave-one-patient-out", "fold_networks": 4}
+
+
+def test_held_out_predictions_are_each_patients_prediction_by_a_fit_without_that_patient():
+    rng = np.random.default_rng(11)
+    observations = _observations(lambda values: float(np.clip(1.0 - values["mean_entropy"] + rng.normal(0, 0.03), 0, 1)),
+                                 count=16, seed=11)
+    absent = Observation("p99", [None], np.array([0.0]))  # predicted nowhere: nothing to say, the summary flags it
+    predicted = held_out_predictions([*observations, absent], CLASS_NAMES[:2])
+    assert predicted.shape == (17, 1) and np.isnan(predicted[16, 0])
+    groups = np.array([item.patient for item in observations])
+    for index, item in enumerate(observations):
+        assert predicted[index, 0] == pytest.approx(_by_hand(observations, groups != groups[index], item.features[0], SIX))
 
 
 def test_the_fit_adds_the_size_only_to_the_structures_whose_held_out_error_it_lowers():

@@ -18,7 +18,7 @@ stored model with it, and the summary and the fitting, which read bundles and ru
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
 from CalibSegLib.quality.fitting import (Observation, QualityCase, check_references, fit_from_observations,
-                                         fit_quality_model, observe_cases)
+                                         fit_quality_model, held_out_predictions, observe_cases)
 from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
                                        MIRROR_AGREEMENT, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
                                        QualityModel, QualityModelError, StructureQuality, structure_key)
@@ -51,5 +51,6 @@ __all__ = [
     "check_references",
     "observe_cases",
     "fit_from_observations",
+    "held_out_predictions",
     "fit_quality_model",
 ]

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from CalibSegLib.inference import Predictor
 
 __all__ = ["MIN_FIT_CASES", "QualityCase", "Observation", "check_references", "observe_cases", "fit_from_observations",
-           "fit_quality_model"]
+           "held_out_predictions", "fit_quality_model"]
 
 MIN_FIT_CASES = 3
 
@@ -136,6 +136,72 @@ def _conformal_offsets(residuals: np.ndarray, coverage: float) -> tuple[float, f
     return float(ordered[low - 1]), float(ordered[high - 1])
 
 
+@dataclass(frozen=True)
+class _StructureFit:
+    """One structure's fitting data: the features chosen ``x`` (name → ``(cases,)``), measured Dice ``y``, the
+    cases' patients ``groups``, their held-out residuals (measured − predicted without the case's patient) and
+    ``rows``, the observations' indices these cases come from (those that predict the structure)."""
+
+    x: dict[str, np.ndarray]
+    y: np.ndarray
+    groups: np.ndarray
+    residuals: np.ndarray
+    rows: np.ndarray
+
+
+def _structure_fit(observations: Sequence[Observation], index: int, name: str) -> _StructureFit:
+    """The features, data and held-out residuals of structure ``index`` (``name``); the size joins the features
+    where it lowers the held-out error (the method in the module docstring)."""
+    rows = np.array([number for number, item in enumerate(observations) if item.features[index] is not None],
+                    dtype=np.int64)
+    features = [observations[number].features[index] for number in rows]
+    y = np.array([observations[number].dice[index] for number in rows])
+    groups = np.array([observations[number].patient for number in rows])
+    if len(rows) < MIN_FIT_CASES or len(np.unique(groups)) < 2:
+        raise QualityModelError(f"Only {len(rows)} validation case(s) of {len(np.unique(groups))} patient(s) "
+                                f"predict {name!r}; at least {MIN_FIT_CASES} cases of 2 patients are needed to "
+                                "fit and check a quality model.")
+    if np.ptp(y) == 0 and y[0] == 0:
+        raise QualityModelError(f"The network's {name!r} overlaps the reference nowhere on the validation "
+                                "cases (Dice 0 on every one), so its Dice cannot be predicted; train longer.")
+    averaged = [*UNCERTAINTY_FEATURES, *([MIRROR_AGREEMENT] if all(MIRROR_AGREEMENT in row for row in features)
+                                          else [])]
+    x = {feature: np.array([row[feature] for row in features], dtype=np.float64) for feature in averaged}
+    residuals = _held_out_residuals(x, y, groups)
+    with_size = {**x, SIZE_FEATURE: np.array([row[SIZE_FEATURE] for row in features], dtype=np.float64)}
+    size_residuals = _held_out_residuals(with_size, y, groups)
+    if np.abs(size_residuals).mean() < np.abs(residuals).mean() - 1e-12:
+        x, residuals = with_size, size_residuals
+    return _StructureFit(x, y, groups, residuals, rows)
+
+
+def _check_observations(observations: Sequence[Observation], structure_names: Sequence[str]) -> None:
+    if any(len(item.features) != len(structure_names) or np.shape(item.dice) != (len(structure_names),)
+           for item in observations):
+        raise QualityModelError(f"Every observation needs features and a Dice for each of the {len(structure_names)} "
+                                "structures.")
+
+
+def held_out_predictions(observations: Sequence[Observation], class_names: Sequence[str]) -> np.ndarray:
+    """Each observation's predicted Dice per structure from a fit without its patient (leave-one-patient-out):
+    what the quality model says of patients it never saw, to judge a review rule on.
+
+    Returns:
+        ``(len(observations), C - 1)`` float64, clipped to [0, 1]; NaN where the structure is predicted nowhere
+        (the summary flags those for review whatever the model says).
+
+    Raises:
+        QualityModelError: as :func:`fit_from_observations`.
+    """
+    structure_names = list(class_names[1:])
+    _check_observations(observations, structure_names)
+    predicted = np.full((len(observations), len(structure_names)), np.nan)
+    for index, name in enumerate(structure_names):
+        fit = _structure_fit(observations, index, name)
+        predicted[fit.rows, index] = np.clip(fit.y - fit.residuals, 0.0, 1.0)
+    return predicted
+
+
 def fit_from_observations(observations: Sequence[Observation], class_names: Sequence[str],
                           review_below: float = REVIEW_BELOW, interval_coverage: float = INTERVAL_COVERAGE,
                           validation: dict | None = None) -> QualityModel:
@@ -152,35 +218,15 @@ def fit_from_observations(observations: Sequence[Observation], class_names: Sequ
             do not match ``class_names``.
     """
     structure_names = list(class_names[1:])
-    if any(len(item.features) != len(structure_names) or np.shape(item.dice) != (len(structure_names),)
-           for item in observations):
-        raise QualityModelError(f"Every observation needs features and a Dice for each of the {len(structure_names)} "
-                                "structures.")
+    _check_observations(observations, structure_names)
     groups_all = np.array([item.patient for item in observations])
     structures = {}
     for index, name in enumerate(structure_names):
-        rows = [item.features[index] for item in observations if item.features[index] is not None]
-        y = np.array([item.dice[index] for item in observations if item.features[index] is not None])
-        groups = np.array([item.patient for item in observations if item.features[index] is not None])
-        if len(rows) < MIN_FIT_CASES or len(np.unique(groups)) < 2:
-            raise QualityModelError(f"Only {len(rows)} validation case(s) of {len(np.unique(groups))} patient(s) "
-                                    f"predict {name!r}; at least {MIN_FIT_CASES} cases of 2 patients are needed to "
-                                    "fit and check a quality model.")
-        if np.ptp(y) == 0 and y[0] == 0:
-            raise QualityModelError(f"The network's {name!r} overlaps the reference nowhere on the validation "
-                                    "cases (Dice 0 on every one), so its Dice cannot be predicted; train longer.")
-        averaged = [*UNCERTAINTY_FEATURES, *([MIRROR_AGREEMENT] if all(MIRROR_AGREEMENT in row for row in rows)
-                                              else [])]
-        x = {feature: np.array([row[feature] for row in rows], dtype=np.float64) for feature in averaged}
-        residuals = _held_out_residuals(x, y, groups)
-        with_size = {**x, SIZE_FEATURE: np.array([row[SIZE_FEATURE] for row in rows], dtype=np.float64)}
-        size_residuals = _held_out_residuals(with_size, y, groups)
-        if np.abs(size_residuals).mean() < np.abs(residuals).mean() - 1e-12:
-            x, residuals = with_size, size_residuals
-        baseline = float(np.abs(_held_out_residuals(None, y, groups)).mean())
-        structures[name] = StructureQuality(AVERAGED_FEATURES, AVERAGED, _fit_terms(x, y),
-                                            _conformal_offsets(residuals, interval_coverage),
-                                            float(np.abs(residuals).mean()), baseline, len(rows))
+        fit = _structure_fit(observations, index, name)
+        baseline = float(np.abs(_held_out_residuals(None, fit.y, fit.groups)).mean())
+        structures[name] = StructureQuality(AVERAGED_FEATURES, AVERAGED, _fit_terms(fit.x, fit.y),
+                                            _conformal_offsets(fit.residuals, interval_coverage),
+                                            float(np.abs(fit.residuals).mean()), baseline, len(fit.y))
     patients = len(np.unique(groups_all))
     record = {"cases": len(observations), "patients": patients,
               "scheme": "leave-one-patient-out" if patients < len(observations) else "leave-one-case-out",
