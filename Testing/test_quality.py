@@ -535,7 +535,7 @@ def test_fit_cli_with_fold_networks_fits_on_their_out_of_fold_predictions_too(tm
              for index, patients in enumerate([["patient041", "patient068"], ["patient091", "patient094"]])]
     out = tmp_path / "refitted.calibseg"
     assert fit_quality.main(["--bundle", str(path), "--fold-bundles", *map(str, folds), "--out", str(out),
-                             "--device", "cpu"]) == 0
+                             "--review-below", "0.9", "--device", "cpu"]) == 0
     names = load_bundle(out).metadata.class_names
     stored = QualityModel.from_dict(load_bundle(out).metadata.quality_model, names)
     assert stored.validation == {"cases": 12, "patients": 6, "scheme": "leave-one-patient-out", "fold_networks": 2,
@@ -545,8 +545,8 @@ def test_fit_cli_with_fold_networks_fits_on_their_out_of_fold_predictions_too(tm
                                       ["patient013", "patient016"])
                 for item in observe_cases(Predictor(path, device="cpu"),
                                           load_cases([file for file in files if file.patient_id in patients], 4))]
-    expected = fit_from_observations(observed, names, validation={"fold_networks": 2, "fold_patients": 4})
-    assert stored == expected
+    expected = fit_from_observations(observed, names, 0.9, validation={"fold_networks": 2, "fold_patients": 4})
+    assert stored == expected and stored.review_below == 0.9
     assert "2 fold networks' out-of-fold predictions of 4 patients" in capsys.readouterr().out
     # fold networks of another method, or validating on the bundle's test patients, are refused before predicting
     other, _ = _shipped_copy(tmp_path, sample_acdc_dir, method="crac", name="other", val=["patient041"])
@@ -565,6 +565,8 @@ def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, s
     path, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=[])
     with pytest.raises(SystemExit, match="error: shipped.calibseg records no validation patients"):
         fit_quality.main(["--bundle", str(path), "--device", "cpu"])
+    with pytest.raises(SystemExit, match=r"^error: --review-below must be a Dice in \[0, 1\], got nan\.$"):
+        fit_quality.main(["--bundle", str(path), "--review-below", "nan"])
     with pytest.raises(SystemExit, match="error: Data folder .* does not exist"):
         fit_quality.main(["--bundle", "acdc_crac", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "x.calibseg")])
     assert not (tmp_path / "x.calibseg").exists()

@@ -29,8 +29,8 @@ from typing import Sequence
 from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import resolve_bundle_path
-from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, check_references, fit_from_observations,
-                                 observe_cases)
+from CalibSegLib.quality import (REVIEW_BELOW, Observation, QualityModel, QualityModelError, check_references,
+                                 fit_from_observations, observe_cases)
 from Datasets.cases import Case, DataError
 from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
 
@@ -39,7 +39,8 @@ __all__ = ["refit_bundle", "fold_observations", "describe", "main"]
 
 def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None,
                  device: str = "auto", batch_size: int = 16,
-                 fold_bundles: Sequence[str | Path] = ()) -> tuple[Path, QualityModel]:
+                 fold_bundles: Sequence[str | Path] = (), review_below: float = REVIEW_BELOW
+                 ) -> tuple[Path, QualityModel]:
     """Fit the quality model of ``bundle`` on its recorded validation patients (and the fold networks' out-of-fold
     predictions) and save the bundle.
 
@@ -49,6 +50,8 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
         out: where to write the bundle (default: over ``bundle``, atomically; for a shipped
             model ``runs/<name>/<name>.calibseg``).
         fold_bundles: fold networks (see :func:`fold_observations`).
+        review_below: the review threshold on the predicted Dice (chosen on out-of-fold patients by
+            ``scripts/review_rule_table.py``; docs/results.md, "The review rule").
 
     Returns:
         The written bundle's path and the fitted model.
@@ -67,7 +70,7 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
     record = ({"fold_networks": len(fold_bundles), "fold_patients": len({item.patient for item in observed})}
               if fold_bundles else {})
     observed += observe_cases(Predictor(loaded, device=device, batch_size=batch_size), cases)
-    model = fit_from_observations(observed, metadata.class_names, validation=record)
+    model = fit_from_observations(observed, metadata.class_names, review_below, validation=record)
     return rewrite_bundle(loaded, dataclasses.replace(metadata, quality_model=model.to_dict()), out), model
 
 
@@ -132,12 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="write the bundle here (default: rewrite it in place; a shipped model: "
                              "runs/<name>/<name>.calibseg)")
+    parser.add_argument("--review-below", type=float, default=REVIEW_BELOW,
+                        help=f"flag structures whose predicted Dice is below this (default {REVIEW_BELOW}; "
+                             "scripts/review_rule_table.py chooses it on out-of-fold patients)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     arguments = parser.parse_args(argv)
     try:
+        if not 0.0 <= arguments.review_below <= 1.0:  # NaN fails both comparisons
+            raise ValueError(f"--review-below must be a Dice in [0, 1], got {arguments.review_below}.")
         written, model = refit_bundle(arguments.bundle, arguments.data, arguments.out, arguments.device,
-                                      arguments.batch_size, arguments.fold_bundles)
+                                      arguments.batch_size, arguments.fold_bundles, arguments.review_below)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except KeyboardInterrupt:  # the bundle is rewritten atomically, at the very end
