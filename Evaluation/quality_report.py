@@ -14,8 +14,8 @@ Per structure and pooled over structures (``"all structures"``), over the cases 
 numbers exist: Spearman ρ and mean absolute error between predicted and measured Dice, ρ's 95 %
 interval from a bootstrap over patients (:mod:`Evaluation.bootstrap`; thirty test volumes are few
 for a rank correlation, and the interval says how few), their means, the share of measured Dice
-inside the predicted interval, and — a structure is *poor* when its measured Dice is below the
-model's ``review_below`` (0.80) — the counts of poor structures, of flagged ones and of flagged
+inside the predicted interval, and — a structure is *poor* when its measured Dice is below
+:data:`POOR_BELOW` (0.80, whatever threshold the model's review flag uses) — the counts of poor structures, of flagged ones and of flagged
 poor ones, the AUROC of the review flag (binary, so (sensitivity + specificity) / 2) and the
 AUROC of the predicted Dice as a continuous score for poor structures (NaN when all or none are
 poor).
@@ -40,10 +40,14 @@ from CalibSegLib.quality import REVIEW_BELOW, structure_key, summary_columns
 from Datasets.cases import Case
 from Evaluation.bootstrap import spearman_interval
 
-__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "quality_statistics", "degraded_images", "degraded_rows",
+__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "POOR_BELOW", "GOOD_ABOVE", "quality_statistics", "degraded_images", "degraded_rows",
            "quality_report"]
 
 ALL_STRUCTURES = "all structures"
+# What a structure's measured Dice makes it: poor below 0.80 (the issue's target for a review flag to catch), good
+# above 0.90 (where a flag is a false alarm). Fixed, so that a model's review threshold (its quality model's
+# review_below, chosen on out-of-fold patients: scripts/review_rule_table.py) is judged against the same classes.
+POOR_BELOW, GOOD_ABOVE = REVIEW_BELOW, 0.90
 NOISE_SEED = 2024
 
 
@@ -81,10 +85,10 @@ def _auroc(score: np.ndarray, good: np.ndarray) -> float:
 
 
 def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measured: np.ndarray, review: np.ndarray,
-                groups: np.ndarray, review_below: float) -> dict[str, float | int | list[float]]:
+                groups: np.ndarray, poor_below: float) -> dict[str, float | int | list[float]]:
     known = ~np.isnan(predicted) & ~np.isnan(measured)
     flagged = ~np.isnan(review) & ~np.isnan(measured)
-    good = measured[flagged] >= review_below
+    good = measured[flagged] >= poor_below
     varied = known.sum() >= 3 and np.ptp(predicted[known]) > 0 and np.ptp(measured[known]) > 0
     return {
         "cases": int(known.sum()),
@@ -99,12 +103,12 @@ def _statistics(predicted: np.ndarray, low: np.ndarray, high: np.ndarray, measur
         "flagged": int(review[flagged].sum()),
         "flagged_poor": int(review[flagged][~good].sum()),
         "review_auroc": _auroc(1.0 - review[flagged], good),
-        "predicted_dice_auroc": _auroc(predicted[known], measured[known] >= review_below),
+        "predicted_dice_auroc": _auroc(predicted[known], measured[known] >= poor_below),
     }
 
 
 def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[str],
-                       review_below: float = REVIEW_BELOW,
+                       poor_below: float = POOR_BELOW,
                        groups: Sequence[str] | None = None,
                        ) -> dict[str, dict[str, float | int | list[float]]]:
     """Predicted-vs-measured statistics per structure and pooled (see the module docstring).
@@ -113,16 +117,16 @@ def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[s
         rows: one flat row per case with ``dice_<structure>`` and the columns of
             :func:`CalibSegLib.quality.summary_columns` (NaN where undefined).
         class_names: C names, background first.
-        review_below: measured Dice under which a structure counts as poor.
+        poor_below: measured Dice under which a structure counts as poor.
         groups: the patient of each row, the unit the ρ interval resamples (default: every row its own).
     """
     prefixes = ("predicted_dice_", "predicted_dice_low_", "predicted_dice_high_", "dice_", "review_")
     patients = np.asarray(groups if groups is not None else range(len(rows)))
     arrays = {name: [np.array([row[f"{prefix}{structure_key(name)}"] for row in rows], dtype=np.float64)
                      for prefix in prefixes] for name in class_names[1:]}
-    report = {name: _statistics(*values, patients, review_below) for name, values in arrays.items()}
+    report = {name: _statistics(*values, patients, poor_below) for name, values in arrays.items()}
     pooled = [np.concatenate([values[index] for values in arrays.values()]) for index in range(len(prefixes))]
-    report[ALL_STRUCTURES] = _statistics(*pooled, np.tile(patients, len(arrays)), review_below)
+    report[ALL_STRUCTURES] = _statistics(*pooled, np.tile(patients, len(arrays)), poor_below)
     return report
 
 
@@ -167,15 +171,15 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
         return None
     names = bundle.metadata.class_names
     patients = [case.patient_id for case in cases]
-    clean = quality_statistics(clean_rows, names, model.review_below, patients)
+    clean = quality_statistics(clean_rows, names, POOR_BELOW, patients)
     report: dict = {"review_below": model.review_below, "clean": clean, "degraded": {}}
     predictor = Predictor(bundle, device=device, batch_size=batch_size) if degradations else None
     pooled: list[dict[str, float]] = []
     for degradation in degradations:
         rows = degraded_rows(predictor, cases, degradation)
         pooled += rows
-        report["degraded"][degradation] = quality_statistics(rows, names, model.review_below, patients)
+        report["degraded"][degradation] = quality_statistics(rows, names, POOR_BELOW, patients)
     if len(degradations) > 1:
-        report["degraded"]["degraded (all)"] = quality_statistics(pooled, names, model.review_below,
+        report["degraded"]["degraded (all)"] = quality_statistics(pooled, names, POOR_BELOW,
                                                                   patients * len(degradations))
     return report

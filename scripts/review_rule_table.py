@@ -25,12 +25,13 @@ from CalibSegLib.bundle import load_bundle
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import held_out_predictions
+from Evaluation.quality_report import GOOD_ABOVE, POOR_BELOW
 from Training.fit_quality import fold_observations
 
-__all__ = ["THRESHOLDS", "POOR_BELOW", "GOOD_ABOVE", "TARGET_RECALL", "trade_off", "choose", "main"]
+__all__ = ["THRESHOLDS", "TARGET_RECALL", "trade_off", "choose", "main"]
 
 THRESHOLDS: tuple[float, ...] = tuple(round(0.80 + 0.01 * step, 2) for step in range(16))  # 0.80 ... 0.95
-POOR_BELOW, GOOD_ABOVE, TARGET_RECALL = 0.80, 0.90, 0.80
+TARGET_RECALL = 0.80
 
 
 def trade_off(predicted: np.ndarray, measured: np.ndarray) -> list[dict[str, Any]]:
