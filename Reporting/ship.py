@@ -1,6 +1,7 @@
 """Ship trained runs as ready-to-use models: float16 bundles plus the metrics of that very file.
 
     calibseg-ship --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
+    calibseg-ship --rerecord acdc_ce_dice --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg   # metadata changed
 
 For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
 (default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is
@@ -18,13 +19,14 @@ succeeded, so a failed ship leaves any earlier model and evaluation in place.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
 from Datasets.cases import DataError, data_folder, find_cases, load_cases, recorded_dataset
@@ -34,13 +36,42 @@ from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR, VARIANTS
 from Training.records import BUNDLE_NAME
 
-__all__ = ["ship_run", "main"]
+__all__ = ["ship_run", "rerecord", "main"]
 
 
 def _per_case(rows: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, float]]]:
     """``{variant: {case: {metric: value}}}`` from :attr:`EvaluationResult.per_case`."""
     return {variant: {row["case"]: {key: float(value) for key, value in row.items() if key != "case"}
                       for row in variant_rows} for variant, variant_rows in rows.items()}
+
+
+def _shipped_metrics(shipped: Bundle, name: str, source_run: str, cases: list, staging: Path, device: str) -> dict:
+    """Evaluate the staged float16 file ``shipped`` on ``cases`` into ``staging/evaluation`` (clean and degraded:
+    the results page reports the quality check on degraded copies too) and return its metrics record."""
+    evaluation = evaluate_bundle(shipped, cases, staging / "evaluation", device, degradations=tuple(DEGRADATIONS))
+    summary = evaluation.summary
+    return {
+        "model": name,
+        "source_run": source_run,
+        "method": shipped.metadata.training.get("method"),
+        "weights_dtype": shipped.metadata.weights_dtype,
+        "temperature": shipped.metadata.temperature,
+        "data": recorded_dataset(shipped.metadata.data),
+        "cases": summary.cases,
+        "environment": summary.environment,
+        "summary": {variant: {key: statistics["mean"] for key, statistics in summary.variants[variant].per_metric.items()}
+                    for variant in VARIANTS},
+        "spearman_entropy_vs_dice": {variant: summary.variants[variant].spearman_entropy_vs_dice
+                                     for variant in VARIANTS},
+        "quality": summary.quality,
+        "per_case": _per_case(evaluation.per_case),
+    }
+
+
+def _test_cases(bundle: Bundle, data: str | Path | None) -> list:
+    recorded = bundle.metadata.data
+    files = select_patients(find_cases(data_folder(recorded, data)), recorded_split(recorded)["test"])
+    return load_cases(files, bundle.metadata.num_classes)
 
 
 def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | Path | None = None,
@@ -53,36 +84,41 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     bundle = load_bundle(run_dir / BUNDLE_NAME)
     name = f"{prefix}_{bundle.metadata.training.get('method', run_dir.name)}"
-    recorded = bundle.metadata.data
-    files = select_patients(find_cases(data_folder(recorded, data)), recorded_split(recorded)["test"])
-    cases = load_cases(files, bundle.metadata.num_classes)
+    cases = _test_cases(bundle, data)
     out_dir.mkdir(parents=True, exist_ok=True)
     bundle_path, metrics_path = out_dir / f"{name}{BUNDLE_SUFFIX}", out_dir / f"{name}{METRICS_SUFFIX}"
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
         staged = save_bundle(Path(staging) / bundle_path.name, bundle.state_dict, bundle.metadata, half=True)
-        shipped = load_bundle(staged)
-        # The results page reports the quality check on degraded copies too: the shipped record measures them.
-        evaluation = evaluate_bundle(shipped, cases, Path(staging) / "evaluation", device,
-                                     degradations=tuple(DEGRADATIONS))
-        summary = evaluation.summary
-        metrics = {
-            "model": name,
-            "source_run": str(run_dir),
-            "method": shipped.metadata.training.get("method"),
-            "weights_dtype": shipped.metadata.weights_dtype,
-            "temperature": shipped.metadata.temperature,
-            "data": recorded_dataset(recorded),
-            "cases": summary.cases,
-            "environment": summary.environment,
-            "summary": {variant: {key: statistics["mean"] for key, statistics in summary.variants[variant].per_metric.items()}
-                        for variant in VARIANTS},
-            "spearman_entropy_vs_dice": {variant: summary.variants[variant].spearman_entropy_vs_dice
-                                         for variant in VARIANTS},
-            "quality": summary.quality,
-            "per_case": _per_case(evaluation.per_case),
-        }
+        metrics = _shipped_metrics(load_bundle(staged), name, str(run_dir), cases, Path(staging), device)
         os.replace(staged, bundle_path)
         _replace_folder(Path(staging) / "evaluation", run_dir / EVALUATION_DIR)
+    write_json_atomic(metrics_path, metrics)
+    return bundle_path, metrics_path
+
+
+def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = PRETRAINED_DIR,
+             data: str | Path | None = None, device: str = "auto") -> tuple[Path, Path]:
+    """Re-ship the shipped model ``name`` after a change to its metadata: ``bundle`` (a rewrite of it with the same
+    weights, e.g. by ``calibseg-fit-quality --keep-fit``; default the shipped file itself) replaces the shipped
+    file in ``out_dir`` and its metrics JSON is measured again; the run it came from stays recorded.
+
+    Raises:
+        BundleError, DataError, ValueError: an unknown name, a bundle with other weights, missing data.
+    """
+    out_dir = Path(out_dir)
+    bundle_path, metrics_path = out_dir / f"{name}{BUNDLE_SUFFIX}", out_dir / f"{name}{METRICS_SUFFIX}"
+    if not bundle_path.is_file() or not metrics_path.is_file():
+        raise ValueError(f"{name} is not a shipped model in {out_dir}; give the name of one with its metrics JSON.")
+    shipped = load_bundle(bundle_path)
+    replacement = load_bundle(bundle if bundle is not None else bundle_path)
+    if replacement.metadata.weights_sha256 != shipped.metadata.weights_sha256:
+        raise ValueError(f"{bundle} holds other weights than the shipped {name}; ship a new run with --runs instead.")
+    source_run = json.loads(metrics_path.read_text()).get("source_run", "")
+    cases = _test_cases(replacement, data)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
+        staged = save_bundle(Path(staging) / bundle_path.name, replacement.state_dict, replacement.metadata, half=True)
+        metrics = _shipped_metrics(load_bundle(staged), name, source_run, cases, Path(staging), device)
+        os.replace(staged, bundle_path)
     write_json_atomic(metrics_path, metrics)
     return bundle_path, metrics_path
 
@@ -101,20 +137,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``calibseg-ship`` command: prints each shipped file; returns the exit status 0. Bad input
     exits with one sentence, no traceback."""
     parser = argparse.ArgumentParser(prog="calibseg-ship", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", nargs="+", type=Path, required=True, metavar="RUN_DIR", help="finished run folders")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--runs", nargs="+", type=Path, metavar="RUN_DIR", help="finished run folders")
+    source.add_argument("--rerecord", metavar="NAME",
+                        help="a shipped model whose metadata changed: replace it by --bundle (same weights) and "
+                             "measure its metrics again")
+    parser.add_argument("--bundle", type=Path, default=None, help="with --rerecord: the rewritten bundle")
     parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
     parser.add_argument("--out", type=Path, default=PRETRAINED_DIR, help=f"default {PRETRAINED_DIR}")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset each bundle records)")
     parser.add_argument("--device", default="auto")
     arguments = parser.parse_args(argv)
-    shipped = []
+    def ship_each():  # yields as it ships, so each shipped file is printed even when a later one fails
+        if arguments.rerecord:
+            yield rerecord(arguments.rerecord, arguments.bundle, arguments.out, arguments.data, arguments.device)
+        for run_dir in arguments.runs or ():
+            yield ship_run(run_dir, arguments.prefix, arguments.out, arguments.data, arguments.device)
+
     try:
-        for run_dir in arguments.runs:
-            bundle_path, metrics_path = ship_run(run_dir, arguments.prefix, arguments.out, arguments.data,
-                                                 arguments.device)
+        for bundle_path, metrics_path in ship_each():
             print(f"{bundle_path} ({bundle_path.stat().st_size / 1e6:.1f} MB, float16); metrics: {metrics_path}")
-            shipped.append(bundle_path)
     except (BundleError, DataError, ValueError, OSError) as error:
         raise SystemExit(f"error: {error}") from None
     return 0

@@ -559,6 +559,21 @@ def test_fit_cli_with_fold_networks_fits_on_their_out_of_fold_predictions_too(tm
     assert not (tmp_path / "x.calibseg").exists()
 
 
+def test_keep_fit_changes_only_the_review_threshold_and_needs_a_fitted_model(tmp_path, sample_acdc_dir, capsys):
+    from CalibSegLib.pretrained import resolve_bundle_path
+    from Training import fit_quality
+
+    out = tmp_path / "threshold.calibseg"
+    assert fit_quality.main(["--bundle", "acdc_ce_dice", "--keep-fit", "--review-below", "0.85", "--out", str(out)]) == 0
+    shipped, rewritten = load_bundle(resolve_bundle_path("acdc_ce_dice")).metadata, load_bundle(out).metadata
+    assert rewritten.quality == dataclasses.replace(shipped.quality, review_below=0.85)
+    assert dataclasses.replace(rewritten, quality_model=shipped.quality_model) == shipped  # nothing else changed
+    assert "review below predicted Dice 0.85" in capsys.readouterr().out
+    unfitted, _ = _shipped_copy(tmp_path, sample_acdc_dir)  # its quality model removed
+    with pytest.raises(SystemExit, match="^error: shipped.calibseg has no quality model whose threshold could change"):
+        fit_quality.main(["--bundle", str(unfitted), "--keep-fit", "--review-below", "0.85"])
+
+
 def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, sample_acdc_dir):
     from Training import fit_quality
 

@@ -228,6 +228,13 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsy
     assert recorded["cases"] == summary["cases"] and len(recorded["per_case"]["scaled"]) == 4
     assert recorded["summary"]["uncalibrated"]["dice_mean"] == pytest.approx(dice_mean, abs=0.02)
     assert not list((tmp_path / "models").glob(".*"))  # no staging left behind
+    # re-recording a shipped model after a metadata change: the same weights measured again, the run kept
+    assert ship_cli.main(["--rerecord", "tiny_nacl", "--out", str(tmp_path / "models"), "--data", str(sample_acdc_dir)]) == 0
+    again = json.loads((tmp_path / "models" / "tiny_nacl.metrics.json").read_text())
+    assert again["per_case"] == recorded["per_case"] and again["source_run"] == recorded["source_run"] == str(out)
+    with pytest.raises(SystemExit, match="holds other weights than the shipped tiny_nacl; ship a new run with --runs"):
+        ship_cli.main(["--rerecord", "tiny_nacl", "--bundle", str(out / "model.calibseg"), "--out",
+                       str(tmp_path / "models"), "--data", str(sample_acdc_dir)])
 
 
 def write_h5(path, image, label):

@@ -2,6 +2,7 @@
 
     calibseg-fit-quality --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
     calibseg-fit-quality --bundle acdc_crac --fold-bundles runs/folds/crac_f*/model.calibseg --out X.calibseg
+    calibseg-fit-quality --bundle acdc_crac --keep-fit --review-below 0.85   # the fit kept, another threshold
 
 The quality model (:mod:`CalibSegLib.quality.fitting`: per structure, the mean of one linear fit per uncertainty
 feature) is fitted on predicted volumes whose Dice is measured against their reference:
@@ -34,7 +35,7 @@ from CalibSegLib.quality import (REVIEW_BELOW, Observation, QualityModel, Qualit
 from Datasets.cases import Case, DataError
 from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
 
-__all__ = ["refit_bundle", "fold_observations", "describe", "main"]
+__all__ = ["refit_bundle", "set_review_below", "fold_observations", "describe", "main"]
 
 
 def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None,
@@ -72,6 +73,25 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
     observed += observe_cases(Predictor(loaded, device=device, batch_size=batch_size), cases)
     model = fit_from_observations(observed, metadata.class_names, review_below, validation=record)
     return rewrite_bundle(loaded, dataclasses.replace(metadata, quality_model=model.to_dict()), out), model
+
+
+def set_review_below(bundle: str | Path, review_below: float, out: str | Path | None = None) -> tuple[Path, QualityModel]:
+    """Keep ``bundle``'s fitted quality model and change only its review threshold (e.g. to the one
+    ``scripts/review_rule_table.py`` chose on out-of-fold patients); written as :func:`refit_bundle` writes.
+
+    Raises:
+        BundleError: unreadable bundle, or one without a quality model (fit one first).
+    """
+    path = resolve_bundle_path(bundle)
+    out = rewrite_destination(path, out)
+    loaded = load_bundle(path)
+    model = loaded.metadata.quality
+    if model is None:
+        raise BundleError(f"{path.name} has no quality model whose threshold could change; fit one first "
+                          "(calibseg-fit-quality without --keep-fit).")
+    model = dataclasses.replace(model, review_below=review_below)
+    metadata = dataclasses.replace(loaded.metadata, quality_model=model.to_dict())
+    return rewrite_bundle(loaded, metadata, out), model
 
 
 def fold_observations(fold_bundles: Sequence[str | Path], metadata: BundleMetadata, data: str | Path | None = None,
@@ -138,14 +158,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--review-below", type=float, default=REVIEW_BELOW,
                         help=f"flag structures whose predicted Dice is below this (default {REVIEW_BELOW}; "
                              "scripts/review_rule_table.py chooses it on out-of-fold patients)")
+    parser.add_argument("--keep-fit", action="store_true",
+                        help="keep the bundle's fitted model and only set --review-below (no data needed)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     arguments = parser.parse_args(argv)
     try:
         if not 0.0 <= arguments.review_below <= 1.0:  # NaN fails both comparisons
             raise ValueError(f"--review-below must be a Dice in [0, 1], got {arguments.review_below}.")
-        written, model = refit_bundle(arguments.bundle, arguments.data, arguments.out, arguments.device,
-                                      arguments.batch_size, arguments.fold_bundles, arguments.review_below)
+        if arguments.keep_fit:
+            written, model = set_review_below(arguments.bundle, arguments.review_below, arguments.out)
+        else:
+            written, model = refit_bundle(arguments.bundle, arguments.data, arguments.out, arguments.device,
+                                          arguments.batch_size, arguments.fold_bundles, arguments.review_below)
     except (BundleError, DataError, QualityModelError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except KeyboardInterrupt:  # the bundle is rewritten atomically, at the very end
