@@ -130,31 +130,32 @@ def _quality_reports(paths: list[Path]) -> dict[str, dict]:
 def shipped_quality_table(paths: list[Path]) -> list[str]:
     """How each shipped model's predicted Dice and review flag did on the test volumes and on degraded copies,
     from the ``quality`` report in its ``<name>.metrics.json``."""
-    from Evaluation.quality_report import ALL_STRUCTURES
+    from Evaluation.quality_report import ALL_STRUCTURES, POOR_BELOW
 
-    rows, review_below = [], set()
+    rows = []
     for model, quality in _quality_reports(paths).items():
-        review_below.add(quality["review_below"])
         clean = quality["clean"]
         structures = [name for name in clean if name != ALL_STRUCTURES]
         degraded = quality["degraded"].get("degraded (all)") or next(iter(quality["degraded"].values()), None)
 
         def flagged(statistics: dict) -> str:
-            good = statistics["flagged"] - statistics["flagged_poor"]
-            return f"{statistics['flagged_poor']} of {statistics['poor']} poor, {good} good"
+            others = statistics["flagged"] - statistics["flagged_poor"]
+            return f"{statistics['flagged_poor']} of {statistics['poor']} poor, {others} others"
 
         rows.append(f"| `{model}` | " + " | ".join(
             f"{clean[name]['spearman']:+.2f} / {clean[name]['mae']:.3f}" for name in structures)
-            + f" | {flagged(clean[ALL_STRUCTURES])} | {flagged(degraded[ALL_STRUCTURES]) if degraded else 'n/a'} |")
+            + f" | {quality['review_below']:.2f} | {flagged(clean[ALL_STRUCTURES])} | "
+            f"{flagged(degraded[ALL_STRUCTURES]) if degraded else 'n/a'} |")
         header = structures
     if not rows:
         return [NO_QUALITY_REPORT]
-    threshold = " / ".join(f"{value:.2f}" for value in sorted(review_below))
-    return ["| Model | " + " | ".join(f"{name}: ρ / MAE" for name in header) + " | flagged, test volumes | "
-            "flagged, degraded copies |", "|---" * (len(header) + 3) + "|", *rows, "",
+    return ["| Model | " + " | ".join(f"{name}: ρ / MAE" for name in header) + " | review below | flagged, test volumes | "
+            "flagged, degraded copies |", "|---" * (len(header) + 4) + "|", *rows, "",
             f"ρ: Spearman between predicted and measured Dice over the test volumes; MAE: their mean absolute "
-            f"difference; poor: measured Dice below {threshold}; flagged: predicted Dice below {threshold} or the "
-            "structure predicted nowhere. Degraded copies: the test volumes contrast-inverted, at gamma 3 and with "
+            f"difference; poor: measured Dice below {POOR_BELOW:.2f}; flagged: predicted Dice below the model's review "
+            "threshold (chosen on out-of-fold patients where docs/results.md says so, else 0.80) or the structure "
+            "predicted nowhere; others: flagged structures that are not poor. Degraded copies: the test volumes "
+            "contrast-inverted, at gamma 3 and with "
             "10 % noise, pooled."]
 
 

@@ -101,14 +101,14 @@ def test_shipped_quality_table_from_the_recorded_quality_report(tmp_path):
              "myocardium": {**statistics(0.6, 0.04, 5, 4, 3), "spearman_interval": [0.3, 0.8]},
              "all structures": statistics(0.8, 0.045, 8, 6, 5)}
     degraded = {"all structures": statistics(0.5, 0.2, 40, 38, 37)}
-    record = {**_metrics_record("tiny"), "quality": {"review_below": 0.8, "clean": clean,
+    record = {**_metrics_record("tiny"), "quality": {"review_below": 0.86, "clean": clean,
                                                      "degraded": {"gamma 3": degraded, "degraded (all)": degraded}}}
     (tmp_path / "tiny.metrics.json").write_text(json.dumps(record))
     lines = readme_tables.shipped_quality_table([tmp_path / "tiny.metrics.json"])
-    assert lines[0] == ("| Model | right ventricle: ρ / MAE | myocardium: ρ / MAE | flagged, test volumes | "
+    assert lines[0] == ("| Model | right ventricle: ρ / MAE | myocardium: ρ / MAE | review below | flagged, test volumes | "
                         "flagged, degraded copies |")
-    assert lines[2] == "| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 5 of 8 poor, 1 good | 37 of 40 poor, 1 good |"
-    assert "below 0.80" in lines[-1]
+    assert lines[2] == "| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 0.86 | 5 of 8 poor, 1 others | 37 of 40 poor, 1 others |"
+    assert "poor: measured Dice below 0.80;" in lines[-1]  # poor is fixed, whatever the model's threshold
 
     report = readme_tables.shipped_quality_report([tmp_path / "tiny.metrics.json"])
     myocardium = "| tiny | myocardium | 7 | +0.60 | +0.30 to +0.80 | 0.040 | 0.900 / 0.850 | 3 / 5 | 1 |"
