@@ -193,7 +193,7 @@ def test_fit_quality_takes_a_shipped_name_and_leaves_the_package_alone(tmp_path,
     fitted = QualityModel.from_dict(load_bundle(folder / "tiny_model.calibseg").metadata.quality_model)
     seen = {}
 
-    def fit(observations, class_names, validation=None):
+    def fit(observations, class_names, review_below=None, validation=None):
         seen["patients"] = [item.patient for item in observations]
         return fitted
 

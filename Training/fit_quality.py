@@ -71,7 +71,7 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
     record = ({"fold_networks": len(fold_bundles), "fold_patients": len({item.patient for item in observed})}
               if fold_bundles else {})
     observed += observe_cases(Predictor(loaded, device=device, batch_size=batch_size), cases)
-    model = fit_from_observations(observed, metadata.class_names, review_below, validation=record)
+    model = fit_from_observations(observed, metadata.class_names, review_below=review_below, validation=record)
     return rewrite_bundle(loaded, dataclasses.replace(metadata, quality_model=model.to_dict()), out), model
 
 
