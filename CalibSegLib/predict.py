@@ -66,8 +66,8 @@ from CalibSegLib.io import (
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 
-__all__ = ["BATCH_TABLE", "predict_files", "folder_images", "batch_row", "predict_folder", "summary_lines", "ProgressReport",
-           "main"]
+__all__ = ["BATCH_TABLE", "predict_files", "folder_images", "batch_row", "predict_folder", "summary_lines",
+           "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
