@@ -296,8 +296,9 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             return
         parameters = self._parameterNode
         threshold = parameters.lowConfidenceThreshold if parameters.showLowConfidence else 0.0
-        # A threshold of 0 selects no voxel: the segment stays, empty, so toggling is cheap.
-        self.logic.updateLowConfidence(self._outputs, parameters.inputVolume, threshold)
+        # A threshold of 0 selects no voxel: the segment stays, empty, so toggling is cheap. The confidence volume
+        # lies on the run's input grid, also after a batch, whose last case need not be the selected input.
+        self.logic.updateLowConfidence(self._outputs, self._outputs.confidence, threshold)
 
 
 class CalibSegLogic(ScriptedLoadableModuleLogic):

@@ -302,9 +302,10 @@ def check_low_confidence_segment_follows_the_threshold(scene, work_dir: Path) ->
     outputs = runner.run(volume, _bundle(work_dir), lowConfidenceThreshold=0.6)
     confidence = slicer.util.arrayFromVolume(outputs.confidence)
     segmentation = outputs.segmentation.GetSegmentation()
-    for threshold in (0.6, 0.9):
-        if threshold != 0.6:
-            runner.updateLowConfidence(outputs, volume, threshold)
+    # the input (the console), then the confidence volume on its grid (the widget, which may show a batch's case)
+    for threshold, grid in ((0.6, None), (0.9, volume), (0.75, outputs.confidence)):
+        if grid is not None:
+            runner.updateLowConfidence(outputs, grid, threshold)
         segment_id = segmentation.GetSegmentIdBySegmentName(LOW_CONFIDENCE_SEGMENT)
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, segment_id, volume)
         np.testing.assert_array_equal(mask > 0, confidence < threshold)
