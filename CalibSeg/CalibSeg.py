@@ -9,6 +9,7 @@ network), ``CalibSegLogic`` (the parameter node; every run goes to the Qt-free
     logic = slicer.util.getModuleLogic("CalibSeg")
     outputs = logic.run(getNode("ACDC patient"), "acdc_crac",  # or a path to a .calibseg file
                         referenceNode=getNode("ACDC patient reference"))
+    batch = logic.runBatch("acdc_crac")  # every loaded volume in turn; batch.rows, batch.summary_table
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ from slicer.ScriptedLoadableModule import (
 from slicer.util import VTKObservationMixin
 
 from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models
-from CalibSegRunner import (CalibSegOutputs, CalibSegRequest, InferenceJob, SegmentationRunner, install_missing,
-                            missing_packages, review_text)
-from CalibSegRunner.display import show_outputs
+from CalibSegRunner import (BatchJob, BatchOutputs, CalibSegOutputs, CalibSegRequest, InferenceJob,
+                            SegmentationRunner, batch_volumes, install_missing, missing_packages, review_text,
+                            run_batch)
+from CalibSegRunner.display import show_outputs, show_table
 
 MODULE_DIR = Path(__file__).resolve().parent
 SAMPLE_DIR = MODULE_DIR / "Resources" / "SampleData"
 POLL_INTERVAL_MS = 100
+SCENE_CLOSE_WAIT_S = 10  # how long closing the scene waits for a cancelled batch's child to end
 
 
 class CalibSeg(ScriptedLoadableModule):
@@ -57,7 +60,9 @@ how sure the model is: <b>confidence</b> (largest class probability, viridis) an
 the <b>quality table</b> lists per structure its volume, mean confidence and entropy, a <b>predicted
 Dice</b> with an interval and a <b>REVIEW</b> marker (predicted Dice below 0.80), and the <b>most
 uncertain slices</b> are listed: select one to jump there. The <i>low-confidence</i> segment marks
-voxels below the chosen threshold. With a reference segmentation the module reports Dice, HD95 and
+voxels below the chosen threshold. With <i>Segment all loaded volumes</i>, Run segments every loaded
+volume in turn (one progress for the batch; Cancel keeps the volumes finished so far) and adds a summary table
+over them. With a reference segmentation the module reports Dice, HD95 and
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
 a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, trained on ACDC) ship
 with the module and the CE+Dice one, chosen on the validation patients for its Dice and its review
@@ -99,6 +104,7 @@ class CalibSegParameterNode:
     showLowConfidence: bool = False
     lowConfidenceThreshold: Annotated[float, WithinRange(0.0, 1.0)] = 0.6
     hotSpotLevel: Annotated[float, WithinRange(0.0, 1.0)] = 0.4  # CalibSegLib.quality.HOT_SPOT_LEVEL
+    segmentAllVolumes: bool = False  # Run segments every loaded volume in turn (CalibSegRunner.batch)
 
 
 class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
@@ -150,6 +156,10 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def onSceneStartClose(self, caller, event) -> None:
         self.onCancel()
+        if isinstance(self._job, BatchJob):  # dropped once its child ended: its summary table has no scene to go to
+            self._job.wait(timeout=SCENE_CLOSE_WAIT_S)
+            self._timer.stop()
+            self._job = None
         self._outputs = None  # its nodes go with the scene
         self._showQuality(None)
         self.setParameterNode(None)
@@ -179,10 +189,16 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def _updateButtons(self, caller=None, event=None) -> None:
         running = self._job is not None
-        ready = bool(self._parameterNode and self._parameterNode.inputVolume and self._parameterNode.bundlePath
-                     and str(self._parameterNode.bundlePath) not in ("", "."))
+        parameters = self._parameterNode
+        batch = bool(parameters and parameters.segmentAllVolumes)
+        ready = bool(parameters and (batch or parameters.inputVolume) and parameters.bundlePath
+                     and str(parameters.bundlePath) not in ("", "."))
         self.ui.runButton.enabled = ready and not running
-        self.ui.runButton.toolTip = "Segment the input with the bundle" if ready else "Select an input volume and a bundle"
+        self.ui.runButton.toolTip = (("Segment every loaded volume in turn" if batch else
+                                      "Segment the input with the bundle") if ready else
+                                     "Select an input volume and a bundle")
+        # a batch takes every loaded volume and no reference
+        self.ui.inputVolumeSelector.enabled = self.ui.referenceSelector.enabled = not batch
         self.ui.cancelButton.enabled = running
         self.ui.progressBar.visible = running
 
@@ -191,12 +207,17 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self.ui.statusLabel.text = "CalibSeg needs PyTorch and MONAI; nothing was run."
             return
         parameters = self._parameterNode
+        threshold = parameters.lowConfidenceThreshold if parameters.showLowConfidence else None
         try:
-            request = self.logic.prepare(
-                parameters.inputVolume, str(parameters.bundlePath), parameters.referenceNode, parameters.device,
-                parameters.lowConfidenceThreshold if parameters.showLowConfidence else None,
-                parameters.hotSpotLevel)
-            self._job = InferenceJob(self.logic.runner, request).start()  # the network runs in a child process
+            if parameters.segmentAllVolumes:
+                settings = self.logic.runner.settings(str(parameters.bundlePath), parameters.device, threshold,
+                                                      parameters.hotSpotLevel)
+                self._job = BatchJob(self.logic.runner, batch_volumes(slicer.mrmlScene), settings).start()
+            else:
+                request = self.logic.prepare(parameters.inputVolume, str(parameters.bundlePath),
+                                             parameters.referenceNode, parameters.device, threshold,
+                                             parameters.hotSpotLevel)
+                self._job = InferenceJob(self.logic.runner, request).start()  # the network runs in a child process
         except Exception as error:  # every expected failure is one sentence; the scene is untouched
             slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
             return
@@ -213,12 +234,19 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def _poll(self) -> None:
         job = self._job
+        batch = isinstance(job, BatchJob)
+        if batch:
+            job.advance()  # publishes a case whose child ended, starts the next
+            self.ui.statusLabel.text = job.status_text
         self.ui.progressBar.value = int(100 * job.fraction)
         if not job.done():
             return
         self._timer.stop()
         self._job = None
         self._updateButtons()
+        if batch:
+            self._showBatch(job.finish())
+            return
         from CalibSegLib.inference import InferenceCancelled
 
         try:
@@ -235,6 +263,15 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             f" Dice {self._outputs.metrics['Dice mean']:.3f}, ECE {self._outputs.metrics['ECE']:.3f}"
             if self._outputs.metrics else "")
         self._showQuality(self._outputs.summary)
+
+    def _showBatch(self, outputs: BatchOutputs) -> None:
+        """The batch's summary table in the layout; the last segmented case in the views, as a single run's."""
+        segmented = [case for case in outputs.cases if case.outputs is not None]
+        self._outputs = segmented[-1].outputs if segmented else None
+        if segmented:
+            show_outputs(self._outputs, segmented[-1].volume)
+        show_table(outputs.summary_table)
+        self._showQuality(self._outputs and self._outputs.summary)
 
     def _showQuality(self, summary) -> None:
         """The review sentence and the most uncertain slices of the last run."""
@@ -259,8 +296,9 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             return
         parameters = self._parameterNode
         threshold = parameters.lowConfidenceThreshold if parameters.showLowConfidence else 0.0
-        # A threshold of 0 selects no voxel: the segment stays, empty, so toggling is cheap.
-        self.logic.updateLowConfidence(self._outputs, parameters.inputVolume, threshold)
+        # A threshold of 0 selects no voxel: the segment stays, empty, so toggling is cheap. The confidence volume
+        # lies on the run's input grid, also after a batch, whose last case need not be the selected input.
+        self.logic.updateLowConfidence(self._outputs, self._outputs.confidence, threshold)
 
 
 class CalibSegLogic(ScriptedLoadableModuleLogic):
@@ -287,6 +325,15 @@ class CalibSegLogic(ScriptedLoadableModuleLogic):
         the output nodes, in the calling thread (the Python console)."""
         return self.runner.run(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold, progress,
                                cancel, hotSpotLevel)
+
+    def runBatch(self, bundlePath, volumeNodes=None, device: str = "auto",
+                 lowConfidenceThreshold: float | None = None, hotSpotLevel: float | None = None,
+                 progress=None) -> BatchOutputs:
+        """Segment ``volumeNodes`` (default: every loaded volume, :func:`~CalibSegRunner.batch_volumes`) in turn,
+        each in a child process, and add every case's outputs and one summary table, in the calling thread (the
+        Python console); ``progress(fraction)`` for the whole batch."""
+        volumes = batch_volumes(slicer.mrmlScene) if volumeNodes is None else volumeNodes
+        return run_batch(volumes, bundlePath, device, lowConfidenceThreshold, hotSpotLevel, progress, self.runner)
 
     def updateLowConfidence(self, outputs: CalibSegOutputs, inputVolumeNode, threshold: float) -> None:
         self.runner.updateLowConfidence(outputs, inputVolumeNode, threshold)

@@ -66,8 +66,8 @@ from CalibSegLib.io import (
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 
-__all__ = ["BATCH_TABLE", "predict_files", "folder_images", "predict_folder", "summary_lines", "ProgressReport",
-           "main"]
+__all__ = ["BATCH_TABLE", "predict_files", "folder_images", "batch_row", "predict_folder", "summary_lines",
+           "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
@@ -142,8 +142,10 @@ def folder_images(folder: str | Path) -> list[Path]:
     return images
 
 
-def _batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One row of :data:`BATCH_TABLE`: the case, its status and, when it was segmented, its summary."""
+def batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One row of :data:`BATCH_TABLE` (and of the Slicer module's batch table): the case, its status (``ok``,
+    ``error: <sentence>``, ...) and, when it was segmented, its review flag, per structure the volume (mL) and
+    the :func:`~CalibSegLib.quality.summary_columns` of its ``summary``."""
     if summary is None:
         return {"case": case, "status": status}
     volumes = {f"volume_ml_{structure_key(name)}": entry["volume_ml"] for name, entry in summary["structures"].items()}
@@ -170,11 +172,11 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
             if progress_stream is not None else None
         try:
             outputs = predict_files(predictor, image, out_dir, progress=progress)
-            rows.append(_batch_row(image_stem(image), "ok", json.loads(outputs["summary"].read_text())))
+            rows.append(batch_row(image_stem(image), "ok", json.loads(outputs["summary"].read_text())))
         except ValueError as error:
-            rows.append(_batch_row(image_stem(image), f"error: {error}"))
+            rows.append(batch_row(image_stem(image), f"error: {error}"))
         except OSError as error:
-            rows.append(_batch_row(image_stem(image), f"error: {os_error_sentence(error)}"))
+            rows.append(batch_row(image_stem(image), f"error: {os_error_sentence(error)}"))
         finally:
             if progress is not None:
                 progress.close()

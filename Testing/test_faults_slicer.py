@@ -14,7 +14,7 @@ from fault_checks import BROKEN_BUNDLES, assert_one_sentence
 from mrml_standins import install_standins, mrml_scene  # noqa: F401  (fixture)
 
 install_standins()
-from CalibSegRunner import InferenceJob, SegmentationRunner  # noqa: E402  (needs the module folder on sys.path)
+from CalibSegRunner import InferenceJob, SegmentationRunner, run_batch  # noqa: E402  (needs the module folder on sys.path)
 from CalibSegRunner.nodes import LOW_CONFIDENCE_SEGMENT  # noqa: E402
 from CalibSegTesting.checks import make_volume_node, scene_snapshot  # noqa: E402
 
@@ -175,3 +175,42 @@ def test_an_inference_child_that_exits_non_zero_mid_way_is_one_sentence(bundle, 
                                  r"Segmentation fault\); it may have run out of memory")
     again = InferenceJob(runner, runner.prepare(volume, bundle)).start()
     assert again.wait(timeout=60) and again.finish().segmentation is not None
+
+
+# What a batch is given → the sentence; refused before any case runs.
+BAD_BATCHES = {
+    "no volume": (lambda volume, bundle, broken: run_batch([], bundle), "There is no volume to segment"),
+    "NaN weights": (lambda volume, bundle, broken: run_batch([volume], broken), "holds NaN or infinite values"),
+    "threshold 5": (lambda volume, bundle, broken: run_batch([volume], bundle, lowConfidenceThreshold=5.0),
+                    r"threshold must be a number in \[0, 1\], got 5\.0"),
+    "hot-spot level NaN": (lambda volume, bundle, broken: run_batch([volume], bundle, hotSpotLevel=math.nan),
+                           r"hot-spot level must be a number in \[0, 1\], got nan"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BATCHES))
+def test_a_batch_that_cannot_start_is_one_sentence_and_adds_nothing(case, bundle, mrml_scene, tmp_path):  # noqa: F811
+    action, pattern = BAD_BATCHES[case]
+    broken = BROKEN_BUNDLES["NaN weights"][0](bundle, tmp_path / "broken.calibseg")
+    volume = make_volume_node(mrml_scene, image())
+    assert_one_sentence(refused_without_change(mrml_scene, lambda: action(volume, bundle, broken)), pattern)
+
+
+def test_volumes_removed_while_a_batch_runs_are_reported_in_their_rows(bundle, mrml_scene):  # noqa: F811
+    """The user deletes the running case's volume and a waiting one: each row says so in one sentence, neither
+    gets outputs, and the remaining volume is segmented."""
+    running, waiting, kept = (make_volume_node(mrml_scene, image(), name) for name in ("running", "waiting", "kept"))
+
+    def remove(fraction: float) -> None:
+        if running.GetScene() is not None:
+            mrml_scene.RemoveNode(running)
+            mrml_scene.RemoveNode(waiting)
+
+    outputs = run_batch([running, waiting, kept], bundle, progress=remove)
+    statuses = [row["status"] for row in outputs.rows]
+    assert_one_sentence(statuses[0], r"^error: The volume 'running' was removed from the scene before its results "
+                                     r"were added; nothing was added\.$")
+    assert_one_sentence(statuses[1], r"^error: The volume 'waiting' was removed from the scene before its turn\.$")
+    assert statuses[2] == "ok" and outputs.cases[2].outputs.segmentation.GetScene() is mrml_scene
+    names = [mrml_scene.GetNthNode(index).GetName() or "" for index in range(mrml_scene.GetNumberOfNodes())]
+    assert not [name for name in names if name.startswith(("running", "waiting"))], names

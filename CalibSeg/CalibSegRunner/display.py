@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["show_outputs", "FOREGROUND_OPACITY"]
+__all__ = ["show_outputs", "show_table", "FOREGROUND_OPACITY"]
 
 # The hot-spot overlay is transparent below its level; where it shows, a little anatomy still shows through.
 FOREGROUND_OPACITY = 0.8
@@ -24,10 +24,17 @@ def show_outputs(outputs, input_node) -> None:
         legend = colors_logic.AddDefaultColorLegendDisplayNode(overlay)
         legend.SetTitleText(overlay.GetName())
         legend.SetVisibility(overlay is outputs.uncertainty)
-    layout_manager = slicer.app.layoutManager()
-    layout_manager.setLayout(slicer.vtkMRMLLayoutNode.SlicerLayoutFourUpPlotTableView)
-    selection = slicer.app.applicationLogic().GetSelectionNode()
-    selection.SetActiveTableID(outputs.quality_table.GetID())
-    slicer.app.applicationLogic().PropagateTableSelection()
+    show_table(outputs.quality_table)
     if outputs.reliability_chart is not None:
         slicer.modules.plots.logic().ShowChartInLayout(outputs.reliability_chart)
+
+
+def show_table(table_node) -> None:
+    """The four-up layout with plot and table views, ``table_node`` in the table view (a run's quality table, a
+    batch's summary table)."""
+    import slicer
+
+    slicer.app.layoutManager().setLayout(slicer.vtkMRMLLayoutNode.SlicerLayoutFourUpPlotTableView)
+    selection = slicer.app.applicationLogic().GetSelectionNode()
+    selection.SetActiveTableID(table_node.GetID())
+    slicer.app.applicationLogic().PropagateTableSelection()

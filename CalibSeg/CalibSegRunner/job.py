@@ -48,7 +48,7 @@ class InferenceJob:
         self.request = request
         self.python = python or child_python()
         self.fraction = 0.0
-        self._folder = Path(tempfile.mkdtemp(prefix="calibseg-job-"))
+        self._folder: Path | None = None  # made by start(), removed by finish()
         self._process: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self._cancelled = False
@@ -71,12 +71,18 @@ class InferenceJob:
         if request.bundle.path is None:
             raise ValueError("The bundle was not loaded from a file, so the inference process cannot read it; save "
                              "it with CalibSegLib.bundle.save_bundle first.")
-        write_request(self._folder, request.bundle.path, request.image, request.spacing, request.reference,
-                      request.device, request.hot_spot_level)
-        with (self._folder / "stderr.txt").open("w") as stderr:
-            self._process = subprocess.Popen(
-                [self.python, "-m", "CalibSegLib.analysis_process", str(self._folder)], stdout=subprocess.PIPE,
-                stderr=stderr, stdin=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": _library_path()})
+        self._folder = Path(tempfile.mkdtemp(prefix="calibseg-job-"))
+        try:
+            write_request(self._folder, request.bundle.path, request.image, request.spacing, request.reference,
+                          request.device, request.hot_spot_level)
+            with (self._folder / "stderr.txt").open("w") as stderr:
+                self._process = subprocess.Popen(
+                    [self.python, "-m", "CalibSegLib.analysis_process", str(self._folder)], stdout=subprocess.PIPE,
+                    stderr=stderr, stdin=subprocess.DEVNULL, text=True,
+                    env={**os.environ, "PYTHONPATH": _library_path()})
+        except OSError:  # a full disk, a missing interpreter: no child, so finish() will not clean up
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
         self._reader = threading.Thread(target=self._read_progress, name="CalibSeg progress", daemon=True)
         self._reader.start()
         return self

@@ -1,5 +1,5 @@
 """Output MRML nodes: segmentation, confidence/uncertainty overlays with the hot-spot threshold,
-quality table, metrics table, reliability plot.
+quality table, metrics table, reliability plot, and a batch's summary table.
 
 Every function here adds nodes through a :class:`NodeTransaction`, so a failure part-way
 removes what was added and the scene is left as it was.
@@ -26,10 +26,16 @@ __all__ = [
     "metrics_rows",
     "add_metrics_table",
     "add_reliability_plot",
+    "batch_columns",
+    "add_batch_table",
+    "is_calibseg_output",
     "LOW_CONFIDENCE_SEGMENT",
+    "OUTPUT_ATTRIBUTE",
 ]
 
 LOW_CONFIDENCE_SEGMENT = "low confidence"
+# Node attribute marking the volumes a run added (saved with the scene), so a batch never segments them again.
+OUTPUT_ATTRIBUTE = "CalibSeg.Output"
 
 
 class NodeTransaction:
@@ -105,13 +111,20 @@ def add_segmentation(scene, reference_node, labels: np.ndarray, class_names: Seq
 
 
 def add_overlay(scene, reference_node, array: np.ndarray, name: str, colormap: str):
-    """A float volume on the input grid, coloured with a CalibSeg table over the fixed range [0, 1]."""
+    """A float volume on the input grid, coloured with a CalibSeg table over the fixed range [0, 1] and marked
+    with :data:`OUTPUT_ATTRIBUTE` (:func:`is_calibseg_output`)."""
     node = add_volume_like(reference_node, array.astype(np.float32), name)
+    node.SetAttribute(OUTPUT_ATTRIBUTE, colormap)
     display = node.GetDisplayNode()
     display.SetAndObserveColorNodeID(color_table_node(scene, colormap).GetID())
     display.SetAutoWindowLevel(False)
     display.SetWindowLevelMinMax(0.0, 1.0)  # the same colour means the same value on every case
     return node
+
+
+def is_calibseg_output(node) -> bool:
+    """True for a volume a CalibSeg run added (:func:`add_overlay`), false for the user's own nodes."""
+    return node.GetAttribute(OUTPUT_ATTRIBUTE) is not None
 
 
 def show_hot_spots(overlay_node, level: float) -> None:
@@ -245,3 +258,29 @@ def add_reliability_plot(scene, name: str, reliability):
         series.SetColor(*color)
         chart.AddAndObservePlotSeriesNodeID(series.GetID())
     return chart
+
+
+# Text columns of a batch row (CalibSegLib.predict.batch_row); every other column is a number.
+BATCH_TEXT_COLUMNS = ("case", "status")
+
+
+def batch_columns(rows: Sequence[dict]) -> dict[str, list]:
+    """Columns of a batch's summary table, one row per case: every key of
+    :func:`CalibSegLib.predict.batch_row`'s rows in their order (as ``predictions.csv`` has them), the review flag
+    as :data:`REVIEW_MARKERS` text (empty for a case that was not segmented), the numbers NaN where a case has
+    none (it failed, or its summary holds null)."""
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    columns: dict[str, list] = {}
+    for key in keys:
+        if key in BATCH_TEXT_COLUMNS:
+            columns[key] = [str(row[key]) for row in rows]
+        elif key == "review":
+            columns[key] = [REVIEW_MARKERS[row[key]] if key in row else "" for row in rows]
+        else:
+            columns[key] = [math.nan if row.get(key) is None else float(row[key]) for row in rows]
+    return columns
+
+
+def add_batch_table(scene, name: str, rows: Sequence[dict]):
+    """A table node with the :func:`batch_columns` of a batch's rows."""
+    return _table(scene, name, batch_columns(rows))

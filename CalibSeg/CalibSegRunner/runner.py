@@ -7,7 +7,8 @@ The module's ``CalibSegLogic`` (``CalibSeg.py``) hands every run to it; without 
                                        referenceNode=slicer.util.getNode("patient016_frame01 reference"))
 
 Work is split so the GUI never freezes: :meth:`SegmentationRunner.prepare` reads the scene (main
-thread), :meth:`SegmentationRunner.compute` runs the network, the quality summary and the metrics
+thread; :meth:`~SegmentationRunner.settings`, what runs share, then :meth:`~SegmentationRunner.request`, one
+input's arrays), :meth:`SegmentationRunner.compute` runs the network, the quality summary and the metrics
 on arrays only (any thread, see :class:`~CalibSegRunner.job.InferenceJob`), and
 :meth:`SegmentationRunner.publish` adds all output nodes at once (main thread), removing them
 again if anything fails — so an error or a cancel leaves the scene as it was.
@@ -44,7 +45,17 @@ from .volumes import reference_label_array, slice_center_ras, volume_array, volu
 if TYPE_CHECKING:  # the library's dependencies may not be installed when the module loads
     from CalibSegLib.analysis import CaseAnalysis
 
-__all__ = ["CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "review_text"]
+__all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "review_text"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every run with the same choices shares, checked once by :meth:`SegmentationRunner.settings`."""
+
+    bundle: object  # CalibSegLib.bundle.Bundle, read and checked once
+    device: str
+    low_confidence_threshold: float | None
+    hot_spot_level: float  # CalibSegLib.quality.HOT_SPOT_LEVEL unless chosen
 
 
 @dataclass
@@ -113,10 +124,10 @@ class SegmentationRunner:
     """Runs a bundle on a volume node: prepare (reads the scene), compute (arrays only), publish (adds the
     nodes); also the follow-ups on a run's outputs (low-confidence segment, hot-spot level, jump to a slice)."""
 
-    def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
-                lowConfidenceThreshold: float | None = None,
-                hotSpotLevel: float | None = None) -> CalibSegRequest:
-        """Read and check everything the run needs from the scene; raises ValueError with one sentence.
+    def settings(self, bundlePath, device: str = "auto", lowConfidenceThreshold: float | None = None,
+                 hotSpotLevel: float | None = None) -> RunSettings:
+        """Check the choices a run (or every case of a batch) shares and load the bundle once; raises ValueError
+        (``BundleError`` among them) with one sentence.
 
         ``bundlePath`` is a ``.calibseg`` file or a shipped model's name (e.g. ``"acdc_crac"``);
         ``lowConfidenceThreshold`` None or a confidence in [0, 1].
@@ -132,13 +143,28 @@ class SegmentationRunner:
         if not bundlePath:
             raise ValueError("Choose a model bundle (.calibseg file).")
         bundle = load_bundle(resolve_bundle_path(bundlePath))
+        return RunSettings(bundle, device, lowConfidenceThreshold,
+                           HOT_SPOT_LEVEL if hotSpotLevel is None else hotSpotLevel)
+
+    @staticmethod
+    def request(inputVolumeNode, settings: RunSettings, referenceNode=None) -> CalibSegRequest:
+        """Read the input (and reference) arrays from the scene for a run with ``settings``; raises ValueError
+        with one sentence (not a 3D scalar volume, a reference off the input's grid, ...)."""
         image = volume_array(inputVolumeNode)
         reference = None
         if referenceNode is not None:
-            reference = reference_label_array(referenceNode, inputVolumeNode, bundle.metadata.class_names)
-        return CalibSegRequest(inputVolumeNode, bundle, image, volume_spacing(inputVolumeNode), referenceNode,
-                               reference, device, lowConfidenceThreshold,
-                               HOT_SPOT_LEVEL if hotSpotLevel is None else hotSpotLevel)
+            reference = reference_label_array(referenceNode, inputVolumeNode, settings.bundle.metadata.class_names)
+        return CalibSegRequest(inputVolumeNode, settings.bundle, image, volume_spacing(inputVolumeNode),
+                               referenceNode, reference, settings.device, settings.low_confidence_threshold,
+                               settings.hot_spot_level)
+
+    def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
+                lowConfidenceThreshold: float | None = None,
+                hotSpotLevel: float | None = None) -> CalibSegRequest:
+        """Read and check everything the run needs from the scene (:meth:`settings`, then :meth:`request`);
+        raises ValueError with one sentence, nothing added."""
+        return self.request(inputVolumeNode, self.settings(bundlePath, device, lowConfidenceThreshold, hotSpotLevel),
+                            referenceNode)
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
                 cancel: threading.Event | None = None) -> "CaseAnalysis":
@@ -159,6 +185,9 @@ class SegmentationRunner:
         from CalibSegLib.quality import structure_key
 
         scene = request.input_node.GetScene()
+        if scene is None:  # the user deleted the input while its inference ran
+            raise ValueError(f"The volume '{request.input_node.GetName()}' was removed from the scene before its "
+                             "results were added; nothing was added.")
         metadata = request.bundle.metadata
         base = request.input_node.GetName()
         prediction = analysis.prediction

@@ -19,7 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from CalibSegRunner import InferenceJob, SegmentationRunner, review_text
+from CalibSegRunner import BatchJob, InferenceJob, SegmentationRunner, batch_volumes, review_text
+from CalibSegRunner.batch import BATCH_TABLE_NAME, CANCELLED, OK
 from CalibSegRunner.nodes import LOW_CONFIDENCE_SEGMENT
 
 __all__ = ["CHECKS", "make_volume_node", "scene_snapshot"]
@@ -301,9 +302,10 @@ def check_low_confidence_segment_follows_the_threshold(scene, work_dir: Path) ->
     outputs = runner.run(volume, _bundle(work_dir), lowConfidenceThreshold=0.6)
     confidence = slicer.util.arrayFromVolume(outputs.confidence)
     segmentation = outputs.segmentation.GetSegmentation()
-    for threshold in (0.6, 0.9):
-        if threshold != 0.6:
-            runner.updateLowConfidence(outputs, volume, threshold)
+    # the input (the console), then the confidence volume on its grid (the widget, which may show a batch's case)
+    for threshold, grid in ((0.6, None), (0.9, volume), (0.75, outputs.confidence)):
+        if grid is not None:
+            runner.updateLowConfidence(outputs, grid, threshold)
         segment_id = segmentation.GetSegmentIdBySegmentName(LOW_CONFIDENCE_SEGMENT)
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation, segment_id, volume)
         np.testing.assert_array_equal(mask > 0, confidence < threshold)
@@ -588,6 +590,139 @@ def check_a_failure_while_adding_the_quality_table_removes_every_new_node(scene,
     computation = runner.compute(request)
     computation.summary = {"structures": {"class 1": {}}}  # fails after the segmentation and overlays were added
     _scene_is_unchanged_after(scene, lambda: runner.publish(request, computation), "failed quality table")
+
+
+def _batch(scene, work_dir: Path, volumes: list, on_progress: Callable[[BatchJob], None] | None = None,
+           **settings) -> tuple[BatchJob, list[float], list[str]]:
+    """A :class:`BatchJob` over ``volumes`` with the quality-model bundle, run to its end; ``on_progress(job)``
+    after each look at the running child. Returns the job and the fractions and status texts seen."""
+    runner = SegmentationRunner()
+    job = BatchJob(runner, volumes, runner.settings(_bundle(work_dir, quality_model=_quality_model()), **settings))
+    fractions, texts = [job.fraction], []
+
+    def progress(fraction: float) -> None:
+        fractions.append(fraction)
+        texts.append(job.status_text)
+        if on_progress is not None:
+            on_progress(job)
+
+    job.start()
+    assert job.wait(timeout=300, progress=progress), "the batch did not end"
+    return job, fractions, texts
+
+
+def _node_names(scene) -> list[str]:
+    return [scene.GetNthNode(index).GetName() or "" for index in range(scene.GetNumberOfNodes())]
+
+
+def check_a_batch_segments_every_loaded_volume_and_reports_the_one_that_fails(scene, work_dir: Path) -> None:
+    """Three volumes, the middle one constant: the two others are segmented and published as single runs are,
+    the constant one's row says why it failed, the progress rises from 0 to 1 across the cases, and neither the
+    overlays of an earlier run nor a labelmap are taken as inputs."""
+    import slicer
+
+    from CalibSegLib.predict import batch_row
+    from CalibSegLib.quality import structure_key
+
+    first, constant, second = (make_volume_node(scene, image, name) for image, name in (
+        (_phantom()[0], "first"), (np.full((6, 48, 40), 7.0, np.float32), "constant"),
+        (_phantom(seed=1)[0], "second")))
+    make_volume_node(scene, _phantom()[1], "first labels", "vtkMRMLLabelMapVolumeNode")
+    earlier = SegmentationRunner().run(first, _bundle(work_dir))  # adds "first confidence" and "first uncertainty"
+    volumes = batch_volumes(scene)
+    assert [node.GetID() for node in volumes] == [first.GetID(), constant.GetID(), second.GetID()], \
+        [node.GetName() for node in volumes]
+
+    job, fractions, texts = _batch(scene, work_dir, volumes)
+    outputs = job.finish()
+
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0 and all(np.diff(fractions) >= 0), fractions
+    # each case's end is seen (the next one starts at 0 of its own), so the bar moves case by case
+    assert {round(value, 6) for value in fractions} >= {0.0, round(1 / 3, 6), round(2 / 3, 6), 1.0}, fractions
+    shown = list(dict.fromkeys(texts))
+    assert shown[:3] == ["case 1 of 3: first", "case 2 of 3: constant", "case 3 of 3: second"], shown
+    assert shown[-1] == "2 of 3 volumes segmented, 1 failed.", shown
+
+    statuses = [case.status for case in outputs.cases]
+    assert statuses[0] == statuses[2] == OK, statuses
+    assert statuses[1].startswith("error: The image is constant") and statuses[1].count(". ") == 0, statuses
+    assert outputs.cases[1].outputs is None and not any(name.startswith("constant ") for name in _node_names(scene))
+    for case in (outputs.cases[0], outputs.cases[2]):  # named after their volume, as a single run's
+        assert case.outputs.segmentation.GetName().startswith(f"{case.name} CalibSeg segmentation")
+        assert case.outputs.quality_table.GetName().startswith(f"{case.name} CalibSeg quality")
+        assert case.outputs.segmentation.GetSegmentation().GetNumberOfSegments() == NUM_CLASSES - 1
+    assert outputs.cases[2].outputs.segmentation.GetName() == "second CalibSeg segmentation"
+    # a second run on "first" gets nodes of its own; the earlier run's stay
+    assert outputs.cases[0].outputs.confidence.GetName() == "first confidence_1"
+    assert scene.GetNodeByID(earlier.confidence.GetID()) is earlier.confidence
+
+    # the summary table: calibseg-predict's rows (case, status, review, volumes, predicted Dice) in the same order
+    assert outputs.summary_table.GetName() == BATCH_TABLE_NAME
+    columns = _table_columns(outputs.summary_table)
+    summaries = [case.outputs and case.outputs.summary for case in outputs.cases]
+    expected = [batch_row(case.name, case.status, summary) for case, summary in zip(outputs.cases, summaries)]
+    assert outputs.rows == expected and list(columns) == list(expected[0]), list(columns)
+    assert columns["case"] == ["first", "constant", "second"] and columns["status"] == statuses
+    assert columns["review"] == ["REVIEW", "", "REVIEW"], columns["review"]  # class 1 is always flagged
+    for name in ("class 1", "class 2", "class 3"):
+        key = structure_key(name)
+        for column, field in ((f"volume_ml_{key}", "volume_ml"), (f"predicted_dice_{key}", "predicted_dice")):
+            values = columns[column]
+            assert math.isnan(values[1]), (column, values)
+            for row, summary in ((0, summaries[0]), (2, summaries[2])):
+                assert math.isclose(values[row], summary["structures"][name][field]), (column, values)
+    assert columns["predicted_dice_class_1"][0] == 0.5 and columns["review_class_2"][2] == 0.0
+
+    # what the batch added is not an input of the next one
+    assert [node.GetID() for node in batch_volumes(scene)] == [first.GetID(), constant.GetID(), second.GetID()]
+    assert slicer.util.arrayFromVolume(outputs.cases[2].outputs.confidence).shape == (6, 48, 40)
+
+
+def check_cancelling_a_batch_keeps_the_finished_cases_outputs(scene, work_dir: Path) -> None:
+    """Cancel as the second case starts: its child ends, the third never starts; the first case's outputs and the
+    summary table (the others ``cancelled``) are all the batch added."""
+    volumes = [make_volume_node(scene, _phantom()[0], "finished"),
+               make_volume_node(scene, _phantom(shape=(40, 48, 40))[0], "interrupted"),
+               make_volume_node(scene, _phantom()[0], "not started")]
+    before = set(_node_names(scene))
+
+    def cancel_on_the_second_case(job: BatchJob) -> None:
+        if job.running_case is job.cases[1]:
+            job.cancel()
+
+    job, fractions, _ = _batch(scene, work_dir, volumes, cancel_on_the_second_case)
+    outputs = job.finish()
+    assert [case.status for case in outputs.cases] == [OK, CANCELLED, CANCELLED]
+    assert [row["status"] for row in outputs.rows] == [OK, CANCELLED, CANCELLED]
+    assert all(np.diff(fractions) >= 0), fractions
+    added = set(_node_names(scene)) - before
+    assert not [name for name in added if name.startswith(("interrupted", "not started"))], added
+    assert {f"finished {suffix}" for suffix in ("CalibSeg segmentation", "confidence", "uncertainty",
+                                                "CalibSeg quality")} | {BATCH_TABLE_NAME} <= added, added
+    assert job.status_text == "1 of 3 volumes segmented, 2 cancelled.", job.status_text
+
+
+def check_a_batch_case_whose_child_dies_is_one_sentence_and_the_others_run(scene, work_dir: Path) -> None:
+    """The first case's child is killed (as an out-of-memory kill would end it): its row says so in one sentence,
+    nothing of it is added, and the second case is segmented."""
+    import signal
+
+    volumes = [make_volume_node(scene, _phantom(shape=(40, 48, 40))[0], "killed"),
+               make_volume_node(scene, _phantom()[0], "survivor")]
+    killed = []
+
+    def kill_the_first_child(job: BatchJob) -> None:
+        if job.running_case is job.cases[0] and not killed:
+            os.kill(job.running_job._process.pid, signal.SIGKILL)
+            killed.append(True)
+
+    job, _, _ = _batch(scene, work_dir, volumes, kill_the_first_child)
+    outputs = job.finish()
+    status = outputs.cases[0].status
+    assert status.startswith("error: The inference process was killed by signal 9"), status
+    assert status.count(". ") == 0 and status.endswith("the scene is unchanged."), status
+    assert outputs.cases[1].status == OK and outputs.cases[1].outputs.segmentation is not None
+    assert not any(name.startswith("killed ") for name in _node_names(scene))
 
 
 CHECKS: dict[str, Callable[[object, Path], None]] = {
