@@ -271,9 +271,14 @@ def volume_grid_shape(
     network's ``target_spacing`` (z, y, x): the physical extent kept, at least one slice along z.
 
     Raises:
-        ValueError: the in-plane grid is outside the limits of :func:`network_grid_shape`, or z exceeds
-            :data:`MAX_NETWORK_GRID` (a wrong spacing in the file).
+        ValueError: the slice spacing is not a positive number, the in-plane grid is outside the limits of
+            :func:`network_grid_shape`, or z exceeds :data:`MAX_NETWORK_GRID` (a wrong spacing in the file).
     """
+    if not (math.isfinite(spacing[0]) and spacing[0] > 0):
+        raise ValueError(
+            f"The image's slice spacing {spacing[0]:g} mm is missing, zero or not finite; a 3D model resamples the "
+            "volume by it, so set the image's real voxel size first."
+        )
     depth = max(1, int(round(shape[0] * spacing[0] / target_spacing[0])))
     if depth > MAX_NETWORK_GRID:
         raise ValueError(
