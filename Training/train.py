@@ -375,9 +375,12 @@ def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_
         print(f"resumed {run_dir} after epoch {trainer.epoch}")
     loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
     method_text = f"{config.method} ({loss_text})" if loss_text else config.method
-    print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
+    items = "training slices" if config.spatial_dims == 2 else "training volumes"
+    spacing = [f"{value:g}" for value in config.target_spacing]
+    spacing_text = spacing[0] if len(set(spacing)) == 1 else "×".join(spacing)
+    print(f"{method_text}: {len(trainer.sampler)} {items}, {len(cases['val'])} validation volumes, "
           f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
-          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}"
+          f"{'×'.join(map(str, config.patch_size))} crops at {spacing_text} mm on {trainer.device}"
           + (f", {processes.world_size} processes of {config.batch_size // processes.world_size} crops each"
              if processes.is_distributed else ""), flush=True)
     result = trainer.fit()
