@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -65,24 +66,30 @@ def test_crac_multipliers_change_and_survive_resume(sample_cases, tmp_path):
     assert resumed.epoch == 2 and int(resumed.loss.updates) == 2
 
 
-def test_interrupted_run_resumes_to_identical_weights(sample_cases, tmp_path):
-    uninterrupted = tiny_trainer(tmp_path / "full", sample_cases, epochs=3)
-    uninterrupted.fit()
-    killed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3)
+def killed_and_resumed(make_trainer: Callable[[], Trainer], kill_at_step: int) -> Trainer:
+    """A run killed at step ``kill_at_step`` (in the middle of epoch 2), then resumed from its checkpoint to the end."""
+    killed = make_trainer()
     step = killed.train_step
 
-    def dying_step(images, target):  # as if the process were killed in the middle of epoch 2
-        if killed.steps == 5:
+    def dying_step(images, target):  # as if the process were killed
+        if killed.steps == kill_at_step:
             raise KeyboardInterrupt
         return step(images, target)
 
     killed.train_step = dying_step
     with pytest.raises(KeyboardInterrupt):
         killed.fit()
-    assert load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["epoch"] == 1
-    resumed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3)
-    resumed.resume(tmp_path / "killed" / "checkpoint.pt")
+    assert load_checkpoint(killed.run_dir / "checkpoint.pt")["epoch"] == 1
+    resumed = make_trainer()
+    resumed.resume(resumed.run_dir / "checkpoint.pt")
     resumed.fit()
+    return resumed
+
+
+def test_interrupted_run_resumes_to_identical_weights(sample_cases, tmp_path):
+    uninterrupted = tiny_trainer(tmp_path / "full", sample_cases, epochs=3)
+    uninterrupted.fit()
+    resumed = killed_and_resumed(lambda: tiny_trainer(tmp_path / "killed", sample_cases, epochs=3), kill_at_step=5)
     for name, tensor in uninterrupted.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0)
     torch.testing.assert_close(resumed.loss.multipliers, uninterrupted.loss.multipliers, rtol=0, atol=0)
@@ -410,20 +417,7 @@ def test_an_interrupted_3d_run_resumes_to_identical_weights(ct_phantom, tmp_path
                       iterations_per_epoch=2, batch_size=2, temperature_fit="none")
     uninterrupted = tiny_trainer(tmp_path / "full", cases, **volumetric)
     uninterrupted.fit()
-    killed = tiny_trainer(tmp_path / "killed", cases, **volumetric)
-    step = killed.train_step
-
-    def dying_step(images, target):  # as if the process were killed in the middle of epoch 2
-        if killed.steps == 3:
-            raise KeyboardInterrupt
-        return step(images, target)
-
-    killed.train_step = dying_step
-    with pytest.raises(KeyboardInterrupt):
-        killed.fit()
-    resumed = tiny_trainer(tmp_path / "killed", cases, **volumetric)
-    resumed.resume(tmp_path / "killed" / "checkpoint.pt")
-    resumed.fit()
+    resumed = killed_and_resumed(lambda: tiny_trainer(tmp_path / "killed", cases, **volumetric), kill_at_step=3)
     for name, tensor in uninterrupted.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0)
 
