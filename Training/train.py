@@ -56,7 +56,7 @@ from Training.choices import TEMPERATURE_FITS
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
-from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer
+from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer, spacing_text
 
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
 
@@ -376,11 +376,9 @@ def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_
     loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
     method_text = f"{config.method} ({loss_text})" if loss_text else config.method
     items = "training slices" if config.spatial_dims == 2 else "training volumes"
-    spacing = [f"{value:g}" for value in config.target_spacing]
-    spacing_text = spacing[0] if len(set(spacing)) == 1 else "×".join(spacing)
     print(f"{method_text}: {len(trainer.sampler)} {items}, {len(cases['val'])} validation volumes, "
           f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
-          f"{'×'.join(map(str, config.patch_size))} crops at {spacing_text} mm on {trainer.device}"
+          f"{'×'.join(map(str, config.patch_size))} crops at {spacing_text(config.target_spacing)} mm on {trainer.device}"
           + (f", {processes.world_size} processes of {config.batch_size // processes.world_size} crops each"
              if processes.is_distributed else ""), flush=True)
     result = trainer.fit()

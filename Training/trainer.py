@@ -35,7 +35,7 @@ from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, val
 from Training.distributed import SINGLE_PROCESS, Processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME, EpochRecord, RunSummary
 
-__all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES"]
+__all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES", "spacing_text"]
 
 LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 # Steps between progress-bar updates of the loss (each update waits for the device to finish the step).
@@ -96,6 +96,12 @@ class EpochStatistics:
     loss: float
     slices_per_second: float
     data_wait_share: float
+
+
+def spacing_text(spacing: tuple[float, ...]) -> str:
+    """``1.5`` for an isotropic spacing in mm, ``3.9×0.815×0.815`` for any other (as the console shows it)."""
+    values = [f"{value:g}" for value in spacing]
+    return values[0] if len(set(values)) == 1 else "×".join(values)
 
 
 def _seed_everything(seed: int, deterministic: bool) -> None:
@@ -185,8 +191,8 @@ class Trainer:
             item = "slice" if config.spatial_dims == 2 else "volume"
             raise DataError(
                 f"The crop size {'×'.join(map(str, config.patch_size))} is larger than every training {item} "
-                f"(largest {'×'.join(map(str, largest))} voxels at {'×'.join(f'{value:g}' for value in config.target_spacing)} "
-                "mm); choose a smaller --patch-size."
+                f"(largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm); choose a "
+                "smaller --patch-size."
             )
         self.model = build_network(config.network, 1, config.num_classes, config.spatial_dims,
                                    **config.network_kwargs).to(self.device)
