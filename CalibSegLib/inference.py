@@ -15,6 +15,12 @@ Data flow per batch of slices along the bundle's slice axis (every step from the
    component of the classes validation chose, :mod:`CalibSegLib.postprocessing`).
 
 Memory is bounded by the batch: the ``(C, z, y, x)`` probability volume exists only when asked for.
+
+A 3D bundle (``spatial_dims`` 3) runs the same steps on the whole volume: it is scaled and resampled to the
+model's ``(z, y, x)`` target spacing, the network runs in 3D windows over it (its logits stay on the model's
+grid), and steps 4–5 go back to the input's grid one chunk of ``batch_size`` input slices at a time (in-plane
+as above, then linearly along z), so neither the probabilities nor the maps on the input grid exist as a
+float ``(C, z, y, x)`` volume unless asked for.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from torch import nn
 from CalibSegLib.bundle import Bundle, BundleMetadata, load_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.preprocessing import (check_volume, in_plane_spacing, intensity_range, network_grid_shape,
-                                       resample_slices, scale_intensity)
+                                       resample_slices, resample_volume, scale_intensity, volume_grid_shape)
 from CalibSegLib.sliding_window import MirrorAgreement, window_logits
 from CalibSegLib.temperature import apply_temperature
 
@@ -43,6 +49,7 @@ __all__ = [
     "Predictor",
     "ProbabilitySink",
     "confidence_maps",
+    "volume_chunk_probabilities",
 ]
 
 ProbabilitySink = Callable[[slice, np.ndarray], None]
@@ -101,12 +108,14 @@ def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 class Predictor:
-    """Runs a slice-wise (2D) bundle's network over 3D volumes.
+    """Runs a bundle's network over 3D volumes: a 2D network slice by slice, a 3D one (``spatial_dims`` 3) over
+    the whole volume on its grid.
 
     Args:
         bundle: a :class:`Bundle` or the path of a ``.calibseg`` file.
         device: ``"auto"`` (CUDA when present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        batch_size: slices per step; memory grows with it (and the slice size), not with the volume.
+        batch_size: slices per step (for a 3D network: input slices per chunk brought back to the input grid);
+            memory grows with it (and the slice size), not with the volume.
     """
 
     def __init__(
@@ -130,10 +139,9 @@ class Predictor:
 
     def _setup(self, metadata: BundleMetadata, network: nn.Module | None, device: str | torch.device,
                batch_size: int) -> None:
-        if metadata.spatial_dims != 2 or metadata.in_channels != 1:
+        if metadata.in_channels != 1:
             raise ValueError(
-                f"Predictor runs single-channel 2D networks slice by slice; this bundle has spatial_dims="
-                f"{metadata.spatial_dims} and in_channels={metadata.in_channels}."
+                f"Predictor runs single-channel networks; this bundle has in_channels={metadata.in_channels}."
             )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
@@ -148,8 +156,9 @@ class Predictor:
 
     @torch.inference_mode()
     def network_logits(self, images: torch.Tensor, agreement: MirrorAgreement | None = None) -> torch.Tensor:
-        """Blended ``(n, C, y, x)`` float32 logits (before temperature) of normalised ``images (n, 1, y, x)``
-        already on the model's grid (any in-plane size), on ``device``; ``agreement`` counts the mirrored passes."""
+        """Blended ``(n, C, *spatial)`` float32 logits (before temperature) of normalised ``images (n, K, *spatial)``
+        already on the model's grid (any size; ``(y, x)`` slices for a 2D network, ``(z, y, x)`` volumes for a 3D
+        one), on ``device``; ``agreement`` counts the mirrored passes."""
         was_training = self.model.training
         self.model.eval()
         try:
@@ -216,6 +225,9 @@ class Predictor:
         """:meth:`predict` at several ``temperatures`` from one pass of the network (e.g. the bundle's fitted
         temperature and T = 1 for an evaluation): one :class:`Prediction` per temperature, and
         ``probability_sinks[i]`` (or None) receives variant i's probabilities."""
+        if self.metadata.spatial_dims == 3:
+            return self._volume_variants(image, spacing, temperatures, progress, cancel, keep_probabilities,
+                                         probability_sinks)
         preprocessing = self.metadata.preprocessing
         axis = preprocessing.slice_axis
         check_volume(image, spacing, slice_axis=axis)
@@ -223,20 +235,9 @@ class Predictor:
         in_plane_shape = tuple(size for index, size in enumerate(image.shape) if index != axis)
         # Fails here, before any work, when the spacing is implausible for the model.
         network_grid_shape(in_plane_shape, plane_spacing, preprocessing.target_spacing)
-        sinks = list(probability_sinks or [None] * len(temperatures))
-        if len(sinks) != len(temperatures):
-            raise ValueError(f"Got {len(sinks)} probability sinks for {len(temperatures)} temperatures.")
+        sinks = _sinks(probability_sinks, temperatures)
         intensity = intensity_range(image, preprocessing.normalization, preprocessing.upper_percentile)
-        predictions = [
-            Prediction(
-                labels=np.empty(image.shape, np.uint8),
-                confidence=np.empty(image.shape, np.float32),
-                entropy=np.empty(image.shape, np.float32),
-                probabilities=np.empty((self.num_classes, *image.shape), np.float32) if keep_probabilities else None,
-                probability_sums=np.zeros(self.num_classes),
-            )
-            for _ in temperatures
-        ]
+        predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities)
         window = self.metadata.sliding_window
         agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
         # Slice-first views: writing into them fills the outputs in the input's own layout.
@@ -252,12 +253,99 @@ class Predictor:
                 _write_batch(prediction, axis, batch, probabilities, sink)
             if progress is not None and batch.stop < count:
                 progress(batch.stop / count)
+        return self._finish(predictions, agreement, progress)
+
+    def _empty_predictions(self, shape: Sequence[int], count: int, keep_probabilities: bool) -> list[Prediction]:
+        """``count`` predictions of a ``shape`` input to be filled batch by batch (:func:`_write_batch`)."""
+        return [
+            Prediction(
+                labels=np.empty(shape, np.uint8),
+                confidence=np.empty(shape, np.float32),
+                entropy=np.empty(shape, np.float32),
+                probabilities=np.empty((self.num_classes, *shape), np.float32) if keep_probabilities else None,
+                probability_sums=np.zeros(self.num_classes),
+            )
+            for _ in range(count)
+        ]
+
+    def _finish(self, predictions: list[Prediction], agreement: MirrorAgreement | None,
+                progress: Callable[[float], None] | None) -> list[Prediction]:
+        """Post-process the whole labelled volumes, record the mirror agreement, report 1.0."""
         for prediction in predictions:
             self.metadata.postprocessing.apply(prediction.labels)
             prediction.mirror_agreement = None if agreement is None else agreement.dice()
         if progress is not None:
             progress(1.0)
         return predictions
+
+    def _volume_variants(
+        self,
+        image: np.ndarray,
+        spacing: Sequence[float],
+        temperatures: Sequence[float | Sequence[float]],
+        progress: Callable[[float], None] | None,
+        cancel: threading.Event | None,
+        keep_probabilities: bool,
+        probability_sinks: Sequence[ProbabilitySink | None] | None,
+    ) -> list[Prediction]:
+        """:meth:`predict_variants` of a 3D network: the whole volume on the model's grid through 3D windows, then
+        back to the input grid ``batch_size`` slices at a time (progress: 0.5 once the network has run)."""
+        preprocessing = self.metadata.preprocessing
+        check_volume(image, spacing, slice_axis=0)
+        grid = volume_grid_shape(image.shape, [float(value) for value in spacing], preprocessing.target_spacing)
+        sinks = _sinks(probability_sinks, temperatures)
+        intensity = intensity_range(image, preprocessing.normalization, preprocessing.upper_percentile)
+        if cancel is not None and cancel.is_set():
+            raise InferenceCancelled("Inference was cancelled before the network ran.")
+        window = self.metadata.sliding_window
+        agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
+        volume = torch.from_numpy(scale_intensity(image, intensity))[None, None]  # (1, K, z, y, x)
+        logits = self.network_logits(resample_volume(volume, grid), agreement)[0]  # (C, z', y', x') model grid
+        del volume
+        if progress is not None:
+            progress(0.5)
+        predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities)
+        count = image.shape[0]
+        for start in range(0, count, self.batch_size):
+            if cancel is not None and cancel.is_set():
+                raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
+            batch = slice(start, min(start + self.batch_size, count))
+            for prediction, temperature, sink in zip(predictions, temperatures, sinks):
+                probabilities = volume_chunk_probabilities(logits, temperature, image.shape, batch)
+                _write_batch(prediction, 0, batch, probabilities, sink)
+            if progress is not None and batch.stop < count:
+                progress(0.5 + 0.5 * batch.stop / count)
+        return self._finish(predictions, agreement, progress)
+
+
+def volume_chunk_probabilities(logits: torch.Tensor, temperature: float | Sequence[float], shape: Sequence[int],
+                               slices: slice) -> torch.Tensor:
+    """Probabilities at ``temperature`` of the input slices ``slices`` of a ``shape`` (z, y, x) input, from a 3D
+    network's ``(C, z', y', x')`` logits on the model's grid: ``(n, C, y, x)``.
+
+    The model slices the chunk needs are softmaxed, resampled in-plane (:func:`resample_slices`) and interpolated
+    linearly along z with ``align_corners=False`` edges (the trilinear resampling of the whole volume, one chunk
+    at a time): probabilities (not logits), so the weights keep them summing to 1.
+    """
+    depth = logits.shape[1]
+    positions = (torch.arange(slices.start, slices.stop, dtype=torch.float64) + 0.5) * depth / shape[0] - 0.5
+    positions = positions.clamp(0, depth - 1)
+    below = positions.floor().long()
+    above = (below + 1).clamp(max=depth - 1)
+    first, last = int(below.min()), int(above.max()) + 1
+    needed = apply_temperature(logits[:, first:last].movedim(1, 0), temperature)
+    planes = resample_slices(torch.softmax(needed, dim=1), shape[1:])  # (m, C, y, x)
+    weight = (positions - below).to(planes.dtype).view(-1, 1, 1, 1).to(planes.device)
+    return planes[below - first] * (1 - weight) + planes[above - first] * weight
+
+
+def _sinks(probability_sinks: Sequence[ProbabilitySink | None] | None,
+           temperatures: Sequence[float | Sequence[float]]) -> list[ProbabilitySink | None]:
+    """One sink (or None) per temperature."""
+    sinks = list(probability_sinks or [None] * len(temperatures))
+    if len(sinks) != len(temperatures):
+        raise ValueError(f"Got {len(sinks)} probability sinks for {len(temperatures)} temperatures.")
+    return sinks
 
 
 def _write_batch(prediction: Prediction, axis: int, batch: slice, probabilities: torch.Tensor,

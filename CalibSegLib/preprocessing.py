@@ -8,7 +8,9 @@ intensities and the physical scale it was trained on:
 2. :func:`network_grid_shape` + :func:`resample_slices`: every slice is resampled in-plane
    from the image's own spacing to ``Preprocessing.target_spacing`` (mm), the spacing the
    network was trained at — a scanner with 0.7 mm pixels is seen at the same physical scale
-   as one with 1.5 mm pixels. Probabilities go back to the input's grid the same way.
+   as one with 1.5 mm pixels. Probabilities go back to the input's grid the same way. A 3D
+   network's volumes are resampled along z as well (:func:`volume_grid_shape` +
+   :func:`resample_volume`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ __all__ = [
     "scale_intensity",
     "normalize_intensity",
     "resample_slices",
+    "volume_grid_shape",
+    "resample_volume",
 ]
 
 NORMALIZATIONS: tuple[str, ...] = ("percentile", "none")
@@ -54,8 +58,9 @@ class Preprocessing:
         normalization: ``"percentile"`` clips each volume to ``[min, upper_percentile]`` and
             scales it to [0, 1] (how the ACDC data were prepared); ``"none"`` leaves intensities.
         upper_percentile: the clipping percentile, in (0, 100].
-        target_spacing: in-plane ``(y, x)`` spacing in mm of the grid the 2D network works on;
-            every slice is resampled to it (training and inference alike).
+        target_spacing: spacing in mm of the grid the network works on, every image resampled to it
+            (training and inference alike): in-plane ``(y, x)`` for a 2D network, ``(z, y, x)`` for a
+            3D one (the bundle's ``spatial_dims`` says which; it checks that the lengths agree).
         slice_axis: the array axis 2D networks step along (0 = z).
     """
 
@@ -79,11 +84,12 @@ class Preprocessing:
         spacing = self.target_spacing
         if (
             not isinstance(spacing, (list, tuple))
-            or len(spacing) != 2
+            or len(spacing) not in (2, 3)
             or not all(_is_number(value) and math.isfinite(value) and value > 0 for value in spacing)
         ):
             raise ValueError(
-                f"target_spacing must be two positive, finite in-plane spacings (y, x) in mm, got {spacing!r}."
+                "target_spacing must be two (y, x) or three (z, y, x) positive, finite spacings in mm, "
+                f"got {spacing!r}."
             )
         if isinstance(self.slice_axis, bool) or self.slice_axis not in (0, 1, 2):
             raise ValueError(f"slice_axis must be 0, 1 or 2, got {self.slice_axis!r}.")
@@ -256,3 +262,39 @@ def resample_slices(slices: torch.Tensor, size: Sequence[int], mode: str = "bili
         return F.interpolate(slices, size=size, mode="nearest-exact")
     shrinking = size[0] < slices.shape[-2] or size[1] < slices.shape[-1]
     return F.interpolate(slices, size=size, mode=mode, align_corners=False, antialias=shrinking)
+
+
+def volume_grid_shape(
+    shape: Sequence[int], spacing: Sequence[float], target_spacing: Sequence[float]
+) -> tuple[int, int, int]:
+    """``(z, y, x)`` size of a ``(z, y, x)`` volume of ``shape`` voxels at ``spacing`` mm once resampled to a 3D
+    network's ``target_spacing`` (z, y, x): the physical extent kept, at least one slice along z.
+
+    Raises:
+        ValueError: the slice spacing is not a positive number, the in-plane grid is outside the limits of
+            :func:`network_grid_shape`, or z exceeds :data:`MAX_NETWORK_GRID` (a wrong spacing in the file).
+    """
+    if not (math.isfinite(spacing[0]) and spacing[0] > 0):
+        raise ValueError(
+            f"The image's slice spacing {spacing[0]:g} mm is missing, zero or not finite; a 3D model resamples the "
+            "volume by it, so set the image's real voxel size first."
+        )
+    depth = max(1, int(round(shape[0] * spacing[0] / target_spacing[0])))
+    if depth > MAX_NETWORK_GRID:
+        raise ValueError(
+            f"{shape[0]} slices {spacing[0]:g} mm apart become {depth} slices at the model's {target_spacing[0]:g} mm, "
+            f"more than {MAX_NETWORK_GRID}; the image's spacing is probably wrong (check its units)."
+        )
+    return (depth, *network_grid_shape(shape[1:], spacing[1:], target_spacing[1:]))
+
+
+def resample_volume(volumes: torch.Tensor, size: Sequence[int], mode: str = "trilinear") -> torch.Tensor:
+    """Resample ``(n, channels, z, y, x)`` volumes to ``size`` ``(z, y, x)`` (``trilinear`` or ``nearest``), outer
+    edges onto each other (``align_corners=False``) as :func:`resample_slices`; volumes already of ``size`` are
+    returned unchanged."""
+    size = tuple(int(value) for value in size)
+    if tuple(volumes.shape[-3:]) == size:
+        return volumes
+    if mode == "nearest":
+        return F.interpolate(volumes, size=size, mode="nearest-exact")
+    return F.interpolate(volumes, size=size, mode=mode, align_corners=False)

@@ -1,4 +1,4 @@
-"""How a 2D network is run over a slice of any size: overlapping windows, Gaussian blending, mirroring.
+"""How a network is run over a slice (2D) or volume (3D) of any size: overlapping windows, Gaussian blending, mirroring.
 
 The network is trained on fixed ``patch_size`` crops; at inference every slice (already
 resampled to the model's spacing) is covered by windows of that size with ``overlap``, and
@@ -40,10 +40,11 @@ class SlidingWindow:
     """Window settings a bundle records (the training crop is the window).
 
     Args:
-        patch_size: in-plane ``(y, x)`` window size in voxels at the model's spacing.
+        patch_size: window size in voxels at the model's spacing: in-plane ``(y, x)`` for a 2D network,
+            ``(z, y, x)`` for a 3D one.
         overlap: fraction of a window shared with its neighbour, in [0, 1).
-        mirror_axes: in-plane axes (0 = y, 1 = x) to mirror at test time; logits are averaged
-            over all ``2**len(mirror_axes)`` flips. Empty: no mirroring.
+        mirror_axes: window axes (2D: 0 = y, 1 = x; 3D: 0 = z, 1 = y, 2 = x) to mirror at test time; logits
+            are averaged over all ``2**len(mirror_axes)`` flips. Empty: no mirroring.
         batch_size: windows per forward pass (memory grows with it, not with the slice).
     """
 
@@ -63,23 +64,26 @@ class SlidingWindow:
         size = self.patch_size
         if (
             not isinstance(size, (list, tuple))
-            or len(size) != 2
-            or not all(_is_int(value) and 8 <= value <= MAX_PATCH for value in size)
+            or len(size) not in (2, 3)
+            or not all(_is_int(value) and 8 <= value <= MAX_PATCH for value in size[-2:])
+            or not all(_is_int(value) and 1 <= value <= MAX_PATCH for value in size[:-2])
         ):
-            raise ValueError(f"patch_size must be two integers in 8..{MAX_PATCH} (y, x), got {size!r}.")
+            raise ValueError(f"patch_size must be two integers (y, x) in 8..{MAX_PATCH}, or three (z, y, x) with z in "
+                             f"1..{MAX_PATCH}, got {size!r}.")
         if isinstance(self.overlap, bool) or not isinstance(self.overlap, (int, float)) \
                 or not 0 <= self.overlap < 1:
             raise ValueError(f"overlap must lie in [0, 1), got {self.overlap!r}.")
         axes = self.mirror_axes
         if not isinstance(axes, (list, tuple)) or len(set(axes)) != len(axes) \
-                or not all(_is_int(axis) and axis in (0, 1) for axis in axes):
-            raise ValueError(f"mirror_axes must be distinct in-plane axes 0 (y) and/or 1 (x), got {axes!r}.")
+                or not all(_is_int(axis) and 0 <= axis < len(size) for axis in axes):
+            raise ValueError(f"mirror_axes must be distinct axes of the {len(size)}D window (0 .. {len(size) - 1}), "
+                             f"got {axes!r}.")
         if not _is_int(self.batch_size) or not 1 <= self.batch_size <= 1024:
             raise ValueError(f"batch_size must be an integer in 1..1024, got {self.batch_size!r}.")
-        if size[0] * size[1] * self.batch_size > MAX_VOXELS_PER_PASS:
+        if math.prod(size) * self.batch_size > MAX_VOXELS_PER_PASS:
             raise ValueError(
-                f"{self.batch_size} windows of {size[0]}×{size[1]} per pass exceed {MAX_VOXELS_PER_PASS:,} voxels; "
-                "lower batch_size or patch_size."
+                f"{self.batch_size} windows of {'×'.join(map(str, size))} per pass exceed {MAX_VOXELS_PER_PASS:,} "
+                "voxels; lower batch_size or patch_size."
             )
 
     @property
@@ -88,8 +92,8 @@ class SlidingWindow:
         return 2 ** len(self.mirror_axes)
 
 
-def windows_per_pass(patch_size: tuple[int, int], preferred: int = SlidingWindow.batch_size) -> int:
-    """Windows of ``patch_size`` (y, x voxels) per forward pass: ``preferred``, fewer where that would exceed
+def windows_per_pass(patch_size: tuple[int, ...], preferred: int = SlidingWindow.batch_size) -> int:
+    """Windows of ``patch_size`` (voxels, 2D or 3D) per forward pass: ``preferred``, fewer where that would exceed
     :data:`MAX_VOXELS_PER_PASS` (at least 1), so a trainer with a large crop still writes a valid bundle."""
     voxels = math.prod(patch_size) if all(_is_int(side) and side > 0 for side in patch_size) else 1
     return max(1, min(preferred, MAX_VOXELS_PER_PASS // voxels))
@@ -143,9 +147,10 @@ def _argmax_classes(logits: torch.Tensor) -> torch.Tensor:
 
 def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindow,
                   agreement: MirrorAgreement | None = None) -> torch.Tensor:
-    """Blended logits ``(n, C, y, x)`` of ``images (n, 1, y, x)`` (any in-plane size, at the model's spacing).
+    """Blended logits ``(n, C, *spatial)`` of ``images (n, K, *spatial)`` (any size, at the model's spacing; spatial
+    ``(y, x)`` slices or ``(z, y, x)`` volumes, as the window).
 
-    Slices smaller than the window are zero-padded for the network and cropped back, so
+    Slices (volumes) smaller than the window are zero-padded for the network and cropped back, so
     every output voxel comes from a full-size window. ``agreement``, when given, counts this batch's passes.
     """
 

@@ -41,7 +41,7 @@ import torch
 
 from CalibSegLib.io import WRITE_SUFFIXES, read_image
 from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
-                                       resample_slices)
+                                       resample_slices, resample_volume, volume_grid_shape)
 
 __all__ = [
     "ACDC_SPACING",
@@ -360,10 +360,11 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
 
 @dataclass
 class GridVolume:
-    """One volume on the model's grid, cached for training or validation.
+    """One volume on the model's grid, cached for training or validation, as items of the network's input.
 
-    ``images (z, 1, y, x)`` float32 normalised, ``labels (z, y, x)`` uint8 (an eighth of int64's
-    memory, widened per batch); ``(y, x)`` is the volume's in-plane size at the model's spacing.
+    ``images (n, K, *spatial)`` float32 normalised, ``labels (n, *spatial)`` uint8 (an eighth of int64's
+    memory, widened per batch): for a 2D network the items are the ``n = z`` slices, ``spatial = (y, x)``; for a
+    3D network the one item is the whole volume, ``spatial = (z, y, x)``; sizes at the model's spacing.
     """
 
     case_id: str
@@ -375,19 +376,41 @@ class GridVolume:
         return GridVolume(self.case_id, self.images.to(device), self.labels.to(device))
 
 
-def _labels_to_grid(label: np.ndarray, size: tuple[int, int], num_classes: int) -> torch.Tensor:
-    """``(z, y, x)`` labels on another in-plane grid: argmax of the bilinearly resampled one-hot maps
-    (smoother and fairer to thin structures than nearest neighbour)."""
+def _labels_to_grid(label: np.ndarray, size: tuple[int, ...], num_classes: int) -> torch.Tensor:
+    """``(n, *spatial)`` labels on the grid ``size`` (2D: in-plane ``(y, x)`` of ``n`` slices; 3D: ``(z, y, x)``):
+    argmax of the linearly resampled one-hot maps (smoother and fairer to thin structures than nearest neighbour)."""
     labels = torch.from_numpy(label.astype(np.int64))
-    if tuple(labels.shape[1:]) == size:
+    if tuple(labels.shape[-len(size):]) == size:
         return labels.to(torch.uint8)
     one_hot = torch.nn.functional.one_hot(labels, num_classes).movedim(-1, 1).float()
-    return resample_slices(one_hot, size).argmax(dim=1).to(torch.uint8)
+    resample = resample_slices if len(size) == 2 else resample_volume
+    return resample(one_hot, size).argmax(dim=1).to(torch.uint8)
+
+
+def _slices_on_grid(case: Case, preprocessing: Preprocessing, num_classes: int) -> GridVolume:
+    """A 2D network's items: the volume's slices, each resampled in-plane."""
+    size = network_grid_shape(case.image.shape[1:], in_plane_spacing(case.spacing, 0), preprocessing.target_spacing)
+    normalized = normalize_intensity(case.image, preprocessing.normalization, preprocessing.upper_percentile)
+    images = resample_slices(torch.from_numpy(normalized).unsqueeze(1), size)
+    return GridVolume(case.case_id, images.contiguous(), _labels_to_grid(case.label, size, num_classes))
+
+
+def _volume_on_grid(case: Case, preprocessing: Preprocessing, num_classes: int) -> GridVolume:
+    """A 3D network's item: the whole volume resampled to the (z, y, x) target spacing (trilinear)."""
+    size = volume_grid_shape(case.image.shape, case.spacing, preprocessing.target_spacing)
+    normalized = normalize_intensity(case.image, preprocessing.normalization, preprocessing.upper_percentile)
+    images = resample_volume(torch.from_numpy(normalized)[None, None], size)
+    return GridVolume(case.case_id, images.contiguous(), _labels_to_grid(case.label[None], size, num_classes))
+
+
+# How a volume becomes the network's items, by the number of target-spacing values (the network's spatial dims).
+_GRID_ITEMS = {2: _slices_on_grid, 3: _volume_on_grid}
 
 
 def to_model_grid(cases: Sequence[Case], preprocessing: Preprocessing, num_classes: int) -> list[GridVolume]:
-    """Normalise each volume as ``preprocessing`` says and resample its slices in-plane from the
-    volume's spacing to ``preprocessing.target_spacing`` (the predictor does the same at inference).
+    """Normalise each volume as ``preprocessing`` says and resample it from the volume's spacing to
+    ``preprocessing.target_spacing`` (the predictor does the same at inference): slice by slice in-plane for a 2D
+    target spacing ``(y, x)``, the whole volume for a 3D one ``(z, y, x)``.
 
     Raises:
         DataError: no volume, or a volume whose spacing puts it outside the model's grid limits.
@@ -396,14 +419,11 @@ def to_model_grid(cases: Sequence[Case], preprocessing: Preprocessing, num_class
         raise DataError("No volumes to train on; the split selected no volume.")
     if preprocessing.slice_axis != 0:
         raise DataError("Training reads slices along the first array axis (z); use slice_axis 0.")
+    on_grid = _GRID_ITEMS[len(preprocessing.target_spacing)]
     volumes = []
     for case in cases:
-        spacing = in_plane_spacing(case.spacing, 0)
         try:
-            size = network_grid_shape(case.image.shape[1:], spacing, preprocessing.target_spacing)
+            volumes.append(on_grid(case, preprocessing, num_classes))
         except ValueError as error:
             raise DataError(f"{case.case_id}: {error}") from None
-        normalized = normalize_intensity(case.image, preprocessing.normalization, preprocessing.upper_percentile)
-        images = resample_slices(torch.from_numpy(normalized).unsqueeze(1), size)
-        volumes.append(GridVolume(case.case_id, images.contiguous(), _labels_to_grid(case.label, size, num_classes)))
     return volumes

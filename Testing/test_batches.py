@@ -145,3 +145,78 @@ def test_a_volume_without_foreground_cannot_feed_foreground_crops():
     empty = GridVolume("e", torch.zeros(2, 1, 32, 32), torch.zeros(2, 32, 32, dtype=torch.uint8))
     with pytest.raises(DataError, match="no foreground voxel"):
         CropSampler([empty], 4).foreground_centres(4, torch.Generator())
+
+
+def synthetic_volume_3d(depth: int = 12, size: int = 40) -> GridVolume:
+    """A 3D network's item: one ``(1, 1, z, y, x)`` volume with a large class-1 box, a small class-2 box and a tiny
+    class-3 blob; the image is label / 3."""
+    labels = torch.zeros(1, depth, size, size, dtype=torch.uint8)
+    labels[0, 2:10, 4:30, 4:30] = 1
+    labels[0, 4:8, 32:38, 32:38] = 2
+    labels[0, 9:11, 2:4, 34:36] = 3
+    return GridVolume("synthetic-3d", (labels.float() / 3).unsqueeze(1), labels)
+
+
+def test_3d_foreground_crops_are_centred_on_voxels_of_every_class_equally_often():
+    sampler = CropSampler([synthetic_volume_3d(), synthetic_volume_3d(depth=10, size=36)], 4)
+    assert sampler.images.shape == (2, 1, 12, 40, 40) and sampler.coordinates.shape[1] == 3
+    items, centres = sampler.foreground_centres(3000, torch.Generator().manual_seed(0))
+    position = centres.long()
+    classes = sampler.labels[items, 0, position[:, 0], position[:, 1], position[:, 2]]
+    counts = torch.bincount(classes.long(), minlength=4)
+    assert counts[0] == 0  # every centre lies on a voxel of the class it claims, never on background
+    assert counts[1:].min() > 0.28 * 3000  # the two-voxel-wide blob as often as the large box
+
+
+def test_3d_crops_keep_images_and_labels_aligned_and_hold_the_foreground_share():
+    """Rotated, scaled, mirrored 3D crops of one sampling grid: image (label / 3) and labels agree away from edges,
+    and the planned share of crops is centred on foreground."""
+    sampler = CropSampler([synthetic_volume_3d()], 4)
+    no_intensity = Augmentation(gamma_probability=0.0, contrast_probability=0.0, brightness_probability=0.0,
+                                noise_probability=0.0)
+    plans = plan_epoch(sampler, 8, 6, torch.Generator().manual_seed(2), (8, 24, 24), no_intensity,
+                       foreground_share=0.5)
+    centred_on_foreground = 0
+    for plan in plans:
+        images, target = assemble(sampler, plan, (8, 24, 24), torch.device("cpu"))
+        assert images.shape == (8, 1, 8, 24, 24) and target.shape == (8, 8, 24, 24)
+        assert (torch.round(images[:, 0] * 3).long() == target).float().mean() > 0.93
+        centred_on_foreground += int((target[:, 4, 12, 12] > 0).sum())
+    assert 0.4 < centred_on_foreground / 48 <= 0.9  # half the crops planned on foreground, plus chance hits
+
+
+def test_an_unaugmented_3d_crop_on_voxel_boundaries_is_the_volume_block_itself():
+    volume = synthetic_volume_3d()
+    volume = GridVolume("noise", torch.rand(1, 1, 12, 40, 40, generator=torch.Generator().manual_seed(0)),
+                        volume.labels)
+    sampler = CropSampler([volume], 4)
+    plan = plan_epoch(sampler, 1, 1, torch.Generator().manual_seed(0), (6, 16, 20), NO_AUGMENTATION)[0]
+    plan = type(plan)(**{**plan.__dict__, "centre": torch.tensor([[5.0, 20.0, 18.0]])})
+    images, target = assemble(sampler, plan, (6, 16, 20), torch.device("cpu"))
+    torch.testing.assert_close(images[0, 0], volume.images[0, 0, 2:8, 12:28, 8:28], rtol=0, atol=1e-5)
+    assert torch.equal(target[0], volume.labels[0, 2:8, 12:28, 8:28].long())
+
+
+def test_a_resumed_generator_draws_the_same_3d_batches():
+    """Every random draw of a 3D epoch comes from the data-order generator: restoring its state (as a resumed run
+    does from the checkpoint) gives the very batches the uninterrupted run drew."""
+    sampler = CropSampler([synthetic_volume_3d()], 4)
+    generator = torch.Generator().manual_seed(7)
+    plan_epoch(sampler, 4, 2, generator, (8, 16, 16))  # epoch 1
+    saved = generator.get_state()
+    uninterrupted = plan_epoch(sampler, 4, 2, generator, (8, 16, 16))
+    resumed = plan_epoch(sampler, 4, 2, torch.Generator().set_state(saved), (8, 16, 16))
+    for a, b in zip(uninterrupted, resumed, strict=True):
+        first, second = (assemble(sampler, plan, (8, 16, 16), torch.device("cpu")) for plan in (a, b))
+        torch.testing.assert_close(first[0], second[0], rtol=0, atol=0)
+        assert torch.equal(first[1], second[1])
+
+
+def test_volumes_for_a_3d_network_are_resampled_whole_to_the_target_spacing():
+    image = np.zeros((8, 40, 60), np.float32)
+    image[2:6, 10:30, 20:40] = 1.0
+    label = (image > 0).astype(np.uint8)
+    case = Case("c", "p", image, label, (2.0, 0.75, 0.75))
+    volume, = to_model_grid([case], Preprocessing(target_spacing=(4.0, 1.5, 1.5)), 2)
+    assert volume.images.shape == (1, 1, 4, 20, 30) and volume.labels.shape == (1, 4, 20, 30)
+    assert int(volume.labels.sum()) == 2 * 10 * 10  # the 8 × 20 × 20 mm box keeps its physical size

@@ -252,16 +252,26 @@ BAD_BUNDLES = {
     ),
     "zero target spacing": (
         lambda g, f: rewritten(g, f / "sp0.calibseg", lambda m: m["preprocessing"].update(target_spacing=[0, 1.5])),
-        "target_spacing must be two positive, finite",
+        r"target_spacing must be two \(y, x\) or three \(z, y, x\) positive, finite spacings",
     ),
     "infinite target spacing": (
         lambda g, f: rewritten(g, f / "spi.calibseg",
                                lambda m: m["preprocessing"].update(target_spacing=[float("inf"), 1.5])),
-        "target_spacing must be two positive, finite",
+        r"target_spacing must be two \(y, x\) or three \(z, y, x\) positive, finite spacings",
     ),
     "huge window": (
         lambda g, f: rewritten(g, f / "win.calibseg", lambda m: m["sliding_window"].update(patch_size=[40000, 40000])),
-        "patch_size must be two integers in 8..2048",
+        r"patch_size must be two integers \(y, x\) in 8..2048",
+    ),
+    "2D bundle with a (z, y, x) spacing": (
+        lambda g, f: rewritten(g, f / "d2s3.calibseg",
+                               lambda m: m["preprocessing"].update(target_spacing=[3.0, 1.5, 1.5])),
+        r"target_spacing has 3 values but its network is 2D; a 2D bundle needs \(y, x\)",
+    ),
+    "3D bundle with an in-plane window": (
+        lambda g, f: rewritten(g, f / "d3w2.calibseg", lambda m: (
+            m.update(spatial_dims=3), m["preprocessing"].update(target_spacing=[3.0, 1.5, 1.5]))),
+        r"patch_size has 2 values but its network is 3D; a 3D bundle needs \(z, y, x\)",
     ),
     "window batch too large": (
         lambda g, f: rewritten(g, f / "wb.calibseg",

@@ -340,3 +340,68 @@ def test_bundle_postprocessing_keeps_the_largest_component_of_its_classes(linear
     assert raw.labels[:, 17, 17].all() and not kept.labels[:, 17, 17].any()
     np.testing.assert_array_equal(kept.labels[:, :12, :12], raw.labels[:, :12, :12])
     np.testing.assert_array_equal(kept.confidence, raw.confidence)  # labels only: the maps stay the network's
+
+
+@pytest.fixture(scope="module")
+def tiny_3d_bundle(tmp_path_factory):
+    """A saved 3-class 3D UNet bundle: (z, y, x) target spacing and window, mirrored over the in-plane axes."""
+    path = make_test_bundle(tmp_path_factory.mktemp("bundle3d") / "tiny3d.calibseg", num_classes=3,
+                            patch_size=(8, 32, 32), spatial_dims=3,
+                            preprocessing=Preprocessing(target_spacing=(4.0, 1.5, 1.5)),
+                            sliding_window=SlidingWindow(patch_size=(8, 32, 32), mirror_axes=(1, 2)))
+    return load_bundle(path)
+
+
+def test_a_3d_bundle_round_trips_and_predicts_every_output_on_the_input_grid(tiny_3d_bundle, monkeypatch):
+    assert tiny_3d_bundle.metadata.spatial_dims == 3
+    assert tiny_3d_bundle.metadata.preprocessing.target_spacing == (4.0, 1.5, 1.5)
+    assert tiny_3d_bundle.metadata.sliding_window.patch_size == (8, 32, 32)
+    seen = []
+    window = inference.window_logits
+    monkeypatch.setattr(inference, "window_logits",
+                        lambda model, images, *rest: seen.append(tuple(images.shape)) or window(model, images, *rest))
+    image, chunks = noise_volume((9, 30, 27)), []
+    variants = Predictor(tiny_3d_bundle, device="cpu", batch_size=4).predict_variants(
+        image, (3.0, 1.2, 1.4), [1.0, 0.5], keep_probabilities=True,
+        probability_sinks=[lambda slices, probs: chunks.append((slices, probs.copy())), None])
+    assert seen == [(1, 1, 7, 24, 25)]  # one pass over the whole volume on the model's (4, 1.5, 1.5) mm grid
+    for prediction in variants:
+        assert prediction.labels.shape == prediction.confidence.shape == prediction.entropy.shape == image.shape
+        assert prediction.probabilities.shape == (3, *image.shape)
+        np.testing.assert_allclose(prediction.probabilities.sum(axis=0), 1.0, rtol=1e-5)
+        np.testing.assert_array_equal(prediction.labels, prediction.probabilities.argmax(axis=0))
+        np.testing.assert_allclose(prediction.confidence, prediction.probabilities.max(axis=0), rtol=1e-6)
+        assert prediction.entropy.min() >= 0 and prediction.entropy.max() <= 1
+        assert prediction.mirror_agreement.shape == (3,)
+    # the metrics stream by chunks of input slices, the first variant's to its sink
+    assert [slices for slices, _ in chunks] == [slice(0, 4), slice(4, 8), slice(8, 9)]
+    np.testing.assert_array_equal(np.concatenate([probs for _, probs in chunks], axis=1), variants[0].probabilities)
+    assert not np.allclose(variants[0].confidence, variants[1].confidence)  # T = 0.5 sharpens
+
+
+def test_a_3d_prediction_keeps_no_probability_volume_unless_asked_and_batch_size_changes_nothing(tiny_3d_bundle):
+    image = noise_volume((9, 30, 27))
+    chunks = []
+    one = Predictor(tiny_3d_bundle, device="cpu", batch_size=1).predict(
+        image, (3.0, 1.2, 1.4), probability_sink=lambda slices, probs: chunks.append(probs.shape))
+    assert one.probabilities is None
+    assert chunks == [(3, 1, 30, 27)] * 9  # never more than a chunk of batch_size slices on the input grid
+    five = Predictor(tiny_3d_bundle, device="cpu", batch_size=5).predict(image, (3.0, 1.2, 1.4))
+    np.testing.assert_allclose(one.confidence, five.confidence, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(one.probability_sums, five.probability_sums, rtol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_3d_chunks_are_the_trilinear_resampling_of_the_whole_probability_volume(temperature):
+    logits = torch.randn(3, 5, 12, 10, generator=torch.Generator().manual_seed(0)) * 3
+    shape = (13, 24, 20)
+    whole = torch.nn.functional.interpolate(torch.softmax(logits / temperature, dim=0)[None], size=shape,
+                                            mode="trilinear", align_corners=False)[0]
+    chunks = [inference.volume_chunk_probabilities(logits, temperature, shape, slice(start, min(start + 4, 13)))
+              for start in range(0, 13, 4)]
+    torch.testing.assert_close(torch.cat(chunks).movedim(1, 0), whole, rtol=1e-5, atol=1e-6)
+
+
+def test_a_3d_bundle_refuses_a_missing_slice_spacing_in_one_sentence(tiny_3d_bundle):
+    with pytest.raises(ValueError, match=r"^The image's slice spacing 0 mm is missing, zero or not finite; [^\n]*\.$"):
+        Predictor(tiny_3d_bundle, device="cpu").predict(noise_volume((9, 30, 27)), (0.0, 1.2, 1.4))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -65,24 +66,30 @@ def test_crac_multipliers_change_and_survive_resume(sample_cases, tmp_path):
     assert resumed.epoch == 2 and int(resumed.loss.updates) == 2
 
 
-def test_interrupted_run_resumes_to_identical_weights(sample_cases, tmp_path):
-    uninterrupted = tiny_trainer(tmp_path / "full", sample_cases, epochs=3)
-    uninterrupted.fit()
-    killed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3)
+def killed_and_resumed(make_trainer: Callable[[], Trainer], kill_at_step: int) -> Trainer:
+    """A run killed at step ``kill_at_step`` (in the middle of epoch 2), then resumed from its checkpoint to the end."""
+    killed = make_trainer()
     step = killed.train_step
 
-    def dying_step(images, target):  # as if the process were killed in the middle of epoch 2
-        if killed.steps == 5:
+    def dying_step(images, target):  # as if the process were killed
+        if killed.steps == kill_at_step:
             raise KeyboardInterrupt
         return step(images, target)
 
     killed.train_step = dying_step
     with pytest.raises(KeyboardInterrupt):
         killed.fit()
-    assert load_checkpoint(tmp_path / "killed" / "checkpoint.pt")["epoch"] == 1
-    resumed = tiny_trainer(tmp_path / "killed", sample_cases, epochs=3)
-    resumed.resume(tmp_path / "killed" / "checkpoint.pt")
+    assert load_checkpoint(killed.run_dir / "checkpoint.pt")["epoch"] == 1
+    resumed = make_trainer()
+    resumed.resume(resumed.run_dir / "checkpoint.pt")
     resumed.fit()
+    return resumed
+
+
+def test_interrupted_run_resumes_to_identical_weights(sample_cases, tmp_path):
+    uninterrupted = tiny_trainer(tmp_path / "full", sample_cases, epochs=3)
+    uninterrupted.fit()
+    resumed = killed_and_resumed(lambda: tiny_trainer(tmp_path / "killed", sample_cases, epochs=3), kill_at_step=5)
     for name, tensor in uninterrupted.model.state_dict().items():
         torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0)
     torch.testing.assert_close(resumed.loss.multipliers, uninterrupted.loss.multipliers, rtol=0, atol=0)
@@ -374,3 +381,60 @@ def test_a_loss_that_becomes_nan_stops_the_epoch_before_its_checkpoint(sample_ca
     with pytest.raises(ValueError, match="training loss became NaN or infinite in epoch 1; the last checkpoint"):
         trainer.fit()
     assert not (tmp_path / "checkpoint.pt").exists()
+
+
+VOLUMETRIC_FLAGS = ["--spatial-dims", "3", "--target-spacing", "8", "3.2", "3.2", "--patch-size", "8", "16", "16",
+                    "--network-arg", "channels=[8,16]", "--network-arg", "strides=[2]", "--network-arg",
+                    "num_res_units=0", "--method", "ce_dice", "--batch-size", "2", "--device", "cpu", "--no-compile"]
+
+
+@pytest.fixture(scope="module")
+def ct_phantom(tmp_path_factory):
+    from Datasets.phantoms import write_phantom
+
+    return write_phantom(tmp_path_factory.mktemp("phantom") / "ct", "ct", cases=5)
+
+
+def test_a_3d_run_trains_validates_chooses_writes_a_3d_bundle_and_evaluates(ct_phantom, tmp_path, capsys):
+    out = tmp_path / "run3d"
+    assert train_cli.main(["--data", str(ct_phantom), *VOLUMETRIC_FLAGS, "--epochs", "2", "--iterations-per-epoch",
+                           "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "3 training volumes, 1 validation volumes" in printed and "8×16×16 crops at 8×3.2×3.2 mm" in printed
+    metadata = load_bundle(out / "model.calibseg").metadata
+    assert metadata.spatial_dims == 3 and metadata.preprocessing.target_spacing == (8.0, 3.2, 3.2)
+    assert metadata.sliding_window.patch_size == (8, 16, 16)
+    assert metadata.class_names == ["background", "liver", "spleen", "kidney"]
+    choices = RunSummary.read(out).choices
+    for name in ("mirroring", "temperature", "postprocessing"):
+        assert isinstance(choices[name], dict), (name, choices[name])  # made on the 3D validation pass, not failed
+    assert choices["input_statistics"] == "from the 3 training volumes" and metadata.input_statistics is not None
+    if choices["mirroring"]["used"]:
+        assert metadata.sliding_window.mirror_axes == (1, 2)  # in-plane, as the crops were mirrored and turned
+    summary = json.loads((out / "evaluation" / "summary.json").read_text())
+    assert len(summary["cases"]) == 1 and "pooled_calibration" in summary["scaled"]
+    assert 0 <= summary["uncalibrated"]["per_metric"]["dice_mean"]["mean"] <= 1
+
+
+def test_an_interrupted_3d_run_resumes_to_identical_weights(ct_phantom, tmp_path):
+    files = find_cases(ct_phantom)
+    cases = load_cases(files[:2], 4), load_cases(files[2:3], 4)
+    volumetric = dict(method="ce_dice", spatial_dims=3, target_spacing=(8.0, 3.2, 3.2), patch_size=(8, 16, 16),
+                      network_kwargs={"channels": [8, 16], "strides": [2], "num_res_units": 0}, epochs=2,
+                      iterations_per_epoch=2, batch_size=2, temperature_fit="none")
+    uninterrupted = tiny_trainer(tmp_path / "full", cases, **volumetric)
+    uninterrupted.fit()
+    resumed = killed_and_resumed(lambda: tiny_trainer(tmp_path / "killed", cases, **volumetric), kill_at_step=3)
+    for name, tensor in uninterrupted.model.state_dict().items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], tensor, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--spatial-dims", "3"], r"^error: --spatial-dims 3 needs --patch-size D H W \(voxels at the target spacing\); "),
+    (["--spatial-dims", "3", "--patch-size", "8", "16"], r"^error: --patch-size takes one value or 3 \(z y x\) "),
+    (["--target-spacing", "4", "1", "1"], r"^error: --target-spacing takes one value or 2 \(y x\) with --spatial-dims 2"),
+])
+def test_3d_flags_that_do_not_fit_are_refused_in_one_sentence(ct_phantom, tmp_path, flags, message):
+    with pytest.raises(SystemExit, match=message) as stopped:
+        train_cli.main(["--data", str(ct_phantom), *flags, "--out", str(tmp_path / "run")])
+    assert "\n" not in str(stopped.value) and not (tmp_path / "run").exists()

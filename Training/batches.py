@@ -1,7 +1,8 @@
 """Training batches: random crops of the cached volumes, foreground oversampling, augmentation, prefetching.
 
-The crops of a batch are cut from whole slices on the model's grid (:func:`Datasets.cases.to_model_grid`,
-stacked once in :class:`CropSampler`) by one ``affine_grid``/``grid_sample`` over the batch, whose
+The crops of a batch are cut from whole items on the model's grid — slices for a 2D network, whole volumes for a
+3D one (:func:`Datasets.cases.to_model_grid`, stacked once in :class:`CropSampler`; every step below is written
+for any number of spatial dimensions) — by one ``affine_grid``/``grid_sample`` over the batch, whose
 per-crop affine matrices already hold the augmentation's rotation, mirroring and scaling, so
 cropping and the spatial transform cost one interpolation of the batch's ``patch_size`` voxels,
 whatever the slices' size, and run where the slices are cached (the GPU when they fit) without
@@ -38,9 +39,9 @@ class Augmentation:
     """Ranges and probabilities of the random transforms of a training crop.
 
     Spatial (every crop): a random quarter turn (``quarter_turns``) plus a uniform rotation of
-    ±``rotation_degrees``, a mirror along x with probability 1/2 (``mirror``; with the quarter
-    turns this covers every in-plane orientation), a uniform zoom factor in ``scale`` (> 1 shows
-    more of the slice, structures smaller). Intensity (images in [0, 1]): gamma in ``gamma``
+    ±``rotation_degrees`` in the (y, x) plane (about the slice axis for 3D crops), a mirror along x with
+    probability 1/2 (``mirror``; with the quarter turns this covers every in-plane orientation), a uniform
+    zoom factor in ``scale`` along every axis (> 1 shows more of the slice, structures smaller). Intensity (images in [0, 1]): gamma in ``gamma``
     (log-uniform), contrast about the crop's mean and brightness factors, additive Gaussian noise
     of a standard deviation drawn from ``noise_std``, each with its probability.
     """
@@ -66,15 +67,16 @@ NO_AUGMENTATION = Augmentation(quarter_turns=False, rotation_degrees=0.0, mirror
 
 
 class CropSampler:
-    """Where crops come from: every slice of the cached volumes, stacked, and an index of their foreground voxels.
+    """Where crops come from: every item (slice, or volume for a 3D network) of the cached volumes, stacked, and an
+    index of their foreground voxels.
 
-    ``images (N, 1, H, W)`` float32 and ``labels (N, 1, H, W)`` uint8 hold every slice at the top-left
-    corner of the largest slice's ``(H, W)`` extent, zero beyond its own (what ``grid_sample`` reads
-    outside a slice anyway), on ``device``: a batch's slices are then one index away from one batched
-    ``grid_sample``. ``slice_volume``/``slice_z`` ``(N,)`` locate each slice, ``slice_shape (N, 2)``
-    its ``(y, x)`` size; ``coordinates (M, 2)`` int32 ``(y, x)`` of every foreground voxel sorted by
-    slice and class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per slice and
-    foreground class (the index and everything planning reads stay on the CPU).
+    ``images (N, K, *S)`` float32 and ``labels (N, 1, *S)`` uint8 hold every item at the low corner of the largest
+    item's extent ``S`` (``(H, W)`` for slices, ``(D, H, W)`` for volumes), zero beyond its own (what
+    ``grid_sample`` reads outside an item anyway), on ``device``: a batch's items are then one index away from one
+    batched ``grid_sample``. ``slice_volume``/``slice_z`` ``(N,)`` locate each item (its volume and its index there),
+    ``slice_shape (N, d)`` its spatial size; ``coordinates (M, d)`` int32 positions of every foreground voxel sorted
+    by item and class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per item and foreground class (the
+    index and everything planning reads stay on the CPU).
     """
 
     def __init__(self, volumes: Sequence[GridVolume], num_classes: int, device: torch.device | str = "cpu") -> None:
@@ -83,13 +85,13 @@ class CropSampler:
         volume_ids, z_ids, shapes, coordinates, counts = [], [], [], [], []
         foreground_classes = num_classes - 1
         for index, volume in enumerate(volumes):
-            labels = volume.labels.cpu().long()
-            depth = labels.shape[0]
+            labels = volume.labels.cpu().long()  # (n, *spatial)
+            depth, dims = labels.shape[0], labels.ndim - 1
             volume_ids.append(torch.full((depth,), index, dtype=torch.int64))
             z_ids.append(torch.arange(depth))
-            shapes.append(torch.tensor(labels.shape[1:]).expand(depth, 2))
-            voxels = labels.nonzero()  # (K, 3) z, y, x in row-major order
-            classes = labels[voxels[:, 0], voxels[:, 1], voxels[:, 2]]
+            shapes.append(torch.tensor(labels.shape[1:]).expand(depth, dims))
+            voxels = labels.nonzero()  # (V, 1 + d): item, then spatial position, in row-major order
+            classes = labels[tuple(voxels.T)]
             keep = classes > 0
             voxels, classes = voxels[keep], classes[keep]
             key = voxels[:, 0] * foreground_classes + classes - 1
@@ -103,37 +105,39 @@ class CropSampler:
         self.counts = torch.cat(counts)
         self.starts = self.counts.flatten().cumsum(0).sub(self.counts.flatten()).view_as(self.counts)
         self.foreground_slices = (self.counts.sum(dim=1) > 0).nonzero().squeeze(1)
-        height, width = self.largest_slice
-        self.images = torch.zeros(len(self.slice_z), 1, height, width, device=device)
-        self.labels = torch.zeros(len(self.slice_z), 1, height, width, dtype=torch.uint8, device=device)
+        extent = self.largest_slice
+        channels = volumes[0].images.shape[1]
+        self.images = torch.zeros(len(self.slice_z), channels, *extent, device=device)
+        self.labels = torch.zeros(len(self.slice_z), 1, *extent, dtype=torch.uint8, device=device)
         first = 0
         for volume in volumes:
-            depth, _, volume_height, volume_width = volume.images.shape
-            self.images[first:first + depth, :, :volume_height, :volume_width] = volume.images
-            self.labels[first:first + depth, 0, :volume_height, :volume_width] = volume.labels
+            depth = volume.images.shape[0]
+            corner = tuple(slice(0, size) for size in volume.images.shape[2:])
+            self.images[(slice(first, first + depth), slice(None), *corner)] = volume.images
+            self.labels[(slice(first, first + depth), 0, *corner)] = volume.labels
             first += depth
 
     @staticmethod
     def stack_bytes(volumes: Sequence[GridVolume]) -> int:
-        """Bytes the stacked slices of ``volumes`` take (float32 images and uint8 labels, padded to the
-        largest slice), to decide where they can be cached."""
-        slices = sum(volume.images.shape[0] for volume in volumes)
-        height = max(volume.images.shape[-2] for volume in volumes)
-        width = max(volume.images.shape[-1] for volume in volumes)
-        return slices * height * width * 5
+        """Bytes the stacked items of ``volumes`` take (float32 images and uint8 labels, padded to the
+        largest item), to decide where they can be cached."""
+        items = sum(volume.images.shape[0] for volume in volumes)
+        extent = [max(sizes) for sizes in zip(*(volume.images.shape[2:] for volume in volumes))]
+        return items * math.prod(extent) * (4 * volumes[0].images.shape[1] + 1)
 
     def __len__(self) -> int:
         return len(self.slice_volume)
 
     @property
-    def largest_slice(self) -> tuple[int, int]:
-        """The largest ``(y, x)`` extent of any cached slice."""
+    def largest_slice(self) -> tuple[int, ...]:
+        """The largest spatial extent of any cached item: ``(y, x)`` slices, ``(z, y, x)`` volumes."""
         return tuple(int(value) for value in self.slice_shape.max(dim=0).values)
 
     def foreground_centres(self, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """``count`` foreground crops: slice indices ``(count,)`` and voxel-centre positions ``(count, 2)`` (y, x).
+        """``count`` foreground crops: item indices ``(count,)`` and voxel-centre positions ``(count, d)``
+        (``(y, x)`` or ``(z, y, x)``).
 
-        A slice holding foreground is drawn uniformly, then one of its classes, then a voxel of it.
+        An item holding foreground is drawn uniformly, then one of its classes, then a voxel of it.
         """
         if len(self.foreground_slices) == 0:
             raise DataError("The training labels hold no foreground voxel; check the labels.")
@@ -147,18 +151,18 @@ class CropSampler:
 
     def random_centres(self, picks: torch.Tensor, patch_size: Sequence[int], generator: torch.Generator
                        ) -> torch.Tensor:
-        """Uniform crop centres ``(n, 2)`` (y, x) in the slices ``picks``, keeping the crop inside the slice
-        where the slice is larger than the crop."""
+        """Uniform crop centres ``(n, d)`` in the items ``picks``, keeping the crop inside the item along every
+        axis where the item is larger than the crop."""
         shapes = self.slice_shape[picks].float()
         half = torch.tensor([float(value) for value in patch_size]) / 2
         low = torch.minimum(half, shapes / 2)
         high = torch.maximum(shapes - half, shapes / 2)
-        return low + torch.rand(len(picks), 2, generator=generator) * (high - low)
+        return low + torch.rand(len(picks), len(patch_size), generator=generator) * (high - low)
 
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """One batch, drawn up front: per crop ``slice_index``, ``centre (n, 2)`` (y, x) in voxels,
+    """One batch, drawn up front: per crop ``slice_index`` (the item), ``centre (n, d)`` in voxels,
     ``angle`` (radians), ``flip`` (mirror along x), ``scale``, ``gamma``, ``contrast``,
     ``brightness``, ``noise_std``; ``noise_seed`` seeds the noise of the whole planned batch of
     ``planned_size`` crops, of which this plan's crops are the rows from ``first`` on (a process's
@@ -223,7 +227,7 @@ def plan_epoch(
         iterations: ``None`` for one shuffled pass over the slices; else exactly this many batches
             taken from consecutive shuffled passes.
         generator: the data-order generator (advanced here, and only here).
-        patch_size: ``(y, x)`` crop size in voxels.
+        patch_size: crop size in voxels, ``(y, x)`` or ``(z, y, x)``.
         augmentation: ranges of the random transforms (:data:`NO_AUGMENTATION` for none).
         foreground_share: fraction of crops centred on a foreground voxel, in [0, 1].
     """
@@ -255,37 +259,48 @@ def plan_epoch(
             for batch, seed in zip(zip(*parts), seeds)]
 
 
-# Columns of a plan packed for the device: the (2, 3) affine matrix, the four intensity factors, the slice.
-_THETA, _INTENSITY, _SLICE = slice(0, 6), slice(6, 10), 10
+def _columns(dims: int) -> tuple[slice, slice, int]:
+    """Columns of a plan packed for the device: the ``(d, d + 1)`` affine matrix, the four intensity factors, the
+    item index."""
+    matrix = dims * (dims + 1)
+    return slice(0, matrix), slice(matrix, matrix + 4), matrix + 4
 
 
 def _packed(plan: BatchPlan, sampler: CropSampler, patch_size: Sequence[int]) -> torch.Tensor:
-    """``(n, 11)`` float32: per crop the ``affine_grid`` matrix mapping the crop onto the stacked slices'
-    ``[-1, 1]`` coordinates (rotation, mirroring and scaling about the crop centre), then gamma, contrast,
-    brightness and noise standard deviation, then the slice index (exact in float32 below 2**24 slices).
+    """``(n, d (d + 1) + 5)`` float32: per crop the ``affine_grid`` matrix mapping the crop onto the stacked items'
+    ``[-1, 1]`` coordinates (rotation in the (y, x) plane, mirroring along x and scaling about the crop centre),
+    then gamma, contrast, brightness and noise standard deviation, then the item index (exact in float32 below
+    2**24 items).
 
-    A crop voxel ``(i, j)`` lies ``(i + 0.5 - py/2, j + 0.5 - px/2)`` voxels from the crop centre; its
-    source is the centre plus that offset mirrored, rotated and scaled; ``affine_grid``'s crop coordinates
-    are these offsets times ``2 / p`` and ``grid_sample``'s source coordinates ``2 · position / size - 1``.
+    A crop voxel ``i`` lies ``i + 0.5 - p/2`` voxels from the crop centre along each axis; its source is the centre
+    plus that offset mirrored, rotated and scaled (``L`` below, in voxels); ``affine_grid``'s crop coordinates are
+    these offsets times ``2 / p`` and ``grid_sample``'s source coordinates ``2 · position / size - 1``, both in
+    (x, y[, z]) order, so the matrix is ``L · p / size`` beside the translation ``2 · centre / size - 1``.
     """
-    height, width = (float(value) for value in patch_size)
-    stack_height, stack_width = (float(value) for value in sampler.images.shape[-2:])
+    dims = len(patch_size)
+    patch = torch.tensor([float(value) for value in reversed(patch_size)])  # (x, y[, z])
+    stack = torch.tensor([float(value) for value in reversed(sampler.images.shape[2:])])
     sign = torch.where(plan.flip, -1.0, 1.0)
     cos, sin = plan.angle.cos() * plan.scale, plan.angle.sin() * plan.scale
-    theta = torch.stack([cos * sign * width / stack_width, -sin * height / stack_width,
-                         2 * plan.centre[:, 1] / stack_width - 1,
-                         sin * sign * width / stack_height, cos * height / stack_height,
-                         2 * plan.centre[:, 0] / stack_height - 1], dim=1)
-    return torch.cat([theta, torch.stack([plan.gamma, plan.contrast, plan.brightness, plan.noise_std], dim=1),
+    linear = torch.zeros(len(plan), dims, dims)
+    linear[:, 0, 0], linear[:, 0, 1] = cos * sign, -sin
+    linear[:, 1, 0], linear[:, 1, 1] = sin * sign, cos
+    if dims == 3:  # the slice axis is scaled, never rotated or mirrored
+        linear[:, 2, 2] = plan.scale
+    theta = linear * patch / stack.unsqueeze(1)
+    translation = 2 * plan.centre.flip(1) / stack - 1
+    return torch.cat([torch.cat([theta, translation.unsqueeze(2)], dim=2).flatten(1),
+                      torch.stack([plan.gamma, plan.contrast, plan.brightness, plan.noise_std], dim=1),
                       plan.slice_index.unsqueeze(1).float()], dim=1)
 
 
 def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
-    """Gamma, contrast, brightness and noise of ``images (n, 1, py, px)`` in [0, 1], per crop, with
+    """Gamma, contrast, brightness and noise of ``images (n, K, *patch)`` in [0, 1], per crop, with
     ``factors (n, 4)`` on the images' device (no host synchronisation)."""
-    gamma, contrast, brightness, noise_std = (column.view(-1, 1, 1, 1) for column in factors.unbind(dim=1))
+    per_crop = (-1,) + (1,) * (images.ndim - 1)
+    gamma, contrast, brightness, noise_std = (column.view(per_crop) for column in factors.unbind(dim=1))
     images = images.clamp(0.0, 1.0).pow(gamma)
-    mean = images.mean(dim=(1, 2, 3), keepdim=True)
+    mean = images.mean(dim=tuple(range(1, images.ndim)), keepdim=True)
     images = ((images - mean) * contrast + mean) * brightness
     if bool((plan.noise_std > 0).any()):  # the plan's own CPU copy: no device read
         generator = torch.Generator(device=images.device).manual_seed(plan.noise_seed)
@@ -296,13 +311,15 @@ def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchP
 
 def assemble(sampler: CropSampler, plan: BatchPlan, patch_size: Sequence[int], device: torch.device
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut, augment and move one batch: ``images (n, 1, py, px)`` float32 and ``target (n, py, px)`` int64.
+    """Cut, augment and move one batch: ``images (n, K, *patch_size)`` float32 and ``target (n, *patch_size)`` int64.
 
     One ``affine_grid`` and one ``grid_sample`` per batch (bilinear for the images, nearest for the labels)
     over the plan's slices, on ``device``: the plan goes over in one asynchronous copy, the slices are
     indexed where they are cached (pinned host memory or the device), and nothing waits for the device.
     """
     non_blocking = device.type == "cuda"
+    dims = len(patch_size)
+    matrix, intensity, item = _columns(dims)
     packed = _packed(plan, sampler, patch_size)
     if non_blocking:
         packed = packed.pin_memory()
@@ -313,12 +330,12 @@ def assemble(sampler: CropSampler, plan: BatchPlan, patch_size: Sequence[int], d
             images, labels = images.pin_memory(), labels.pin_memory()
         images, labels = images.to(device, non_blocking=non_blocking), labels.to(device, non_blocking=non_blocking)
     else:
-        index = packed[:, _SLICE].long()
+        index = packed[:, item].long()
         images, labels = sampler.images[index], sampler.labels[index]
-    grid = F.affine_grid(packed[:, _THETA].view(-1, 2, 3), [len(plan), 1, *patch_size], align_corners=False)
+    grid = F.affine_grid(packed[:, matrix].view(-1, dims, dims + 1), [len(plan), 1, *patch_size], align_corners=False)
     images = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     target = F.grid_sample(labels.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
-    return _augment_intensity(images, packed[:, _INTENSITY], plan), target.squeeze(1).round().long()
+    return _augment_intensity(images, packed[:, intensity], plan), target.squeeze(1).round().long()
 
 
 def iterate_batches(sampler: CropSampler, plans: Sequence[BatchPlan], patch_size: Sequence[int],

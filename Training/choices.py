@@ -46,13 +46,15 @@ class ValidationPass:
 
 
 def validation_pass(predictor: Predictor, volumes: Sequence[GridVolume], batch_size: int) -> ValidationPass:
-    """Logits of every volume, whole slices through ``predictor``'s sliding window, ``batch_size`` slices at a time."""
+    """Logits of every volume, whole items (slices, or the volume for a 3D network) through ``predictor``'s sliding
+    window, ``batch_size`` items at a time; a 3D network's ``(1, C, z, y, x)`` logits are laid out slice-first
+    like a 2D network's, so every choice below reads both alike."""
     logits, labels = [], []
     for volume in volumes:
         volume_logits = [predictor.network_logits(volume.images[start:start + batch_size]).cpu()
                          for start in range(0, volume.images.shape[0], batch_size)]
-        logits.append(torch.cat(volume_logits))
-        labels.append(volume.labels.long())
+        logits.append(torch.cat(volume_logits).movedim(1, -3).flatten(0, -4))
+        labels.append(volume.labels.long().flatten(0, -3))
     return ValidationPass(logits, labels)
 
 
@@ -88,10 +90,11 @@ def _passed(network: torch.nn.Module, metadata: BundleMetadata, volumes: Sequenc
 def choose_mirroring(network: torch.nn.Module, metadata: BundleMetadata, volumes: Sequence[GridVolume],
                      device: torch.device, batch_size: int,
                      ) -> tuple[tuple[BundleMetadata, ValidationPass], dict[str, Any]]:
-    """Test-time mirroring over both in-plane axes where it raises the validation Dice (it costs 4× the
-    inference time): the metadata with the chosen sliding window and the validation pass it gives."""
+    """Test-time mirroring over both in-plane axes (the window's last two) where it raises the validation Dice (it
+    costs 4× the inference time): the metadata with the chosen sliding window and the validation pass it gives."""
     plain = _passed(network, metadata, volumes, device, batch_size)
-    mirrored_metadata = replace(metadata, sliding_window=replace(metadata.sliding_window, mirror_axes=(0, 1)))
+    in_plane = (metadata.spatial_dims - 2, metadata.spatial_dims - 1)
+    mirrored_metadata = replace(metadata, sliding_window=replace(metadata.sliding_window, mirror_axes=in_plane))
     mirrored = _passed(network, mirrored_metadata, volumes, device, batch_size)
     dice_plain = float(np.nanmean(volume_dice(plain, Postprocessing(), metadata.num_classes)))
     dice_mirrored = float(np.nanmean(volume_dice(mirrored, Postprocessing(), metadata.num_classes)))

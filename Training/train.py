@@ -56,7 +56,7 @@ from Training.choices import TEMPERATURE_FITS
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
-from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer
+from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer, spacing_text
 
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
 
@@ -136,11 +136,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="poly: lr·(1 − step/steps)^0.9; step: × lr-step-to/lr at --lr-step-epoch (default: the schedule's)")
     parser.add_argument("--lr-step-to", type=float, default=1e-4)
     parser.add_argument("--lr-step-epoch", type=int, default=None, help="for --lr-schedule step (default: half the epochs)")
+    parser.add_argument("--spatial-dims", type=int, choices=(2, 3), default=2,
+                        help="2: a slice-wise network on (y, x) crops (default); 3: a volumetric network on "
+                             "(z, y, x) crops, segmenting whole volumes by 3D sliding window")
     parser.add_argument("--patch-size", type=int, nargs="+", default=None, metavar="N",
                         help="training crop = inference window, voxels at the target spacing: N or Y X "
-                             "(default 128, 224 with --paper)")
+                             "(default 128, 224 with --paper); with --spatial-dims 3: N or Z Y X (required)")
     parser.add_argument("--target-spacing", type=float, nargs="+", default=[1.5], metavar="MM",
-                        help="in-plane spacing the network works at, mm: S or Y X (default 1.5 = ACDC's native)")
+                        help="spacing the network works at, mm: S or Y X (default 1.5 = ACDC's native); with "
+                             "--spatial-dims 3: S or Z Y X")
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
     parser.add_argument("--temperature-fit", choices=TEMPERATURE_FITS, default="auto",
@@ -175,11 +179,13 @@ def _positive(name: str, value: int | float | None) -> None:
         raise DataError(f"{name} must be positive and finite, got {value}.")
 
 
-def _pair(name: str, values: list[float] | None, default: float) -> tuple[float, float]:
+def _per_axis(name: str, values: list[float] | None, default: float, dims: int) -> tuple[float, ...]:
+    """One value per spatial axis: ``values`` (one for every axis, or ``dims`` of them), else ``default``."""
     values = values or [default]
-    if len(values) not in (1, 2):
-        raise DataError(f"{name} takes one value or two (y x), got {len(values)}.")
-    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+    if len(values) not in (1, dims):
+        raise DataError(f"{name} takes one value or {dims} ({'z y x' if dims == 3 else 'y x'}) with --spatial-dims "
+                        f"{dims}, got {len(values)}.")
+    return tuple(values) * dims if len(values) == 1 else tuple(values)
 
 
 def _schedule(arguments: argparse.Namespace) -> Schedule:
@@ -202,8 +208,12 @@ def parse_config(arguments: argparse.Namespace, class_names: Sequence[str] | Non
         raise DataError(f"--foreground-share must lie in [0, 1], got {arguments.foreground_share}.")
     schedule = _schedule(arguments)
     epochs = arguments.epochs or schedule.epochs
-    patch = tuple(int(value) for value in _pair("--patch-size", arguments.patch_size, schedule.patch_size))
-    spacing = _pair("--target-spacing", arguments.target_spacing, 1.5)
+    dims = arguments.spatial_dims
+    if dims == 3 and arguments.patch_size is None:
+        raise DataError("--spatial-dims 3 needs --patch-size D H W (voxels at the target spacing); the schedules' "
+                        "crop sizes are 2D.")
+    patch = tuple(int(value) for value in _per_axis("--patch-size", arguments.patch_size, schedule.patch_size, dims))
+    spacing = _per_axis("--target-spacing", arguments.target_spacing, 1.5, dims)
     for name, values in (("--patch-size", patch), ("--target-spacing", spacing)):
         if not all(math.isfinite(value) and value > 0 for value in values):
             raise DataError(f"{name} must be positive and finite, got {' '.join(map(str, values))}.")
@@ -219,6 +229,7 @@ def parse_config(arguments: argparse.Namespace, class_names: Sequence[str] | Non
         lr_schedule=arguments.lr_schedule or schedule.lr_schedule,
         lr_step_to=arguments.lr_step_to,
         lr_step_epoch=arguments.lr_step_epoch or schedule.lr_step_epoch or max(epochs // 2, 1),
+        spatial_dims=dims,
         target_spacing=spacing,
         patch_size=patch,
         foreground_share=arguments.foreground_share,
@@ -288,7 +299,8 @@ def _check_model(config: TrainConfig) -> None:
     crops through it (shapes only), and resolve the device, so that a bad --network-arg,
     --patch-size, --loss-arg or --device stops the run before its folder exists."""
     try:
-        model = build_network_on_meta(config.network, 1, config.num_classes, 2, **config.network_kwargs)
+        model = build_network_on_meta(config.network, 1, config.num_classes, config.spatial_dims,
+                                      **config.network_kwargs)
     except NetworkOptionsError as error:
         raise DataError(
             f"--network {config.network} cannot be built with --network-arg {config.network_kwargs} "
@@ -363,9 +375,10 @@ def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_
         print(f"resumed {run_dir} after epoch {trainer.epoch}")
     loss_text = ", ".join(f"{key}={value}" for key, value in config.loss_args.items())
     method_text = f"{config.method} ({loss_text})" if loss_text else config.method
-    print(f"{method_text}: {len(trainer.sampler)} training slices, {len(cases['val'])} validation volumes, "
+    items = "training slices" if config.spatial_dims == 2 else "training volumes"
+    print(f"{method_text}: {len(trainer.sampler)} {items}, {len(cases['val'])} validation volumes, "
           f"{config.epochs} epochs of {trainer.steps_per_epoch} batches of {config.batch_size} "
-          f"{config.patch_size[0]}×{config.patch_size[1]} crops at {config.target_spacing[0]:g} mm on {trainer.device}"
+          f"{'×'.join(map(str, config.patch_size))} crops at {spacing_text(config.target_spacing)} mm on {trainer.device}"
           + (f", {processes.world_size} processes of {config.batch_size // processes.world_size} crops each"
              if processes.is_distributed else ""), flush=True)
     result = trainer.fit()

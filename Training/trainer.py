@@ -35,13 +35,13 @@ from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, val
 from Training.distributed import SINGLE_PROCESS, Processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME, EpochRecord, RunSummary
 
-__all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES"]
+__all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES", "spacing_text"]
 
 LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 # Steps between progress-bar updates of the loss (each update waits for the device to finish the step).
 _PROGRESS_EVERY = 10
 # Resuming with any of these changed would not continue the same run.
-_RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "target_spacing", "patch_size",
+_RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing", "patch_size",
                       "batch_size", "lr", "lr_schedule", "lr_step_to", "lr_step_epoch", "seed", "num_classes",
                       "iterations_per_epoch", "augment", "foreground_share", "epochs")
 
@@ -61,8 +61,9 @@ class TrainConfig:
     lr_schedule: str = "step"  # "poly": lr·(1 − step/steps)^0.9 per step; "step": × lr_step_to/lr at lr_step_epoch
     lr_step_to: float = 1e-4
     lr_step_epoch: int = 50
-    target_spacing: tuple[float, float] = (1.5, 1.5)  # in-plane (y, x) mm of the model's grid
-    patch_size: tuple[int, int] = (224, 224)  # training crop = inference window, voxels at target_spacing
+    spatial_dims: int = 2  # 2: slice-wise network on (y, x) crops; 3: volumetric network on (z, y, x) crops
+    target_spacing: tuple[float, ...] = (1.5, 1.5)  # mm of the model's grid: (y, x), or (z, y, x) in 3D
+    patch_size: tuple[int, ...] = (224, 224)  # training crop = inference window, voxels at target_spacing
     foreground_share: float = 1 / 3  # crops centred on a foreground voxel
     augment: bool = True
     compile: bool = False  # torch.compile the training forward/backward (CPU: 1.6× faster steps)
@@ -95,6 +96,12 @@ class EpochStatistics:
     loss: float
     slices_per_second: float
     data_wait_share: float
+
+
+def spacing_text(spacing: tuple[float, ...]) -> str:
+    """``1.5`` for an isotropic spacing in mm, ``3.9×0.815×0.815`` for any other (as the console shows it)."""
+    values = [f"{value:g}" for value in spacing]
+    return values[0] if len(set(values)) == 1 else "×".join(values)
 
 
 def _seed_everything(seed: int, deterministic: bool) -> None:
@@ -181,12 +188,14 @@ class Trainer:
         self.sampler = CropSampler(train_volumes, config.num_classes, _cache_device(self.device, train_volumes))
         largest = self.sampler.largest_slice
         if all(patch > size for patch, size in zip(config.patch_size, largest)):
+            item = "slice" if config.spatial_dims == 2 else "volume"
             raise DataError(
-                f"The crop size {config.patch_size[0]}×{config.patch_size[1]} is larger than every training slice "
-                f"(largest {largest[0]}×{largest[1]} voxels at {config.target_spacing[0]:g} mm); choose a smaller "
-                "--patch-size."
+                f"The crop size {'×'.join(map(str, config.patch_size))} is larger than every training {item} "
+                f"(largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm); choose a "
+                "smaller --patch-size."
             )
-        self.model = build_network(config.network, 1, config.num_classes, 2, **config.network_kwargs).to(self.device)
+        self.model = build_network(config.network, 1, config.num_classes, config.spatial_dims,
+                                   **config.network_kwargs).to(self.device)
         self.training_model = _compiled(_data_parallel(self.model, processes, self.device), config.compile)
         self.loss = build_loss(config.method, config.num_classes, **config.loss_args).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
@@ -289,7 +298,7 @@ class Trainer:
         return self.loss.compute(logits, target)
 
     def train_step(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """One optimiser step on ``images (B, 1, H, W)`` and ``target (B, H, W)`` int64 (on the device); returns
+        """One optimiser step on ``images (B, K, *patch)`` and ``target (B, *patch)`` int64 (on the device); returns
         the loss, a 0-d tensor on the device (reading it waits for the step: the loop sums them on the device)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
             logits = self.training_model(images)
@@ -426,7 +435,7 @@ class Trainer:
             network_kwargs=self.config.network_kwargs,
             in_channels=1,
             num_classes=self.config.num_classes,
-            spatial_dims=2,
+            spatial_dims=self.config.spatial_dims,
             class_names=self.config.class_names,
             class_colors=self.config.class_colors,
             class_terminology=default_terminology(self.config.class_names),

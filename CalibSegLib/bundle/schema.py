@@ -139,6 +139,17 @@ class BundleMetadata:
                 f"The bundle's quality model is malformed ({error}); refit it with calibseg-fit-quality."
             ) from None
 
+    def _check_dimensions(self) -> None:
+        """A 2D network's target spacing and window are in-plane pairs, a 3D one's (z, y, x) triples."""
+        lengths = {"preprocessing's target_spacing": len(self.preprocessing.target_spacing),
+                   "sliding_window's patch_size": len(self.sliding_window.patch_size)}
+        for name, length in lengths.items():
+            if length != self.spatial_dims:
+                raise BundleError(
+                    f"The bundle's {name} has {length} values but its network is {self.spatial_dims}D; a "
+                    f"{self.spatial_dims}D bundle needs {'(z, y, x)' if self.spatial_dims == 3 else '(y, x)'}."
+                )
+
     def validate(self) -> None:
         """Raise :class:`BundleError` when a field has the wrong type or contradicts another.
 
@@ -194,6 +205,7 @@ class BundleMetadata:
                 value.validate()
             except ValueError as error:
                 raise BundleError(f"The bundle's {section} is invalid: {error}") from None
+        self._check_dimensions()
         if any(class_id >= self.num_classes for class_id in self.postprocessing.largest_component):
             raise BundleError(
                 f"The bundle's postprocessing names class {max(self.postprocessing.largest_component)}, but the "
