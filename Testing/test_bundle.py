@@ -100,6 +100,7 @@ def test_bundle_json_records_every_section(good):
         "quality_model",
         "class_terminology",
         "input_statistics",
+        "channel_names",
         "library_version",
         "weights_dtype",
         "weights_sha256",

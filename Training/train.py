@@ -45,7 +45,8 @@ from CalibSegLib.io import check_output_folder, os_error_sentence, write_json_at
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta, input_size_problem
 from Datasets.cases import (ACDC_CLASS_NAMES, ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
-                           dataset_class_names, dataset_name, default_classes, find_cases, load_cases)
+                           DatasetDescription, dataset_name, default_classes, find_cases, load_cases,
+                           read_dataset_description)
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json, split_reference)
 from Evaluation.evaluate import evaluate_bundle, print_summary
@@ -250,21 +251,32 @@ def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
     return candidate
 
 
-def _load_split_cases(arguments: argparse.Namespace, num_classes: int, run_dir: Path, seed: int,
-                      ) -> tuple[list[CaseFile], Path, dict[str, list[str]], dict[str, list[Case]], bool]:
-    """Find, split and read every volume, so that bad data stops the run before any training.
+def _load_split_cases(arguments: argparse.Namespace, files: Sequence[CaseFile], num_classes: int, run_dir: Path,
+                      seed: int, description: DatasetDescription | None,
+                      ) -> tuple[Path, dict[str, list[str]], dict[str, list[Case]], bool]:
+    """Split and read every volume of ``files``, so that bad data stops the run before any training.
 
     The split: ``--split``, else the shipped split of these patients, else the run folder's own
-    ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`); the last
-    element of the result says whether it is new, to be written into the run folder once that exists.
+    ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`, its test side the
+    ``dataset.json``'s test list when there is one); the last element of the result says whether it is new, to be
+    written into the run folder once that exists.
     """
-    files = find_cases(arguments.data, arguments.dataset)
     split_file = arguments.split or default_split_for(files)
     made = split_file is None and not (run_dir / SPLIT_NAME).is_file()
     split_file = split_file or run_dir / SPLIT_NAME
-    split = make_split([file.patient_id for file in files], seed) if made else load_split(split_file)
+    test = description.test_cases if description is not None else ()
+    split = make_split([file.patient_id for file in files], seed, test=test) if made else load_split(split_file)
     cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in SIDES}
-    return files, Path(split_file), split, cases, made
+    return Path(split_file), split, cases, made
+
+
+def channel_names(files: Sequence[CaseFile], description: DatasetDescription | None) -> list[str] | None:
+    """The input channels' names for a bundle: the ``dataset.json``'s, ``channel k`` for several unnamed channels,
+    None for one unnamed channel (the image)."""
+    if description is not None and description.channel_names:
+        return list(description.channel_names)
+    count = len(files[0].channel_paths) if files else 1
+    return [f"channel {index}" for index in range(count)] if count > 1 else None
 
 
 def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], split_file: Path,
@@ -288,14 +300,14 @@ def _check_model(config: TrainConfig) -> None:
     crops through it (shapes only), and resolve the device, so that a bad --network-arg,
     --patch-size, --loss-arg or --device stops the run before its folder exists."""
     try:
-        model = build_network_on_meta(config.network, 1, config.num_classes, 2, **config.network_kwargs)
+        model = build_network_on_meta(config.network, config.in_channels, config.num_classes, 2, **config.network_kwargs)
     except NetworkOptionsError as error:
         raise DataError(
             f"--network {config.network} cannot be built with --network-arg {config.network_kwargs} "
             f"({error.reason})."
         ) from None
     # The crop is also the inference window, so one check covers training and validation.
-    problem = input_size_problem(model, 1, config.patch_size, batch=config.batch_size)
+    problem = input_size_problem(model, config.in_channels, config.patch_size, batch=config.batch_size)
     if problem:
         raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
                         f"{config.network}: {problem}.")
@@ -309,8 +321,11 @@ def run(arguments: argparse.Namespace) -> Path | None:
     Everything that can be wrong with the flags, the output folder and the data is checked
     before the run folder is created, so a refused run leaves nothing behind.
     """
-    class_names = dataset_class_names(arguments.data)
+    description = read_dataset_description(arguments.data)
+    class_names = description.class_names if description is not None else None
     config = parse_config(arguments, class_names)
+    files = find_cases(arguments.data, arguments.dataset)
+    config.channel_names = channel_names(files, description)
     _check_model(config)
     run_dir = check_output_folder(_run_dir(arguments, config.method))
     checkpoint = run_dir / CHECKPOINT_NAME
@@ -318,7 +333,8 @@ def run(arguments: argparse.Namespace) -> Path | None:
         raise DataError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
     if arguments.resume and not checkpoint.exists():
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
-    files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed)
+    split_file, split, cases, made = _load_split_cases(arguments, files, config.num_classes, run_dir, config.seed,
+                                                       description)
     dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.

@@ -75,8 +75,14 @@ class TrainConfig:
     num_classes: int = 4
     class_names: list[str] = field(default_factory=lambda: list(ACDC_CLASS_NAMES))
     class_colors: list[tuple[float, float, float]] = field(default_factory=lambda: list(ACDC_CLASS_COLORS))
+    channel_names: list[str] | None = None  # the input channels in order (None: one, the image)
     workers: int = 0  # background threads assembling batches ahead of the step (0: in the loop)
     progress: bool = True
+
+    @property
+    def in_channels(self) -> int:
+        """The network's input channels."""
+        return len(self.channel_names) if self.channel_names else 1
 
 
 @dataclass
@@ -186,7 +192,7 @@ class Trainer:
                 f"(largest {largest[0]}×{largest[1]} voxels at {config.target_spacing[0]:g} mm); choose a smaller "
                 "--patch-size."
             )
-        self.model = build_network(config.network, 1, config.num_classes, 2, **config.network_kwargs).to(self.device)
+        self.model = build_network(config.network, config.in_channels, config.num_classes, 2, **config.network_kwargs).to(self.device)
         self.training_model = _compiled(_data_parallel(self.model, processes, self.device), config.compile)
         self.loss = build_loss(config.method, config.num_classes, **config.loss_args).to(self.device)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
@@ -424,7 +430,8 @@ class Trainer:
         values = dict(
             network=self.config.network,
             network_kwargs=self.config.network_kwargs,
-            in_channels=1,
+            in_channels=self.config.in_channels,
+            channel_names=self.config.channel_names,
             num_classes=self.config.num_classes,
             spatial_dims=2,
             class_names=self.config.class_names,
