@@ -2,7 +2,7 @@
 
 Volumes are read whole (3D, for evaluation) and, for training, put on the model's grid and
 cached in memory as tensors (:func:`to_model_grid`): intensities through the same
-:func:`CalibSegLib.preprocessing.normalize_intensity` the predictor uses, every slice
+:func:`CalibSegLib.preprocessing.channel_intensities` the predictor uses, every slice
 resampled in-plane from the volume's own spacing to ``Preprocessing.target_spacing`` (images
 bilinear, labels by the argmax of their resampled one-hot maps), whole — crops are cut from
 them per batch (:mod:`Training.batches`). ACDC's HDF5 files carry no spacing: every ACDC
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from CalibSegLib.io import WRITE_SUFFIXES, read_image
-from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
+from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_channels,
                                        resample_slices)
 
 __all__ = [
@@ -451,7 +451,7 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
 class GridVolume:
     """One volume on the model's grid, cached for training or validation.
 
-    ``images (z, 1, y, x)`` float32 normalised, ``labels (z, y, x)`` uint8 (an eighth of int64's
+    ``images (z, K, y, x)`` float32 normalised (K channels), ``labels (z, y, x)`` uint8 (an eighth of int64's
     memory, widened per batch); ``(y, x)`` is the volume's in-plane size at the model's spacing.
     """
 
@@ -489,10 +489,10 @@ def to_model_grid(cases: Sequence[Case], preprocessing: Preprocessing, num_class
     for case in cases:
         spacing = in_plane_spacing(case.spacing, 0)
         try:
-            size = network_grid_shape(case.image.shape[1:], spacing, preprocessing.target_spacing)
+            size = network_grid_shape(case.label.shape[1:], spacing, preprocessing.target_spacing)
+            normalized = normalize_channels(case.image, preprocessing)  # (K, z, y, x)
         except ValueError as error:
             raise DataError(f"{case.case_id}: {error}") from None
-        normalized = normalize_intensity(case.image, preprocessing.normalization, preprocessing.upper_percentile)
-        images = resample_slices(torch.from_numpy(normalized).unsqueeze(1), size)
+        images = resample_slices(torch.from_numpy(normalized).transpose(0, 1), size)
         volumes.append(GridVolume(case.case_id, images.contiguous(), _labels_to_grid(case.label, size, num_classes)))
     return volumes

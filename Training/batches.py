@@ -40,9 +40,10 @@ class Augmentation:
     Spatial (every crop): a random quarter turn (``quarter_turns``) plus a uniform rotation of
     ±``rotation_degrees``, a mirror along x with probability 1/2 (``mirror``; with the quarter
     turns this covers every in-plane orientation), a uniform zoom factor in ``scale`` (> 1 shows
-    more of the slice, structures smaller). Intensity (images in [0, 1]): gamma in ``gamma``
-    (log-uniform), contrast about the crop's mean and brightness factors, additive Gaussian noise
-    of a standard deviation drawn from ``noise_std``, each with its probability.
+    more of the slice, structures smaller). Intensity, per channel of a crop: gamma in ``gamma``
+    (log-uniform; on the crop's own [0, 1] range where channels are z-scored, as nnU-Net does), contrast
+    about the crop's mean and brightness factors, additive Gaussian noise of a standard deviation drawn from
+    ``noise_std``, each with its probability.
     """
 
     quarter_turns: bool = True
@@ -68,16 +69,18 @@ NO_AUGMENTATION = Augmentation(quarter_turns=False, rotation_degrees=0.0, mirror
 class CropSampler:
     """Where crops come from: every slice of the cached volumes, stacked, and an index of their foreground voxels.
 
-    ``images (N, 1, H, W)`` float32 and ``labels (N, 1, H, W)`` uint8 hold every slice at the top-left
+    ``images (N, K, H, W)`` float32 (K channels) and ``labels (N, 1, H, W)`` uint8 hold every slice at the top-left
     corner of the largest slice's ``(H, W)`` extent, zero beyond its own (what ``grid_sample`` reads
     outside a slice anyway), on ``device``: a batch's slices are then one index away from one batched
     ``grid_sample``. ``slice_volume``/``slice_z`` ``(N,)`` locate each slice, ``slice_shape (N, 2)``
     its ``(y, x)`` size; ``coordinates (M, 2)`` int32 ``(y, x)`` of every foreground voxel sorted by
     slice and class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per slice and
-    foreground class (the index and everything planning reads stay on the CPU).
+    foreground class (the index and everything planning reads stay on the CPU). ``unit_range``: every channel is
+    scaled to [0, 1] (percentile normalisation), so gamma applies to the crop as it is.
     """
 
-    def __init__(self, volumes: Sequence[GridVolume], num_classes: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, volumes: Sequence[GridVolume], num_classes: int, device: torch.device | str = "cpu",
+                 unit_range: bool = True) -> None:
         if not volumes:
             raise DataError("No training volumes to cut crops from.")
         volume_ids, z_ids, shapes, coordinates, counts = [], [], [], [], []
@@ -103,8 +106,9 @@ class CropSampler:
         self.counts = torch.cat(counts)
         self.starts = self.counts.flatten().cumsum(0).sub(self.counts.flatten()).view_as(self.counts)
         self.foreground_slices = (self.counts.sum(dim=1) > 0).nonzero().squeeze(1)
+        self.unit_range = unit_range
         height, width = self.largest_slice
-        self.images = torch.zeros(len(self.slice_z), 1, height, width, device=device)
+        self.images = torch.zeros(len(self.slice_z), volumes[0].images.shape[1], height, width, device=device)
         self.labels = torch.zeros(len(self.slice_z), 1, height, width, dtype=torch.uint8, device=device)
         first = 0
         for volume in volumes:
@@ -115,12 +119,12 @@ class CropSampler:
 
     @staticmethod
     def stack_bytes(volumes: Sequence[GridVolume]) -> int:
-        """Bytes the stacked slices of ``volumes`` take (float32 images and uint8 labels, padded to the
-        largest slice), to decide where they can be cached."""
+        """Bytes the stacked slices of ``volumes`` take (float32 images of K channels and uint8 labels, padded to
+        the largest slice), to decide where they can be cached."""
         slices = sum(volume.images.shape[0] for volume in volumes)
         height = max(volume.images.shape[-2] for volume in volumes)
         width = max(volume.images.shape[-1] for volume in volumes)
-        return slices * height * width * 5
+        return slices * height * width * (4 * volumes[0].images.shape[1] + 1)
 
     def __len__(self) -> int:
         return len(self.slice_volume)
@@ -280,12 +284,23 @@ def _packed(plan: BatchPlan, sampler: CropSampler, patch_size: Sequence[int]) ->
                       plan.slice_index.unsqueeze(1).float()], dim=1)
 
 
-def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
-    """Gamma, contrast, brightness and noise of ``images (n, 1, py, px)`` in [0, 1], per crop, with
-    ``factors (n, 4)`` on the images' device (no host synchronisation)."""
+def _gamma(images: torch.Tensor, gamma: torch.Tensor, unit_range: bool) -> torch.Tensor:
+    """``images (n, K, py, px)`` to the power ``gamma (n, 1, 1, 1)``: as they are when in [0, 1] (``unit_range``),
+    else on each crop channel's own [min, max] rescaled to [0, 1] and back (z-scored channels, as nnU-Net)."""
+    if unit_range:
+        return images.clamp(0.0, 1.0).pow(gamma)
+    low = images.amin(dim=(2, 3), keepdim=True)
+    extent = (images.amax(dim=(2, 3), keepdim=True) - low).clamp_min(1e-6)
+    return ((images - low) / extent).pow(gamma) * extent + low
+
+
+def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchPlan, unit_range: bool = True
+                       ) -> torch.Tensor:
+    """Gamma, contrast, brightness and noise of ``images (n, K, py, px)``, per crop and channel, with
+    ``factors (n, 4)`` on the images' device (no host synchronisation); ``unit_range``: see :func:`_gamma`."""
     gamma, contrast, brightness, noise_std = (column.view(-1, 1, 1, 1) for column in factors.unbind(dim=1))
-    images = images.clamp(0.0, 1.0).pow(gamma)
-    mean = images.mean(dim=(1, 2, 3), keepdim=True)
+    images = _gamma(images, gamma, unit_range)
+    mean = images.mean(dim=(2, 3), keepdim=True)
     images = ((images - mean) * contrast + mean) * brightness
     if bool((plan.noise_std > 0).any()):  # the plan's own CPU copy: no device read
         generator = torch.Generator(device=images.device).manual_seed(plan.noise_seed)
@@ -296,7 +311,7 @@ def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchP
 
 def assemble(sampler: CropSampler, plan: BatchPlan, patch_size: Sequence[int], device: torch.device
              ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cut, augment and move one batch: ``images (n, 1, py, px)`` float32 and ``target (n, py, px)`` int64.
+    """Cut, augment and move one batch: ``images (n, K, py, px)`` float32 and ``target (n, py, px)`` int64.
 
     One ``affine_grid`` and one ``grid_sample`` per batch (bilinear for the images, nearest for the labels)
     over the plan's slices, on ``device``: the plan goes over in one asynchronous copy, the slices are
@@ -318,7 +333,8 @@ def assemble(sampler: CropSampler, plan: BatchPlan, patch_size: Sequence[int], d
     grid = F.affine_grid(packed[:, _THETA].view(-1, 2, 3), [len(plan), 1, *patch_size], align_corners=False)
     images = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     target = F.grid_sample(labels.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
-    return _augment_intensity(images, packed[:, _INTENSITY], plan), target.squeeze(1).round().long()
+    return (_augment_intensity(images, packed[:, _INTENSITY], plan, sampler.unit_range),
+            target.squeeze(1).round().long())
 
 
 def iterate_batches(sampler: CropSampler, plans: Sequence[BatchPlan], patch_size: Sequence[int],

@@ -54,6 +54,7 @@ from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
 from Training.choices import TEMPERATURE_FITS
+from Training.plan import Plan, channel_normalization, make_plan
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
@@ -139,9 +140,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr-step-epoch", type=int, default=None, help="for --lr-schedule step (default: half the epochs)")
     parser.add_argument("--patch-size", type=int, nargs="+", default=None, metavar="N",
                         help="training crop = inference window, voxels at the target spacing: N or Y X "
-                             "(default 128, 224 with --paper)")
-    parser.add_argument("--target-spacing", type=float, nargs="+", default=[1.5], metavar="MM",
-                        help="in-plane spacing the network works at, mm: S or Y X (default 1.5 = ACDC's native)")
+                             "(default: the plan's, 128 or 224 with --paper where the median slice holds it)")
+    parser.add_argument("--target-spacing", type=float, nargs="+", default=None, metavar="MM",
+                        help="in-plane spacing the network works at, mm: S or Y X (default: the plan's, the training "
+                             "cases' median; 1.5 for ACDC)")
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
     parser.add_argument("--temperature-fit", choices=TEMPERATURE_FITS, default="auto",
@@ -204,7 +206,7 @@ def parse_config(arguments: argparse.Namespace, class_names: Sequence[str] | Non
     schedule = _schedule(arguments)
     epochs = arguments.epochs or schedule.epochs
     patch = tuple(int(value) for value in _pair("--patch-size", arguments.patch_size, schedule.patch_size))
-    spacing = _pair("--target-spacing", arguments.target_spacing, 1.5)
+    spacing = _pair("--target-spacing", arguments.target_spacing, 1.5)  # until the plan gives the data's
     for name, values in (("--patch-size", patch), ("--target-spacing", spacing)):
         if not all(math.isfinite(value) and value > 0 for value in values):
             raise DataError(f"{name} must be positive and finite, got {' '.join(map(str, values))}.")
@@ -295,6 +297,18 @@ def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], spli
             f"at the end {BUNDLE_NAME}, {RUN_SUMMARY_NAME} and {EVALUATION_DIR}/"]
 
 
+def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace) -> None:
+    """Take the plan's target spacing and 2D patch where no flag gives them, and its channel normalisation;
+    print the plan and record it in ``config`` (run.json, the bundle)."""
+    if arguments.target_spacing is None:
+        config.target_spacing = plan.target_spacing[1:]
+    if arguments.patch_size is None:
+        config.patch_size = plan.patch_2d
+    config.channel_normalization = channel_normalization(plan.channels)
+    config.plan = plan.to_json()
+    print("\n".join(plan.lines()), flush=True)
+
+
 def _check_model(config: TrainConfig) -> None:
     """Build the configured network (on torch's meta device: no memory) and loss, pass a batch of
     crops through it (shapes only), and resolve the device, so that a bad --network-arg,
@@ -326,7 +340,6 @@ def run(arguments: argparse.Namespace) -> Path | None:
     config = parse_config(arguments, class_names)
     files = find_cases(arguments.data, arguments.dataset)
     config.channel_names = channel_names(files, description)
-    _check_model(config)
     run_dir = check_output_folder(_run_dir(arguments, config.method))
     checkpoint = run_dir / CHECKPOINT_NAME
     if checkpoint.exists() and not arguments.resume:
@@ -335,6 +348,10 @@ def run(arguments: argparse.Namespace) -> Path | None:
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
     split_file, split, cases, made = _load_split_cases(arguments, files, config.num_classes, run_dir, config.seed,
                                                        description)
+    plan = make_plan(cases["train"], config.channel_names or ["image"], _schedule(arguments).patch_size,
+                     seed=config.seed)
+    apply_plan(config, plan, arguments)
+    _check_model(config)
     dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
