@@ -40,7 +40,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.io import WRITE_SUFFIXES, read_image
+from CalibSegLib.io import WRITE_SUFFIXES, case_and_channel, read_channels, read_image
 from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_channels,
                                        resample_slices)
 
@@ -112,8 +112,6 @@ _ACDC_NAME = re.compile(r"^(patient\d+)_frame\d+\.h5$")
 # A pair-folder case of one frame of a patient (ACDC: end-diastole and end-systole): grouped by patient.
 _FRAME_CASE = re.compile(r"^(.+)_frame\d+$")
 _ACDC_CASE = re.compile(r"^patient\d+_frame\d+$")
-# nnU-Net / Decathlon image files: <case>_<four-digit channel index>.
-_CHANNEL_FILE = re.compile(r"^(.+)_(\d{4})$")
 
 
 class DataError(ValueError):
@@ -183,9 +181,8 @@ def _find_decathlon(folder: Path) -> list[CaseFile]:
         stem = _strip_extension(image_path.name)
         if stem is None or image_path.name.startswith("."):
             continue
-        match = _CHANNEL_FILE.match(stem)
-        case, channel = (match.group(1), int(match.group(2))) if match else (stem, 0)
-        channels.setdefault(case, {})[channel] = image_path
+        case, channel = case_and_channel(stem)
+        channels.setdefault(case, {})[channel or 0] = image_path
         extensions[case] = image_path.name[len(stem):]
     description = read_dataset_description(folder)
     named = description.channel_names if description is not None else None
@@ -334,9 +331,7 @@ def _test_case(entry: Any) -> str | None:
     path = entry.get("image") if isinstance(entry, dict) else entry
     if not isinstance(path, str):
         return None
-    stem = _strip_extension(Path(path).name) or Path(path).name
-    match = _CHANNEL_FILE.match(stem)
-    return match.group(1) if match else stem
+    return case_and_channel(_strip_extension(Path(path).name) or Path(path).name)[0]
 
 
 def read_dataset_description(folder: str | Path) -> DatasetDescription | None:
@@ -402,18 +397,10 @@ def _read_acdc(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, 
 def _read_pair(case: CaseFile) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
     """Image ``(z, y, x)`` (one channel) or ``(K, z, y, x)``, label and spacing of a file-pair case."""
     try:
-        channels = [read_image(path) for path in case.channel_paths]
+        image, geometry = read_channels(case.channel_paths)
         label, label_geometry = read_image(case.label_path)
     except ValueError as error:
         raise DataError(str(error)) from None
-    (image, geometry), others = channels[0], channels[1:]
-    for index, (other, other_geometry) in enumerate(others, start=1):
-        if other.shape != image.shape or not other_geometry.matches(geometry):
-            raise DataError(f"Channel {index} of {case.case_id} ({case.channel_paths[index].name}) is not on channel "
-                            f"0's grid (shape {other.shape} vs {image.shape}, or another spacing, origin or "
-                            "direction); every channel of a case must share one grid.")
-    if others:
-        image = np.stack([image, *(other for other, _ in others)])
     if not np.allclose(geometry.spacing, label_geometry.spacing, rtol=1e-3):
         raise DataError(f"Image and label of {case.case_id} have different spacings {geometry.spacing} and {label_geometry.spacing}.")
     return image, label, geometry.spacing
