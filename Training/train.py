@@ -253,23 +253,24 @@ def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
     return candidate
 
 
-def _load_split_cases(arguments: argparse.Namespace, files: Sequence[CaseFile], num_classes: int, run_dir: Path,
-                      seed: int, description: DatasetDescription | None,
-                      ) -> tuple[Path, dict[str, list[str]], dict[str, list[Case]], bool]:
-    """Split and read every volume of ``files``, so that bad data stops the run before any training.
+def _load_split_cases(arguments: argparse.Namespace, num_classes: int, run_dir: Path, seed: int,
+                      ) -> tuple[list[CaseFile], Path, dict[str, list[str]], dict[str, list[Case]], bool]:
+    """Find, split and read every volume, so that bad data stops the run before any training.
 
     The split: ``--split``, else the shipped split of these patients, else the run folder's own
     ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`, its test side the
     ``dataset.json``'s test list when there is one); the last element of the result says whether it is new, to be
     written into the run folder once that exists.
     """
+    files = find_cases(arguments.data, arguments.dataset)
     split_file = arguments.split or default_split_for(files)
     made = split_file is None and not (run_dir / SPLIT_NAME).is_file()
     split_file = split_file or run_dir / SPLIT_NAME
+    description = read_dataset_description(arguments.data)
     test = description.test_cases if description is not None else ()
     split = make_split([file.patient_id for file in files], seed, test=test) if made else load_split(split_file)
     cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in SIDES}
-    return Path(split_file), split, cases, made
+    return files, Path(split_file), split, cases, made
 
 
 def channel_names(files: Sequence[CaseFile], description: DatasetDescription | None) -> list[str] | None:
@@ -338,16 +339,14 @@ def run(arguments: argparse.Namespace) -> Path | None:
     description = read_dataset_description(arguments.data)
     class_names = description.class_names if description is not None else None
     config = parse_config(arguments, class_names)
-    files = find_cases(arguments.data, arguments.dataset)
-    config.channel_names = channel_names(files, description)
     run_dir = check_output_folder(_run_dir(arguments, config.method))
     checkpoint = run_dir / CHECKPOINT_NAME
     if checkpoint.exists() and not arguments.resume:
         raise DataError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
     if arguments.resume and not checkpoint.exists():
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
-    split_file, split, cases, made = _load_split_cases(arguments, files, config.num_classes, run_dir, config.seed,
-                                                       description)
+    files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed)
+    config.channel_names = channel_names(files, description)
     plan = make_plan(cases["train"], config.channel_names or ["image"], _schedule(arguments).patch_size,
                      seed=config.seed)
     apply_plan(config, plan, arguments)
