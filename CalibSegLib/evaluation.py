@@ -94,8 +94,8 @@ def evaluate_variants(
     """:func:`predict_and_evaluate` at each of ``temperatures`` from one pass of the network."""
     num_classes = predictor.num_classes
     reference = np.asarray(reference)
-    if reference.shape != image.shape:
-        raise ValueError(f"reference shape {reference.shape} does not match image shape {image.shape}.")
+    if reference.shape != image.shape[-3:]:
+        raise ValueError(f"reference shape {reference.shape} does not match image shape {image.shape[-3:]}.")
     if not np.issubdtype(reference.dtype, np.integer):
         raise ValueError(f"reference must hold integer labels, got dtype {reference.dtype}.")
     if reference.size and (reference.min() < 0 or reference.max() >= num_classes):

@@ -2,7 +2,8 @@
 
 Data flow per batch of slices along the bundle's slice axis (every step from the bundle):
 
-1. scale intensities with the whole volume's range (:mod:`CalibSegLib.preprocessing`);
+1. scale each channel's intensities with the whole volume's range, or the bundle's per-channel normalisation
+   (:mod:`CalibSegLib.preprocessing`);
 2. resample the slices in-plane from the image's real spacing to the model's
    ``target_spacing``, so the network sees every image at the physical scale it was trained at;
 3. run the network in overlapping windows of its training crop size, blended with a Gaussian
@@ -38,8 +39,9 @@ from torch import nn
 
 from CalibSegLib.bundle import Bundle, BundleMetadata, load_bundle
 from CalibSegLib.device import resolve_device
-from CalibSegLib.preprocessing import (check_volume, in_plane_spacing, intensity_range, network_grid_shape,
-                                       resample_slices, resample_volume, scale_intensity, volume_grid_shape)
+from CalibSegLib.preprocessing import (as_channels, channel_intensities, check_volume, in_plane_spacing,
+                                       network_grid_shape, resample_slices, resample_volume, scale_intensity,
+                                       volume_grid_shape)
 from CalibSegLib.sliding_window import MirrorAgreement, window_logits
 from CalibSegLib.temperature import apply_temperature
 
@@ -108,8 +110,8 @@ def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 class Predictor:
-    """Runs a bundle's network over 3D volumes: a 2D network slice by slice, a 3D one (``spatial_dims`` 3) over
-    the whole volume on its grid.
+    """Runs a bundle's network over 3D volumes of its ``in_channels`` channels: a 2D network slice by slice, a 3D
+    one (``spatial_dims`` 3) over the whole volume on its grid.
 
     Args:
         bundle: a :class:`Bundle` or the path of a ``.calibseg`` file.
@@ -139,10 +141,6 @@ class Predictor:
 
     def _setup(self, metadata: BundleMetadata, network: nn.Module | None, device: str | torch.device,
                batch_size: int) -> None:
-        if metadata.in_channels != 1:
-            raise ValueError(
-                f"Predictor runs single-channel networks; this bundle has in_channels={metadata.in_channels}."
-            )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
         self.metadata = metadata
@@ -168,10 +166,12 @@ class Predictor:
 
     def slice_logits(self, slices: np.ndarray, spacing: Sequence[float],
                      agreement: MirrorAgreement | None = None) -> torch.Tensor:
-        """Normalised ``(n, y, x)`` slices with in-plane ``spacing (y, x)`` mm → ``(n, C, y', x')`` float32 logits
-        (before temperature) on the model's grid, on ``device``; ``agreement`` counts the mirrored passes."""
-        batch = torch.from_numpy(np.ascontiguousarray(slices, dtype=np.float32)).unsqueeze(1)
-        grid = network_grid_shape(slices.shape[1:], spacing, self.metadata.preprocessing.target_spacing)
+        """Normalised ``(n, y, x)`` one-channel or ``(n, K, y, x)`` slices with in-plane ``spacing (y, x)`` mm →
+        ``(n, C, y', x')`` float32 logits (before temperature) on the model's grid, on ``device``; ``agreement``
+        counts the mirrored passes."""
+        batch = torch.from_numpy(np.ascontiguousarray(slices, dtype=np.float32))
+        batch = batch.unsqueeze(1) if batch.ndim == 3 else batch
+        grid = network_grid_shape(slices.shape[-2:], spacing, self.metadata.preprocessing.target_spacing)
         return self.network_logits(resample_slices(batch, grid), agreement)
 
     @staticmethod
@@ -190,7 +190,8 @@ class Predictor:
         keep_probabilities: bool = False,
         probability_sink: ProbabilitySink | None = None,
     ) -> Prediction:
-        """Segment a ``(z, y, x)`` volume with voxel ``spacing`` ``(z, y, x)`` in mm.
+        """Segment a ``(z, y, x)`` volume (or ``(K, z, y, x)`` for a bundle of K channels, in the order of its
+        ``channel_names``) with voxel ``spacing`` ``(z, y, x)`` in mm; the outputs are ``(z, y, x)``.
 
         Args:
             image: the volume, any real dtype; never modified.
@@ -205,12 +206,28 @@ class Predictor:
                 to stream metrics without keeping the probability volume.
 
         Raises:
-            ValueError: the image is not 3D, empty, constant, too small, has NaN/inf values, its
-                in-plane spacing is missing, zero or implausible for the model.
+            ValueError: the image is not 3D (or not K channels of 3D for a K-channel bundle), empty, constant,
+                too small, has NaN/inf values, its in-plane spacing is missing, zero or implausible for the model.
             InferenceCancelled: ``cancel`` was set.
         """
         return self.predict_variants(image, spacing, [self.metadata.temperature], progress, cancel,
                                      keep_probabilities, [probability_sink])[0]
+
+    def channels_of(self, image: np.ndarray) -> np.ndarray:
+        """``image`` as the bundle's ``(K, z, y, x)`` channels (a view); a ``(z, y, x)`` volume is one channel.
+
+        Raises:
+            ValueError: the image has another number of channels than the bundle (one sentence naming them).
+        """
+        if not isinstance(image, np.ndarray) or image.ndim not in (3, 4):
+            check_volume(image)  # its sentence for a non-array or a wrong dimension
+        channels = as_channels(image)
+        expected = self.metadata.in_channels
+        if len(channels) != expected:
+            names = ", ".join(self.metadata.channel_names or ["image"])
+            raise ValueError(f"The bundle takes {expected} channel(s) ({names}) but the image has {len(channels)}; "
+                             f"give one {'(z, y, x) volume' if expected == 1 else f'({expected}, z, y, x) array'}.")
+        return channels
 
     def predict_variants(
         self,
@@ -230,24 +247,29 @@ class Predictor:
                                          probability_sinks)
         preprocessing = self.metadata.preprocessing
         axis = preprocessing.slice_axis
-        check_volume(image, spacing, slice_axis=axis)
+        channels = self.channels_of(image)
+        for channel in channels:
+            check_volume(channel, spacing, slice_axis=axis)
+        image = channels[0]  # the outputs' grid
         plane_spacing = in_plane_spacing(spacing, axis)
         in_plane_shape = tuple(size for index, size in enumerate(image.shape) if index != axis)
         # Fails here, before any work, when the spacing is implausible for the model.
         network_grid_shape(in_plane_shape, plane_spacing, preprocessing.target_spacing)
         sinks = _sinks(probability_sinks, temperatures)
-        intensity = intensity_range(image, preprocessing.normalization, preprocessing.upper_percentile)
+        intensities = channel_intensities(channels, preprocessing)
         predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities)
         window = self.metadata.sliding_window
         agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
         # Slice-first views: writing into them fills the outputs in the input's own layout.
-        source = np.moveaxis(image, axis, 0)
-        count = source.shape[0]
+        sources = [np.moveaxis(channel, axis, 0) for channel in channels]
+        count = sources[0].shape[0]
         for start in range(0, count, self.batch_size):
             if cancel is not None and cancel.is_set():
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
-            logits = self.slice_logits(scale_intensity(source[batch], intensity), plane_spacing, agreement)
+            slices = np.stack([scale_intensity(source[batch], intensity)
+                               for source, intensity in zip(sources, intensities)], axis=1)
+            logits = self.slice_logits(slices, plane_spacing, agreement)
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
                 probabilities = self.input_grid_probabilities(logits, temperature, in_plane_shape)
                 _write_batch(prediction, axis, batch, probabilities, sink)
@@ -291,15 +313,19 @@ class Predictor:
         """:meth:`predict_variants` of a 3D network: the whole volume on the model's grid through 3D windows, then
         back to the input grid ``batch_size`` slices at a time (progress: 0.5 once the network has run)."""
         preprocessing = self.metadata.preprocessing
-        check_volume(image, spacing, slice_axis=0)
+        channels = self.channels_of(image)
+        for channel in channels:
+            check_volume(channel, spacing, slice_axis=0)
+        image = channels[0]  # the outputs' grid
         grid = volume_grid_shape(image.shape, [float(value) for value in spacing], preprocessing.target_spacing)
         sinks = _sinks(probability_sinks, temperatures)
-        intensity = intensity_range(image, preprocessing.normalization, preprocessing.upper_percentile)
+        intensities = channel_intensities(channels, preprocessing)
         if cancel is not None and cancel.is_set():
             raise InferenceCancelled("Inference was cancelled before the network ran.")
         window = self.metadata.sliding_window
         agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
-        volume = torch.from_numpy(scale_intensity(image, intensity))[None, None]  # (1, K, z, y, x)
+        volume = torch.from_numpy(np.stack([scale_intensity(channel, intensity) for channel, intensity
+                                            in zip(channels, intensities)]))[None]  # (1, K, z, y, x)
         logits = self.network_logits(resample_volume(volume, grid), agreement)[0]  # (C, z', y', x') model grid
         del volume
         if progress is not None:

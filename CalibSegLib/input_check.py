@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from CalibSegLib.preprocessing import in_plane_spacing, normalize_intensity
+from CalibSegLib.preprocessing import as_channels, in_plane_spacing, normalize_intensity
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
@@ -87,13 +87,14 @@ def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequenc
     """The statistics of one volume and its label map.
 
     Args:
-        channels: the ``(z, y, x)`` volume, or one per input channel, as read (any real dtype).
+        channels: the ``(z, y, x)`` volume, its ``(K, z, y, x)`` channels, or one volume per input channel, as
+            read (any real dtype); each channel's intensities are compared on their own.
         spacing: its ``(z, y, x)`` voxel size in mm.
         labels: ``(z, y, x)`` integer labels on the same grid: the reference when fitting, the
             prediction when checking; class ``k`` is ``class_names[k]``, 0 the background.
         normalization, upper_percentile, slice_axis: the bundle's :class:`~CalibSegLib.preprocessing.Preprocessing`.
     """
-    volumes = [channels] if isinstance(channels, np.ndarray) else list(channels)
+    volumes = list(as_channels(channels)) if isinstance(channels, np.ndarray) else list(channels)
     normalized = [normalize_intensity(volume, normalization, upper_percentile) for volume in volumes]
     quantiles = np.stack([np.quantile(volume, QUANTILE_LEVELS) for volume in normalized]).astype(np.float64)
     voxel_ml = float(np.prod([float(value) for value in spacing])) / 1000.0
@@ -330,7 +331,7 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
 
     Args:
         metadata: the bundle's metadata (its ``input_statistics``, class names and preprocessing).
-        image: the ``(z, y, x)`` volume as read, or one per input channel.
+        image: the ``(z, y, x)`` volume as read, its ``(K, z, y, x)`` channels, or one volume per input channel.
         spacing: its ``(z, y, x)`` voxel size in mm.
         labels: the bundle's ``(z, y, x)`` prediction on it.
 

@@ -51,6 +51,8 @@ __all__ = [
     "WRITE_SUFFIXES",
     "ImageGeometry",
     "read_image",
+    "case_and_channel",
+    "read_channels",
     "write_image",
     "image_from_array",
     "image_stem",
@@ -549,6 +551,37 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
     """
     with OutputSet() as outputs:
         yield outputs.stage(path)
+
+
+# nnU-Net / Medical Segmentation Decathlon image files: <case>_<four-digit channel index>.<ext>
+_CHANNEL_FILE = re.compile(r"^(.+)_(\d{4})$")
+
+
+def case_and_channel(stem: str) -> tuple[str, int | None]:
+    """The case and channel of an image file's stem: ``("brain", 1)`` for ``brain_0001``, ``(stem, None)`` without
+    a four-digit channel suffix."""
+    match = _CHANNEL_FILE.match(stem)
+    return (match.group(1), int(match.group(2))) if match else (stem, None)
+
+
+def read_channels(paths: "list[Path] | tuple[Path, ...]") -> tuple[np.ndarray, ImageGeometry]:
+    """Read one file per channel (channel 0 first): ``(z, y, x)`` for one, ``(K, z, y, x)`` for several, and the
+    grid they share.
+
+    Raises:
+        ValueError: a file :func:`read_image` refuses, or a channel on another grid than the first (one sentence
+            naming both files).
+    """
+    channels = [read_image(path) for path in paths]
+    image, geometry = channels[0]
+    for path, (other, other_geometry) in zip(paths[1:], channels[1:]):
+        if other.shape != image.shape or not other_geometry.matches(geometry):
+            raise ValueError(f"{Path(path).name} is not on {Path(paths[0]).name}'s grid (shape {other.shape} vs "
+                             f"{image.shape}, or another spacing, origin or direction); every channel of a case "
+                             "must share one grid.")
+    if len(channels) == 1:
+        return image, geometry
+    return np.stack([values for values, _ in channels]), geometry
 
 
 def write_image(path: str | Path, array: np.ndarray, geometry: ImageGeometry) -> Path:

@@ -4,8 +4,13 @@
         [--reference ref.nii.gz] [--device auto] [--batch-size 16]
     calibseg-predict --bundle acdc_crac --image case.nii.gz --out-dir out/
     calibseg-predict --bundle acdc_crac --image-dir cases/ --out-dir out/     # every image of a folder
+    calibseg-predict --bundle brats.calibseg --image a_0000.nii.gz --image a_0001.nii.gz ... --out-dir out/
 
 ``--bundle`` is a bundle file or the name of a shipped model (:mod:`CalibSegLib.pretrained`).
+
+A bundle of several channels takes one ``--image`` per channel, in the order of its ``channel_names``, all on one
+grid; ``<stem>`` is then the case's name (``a`` for ``a_0000.nii.gz``, ``a_0001.nii.gz``, ...), as it is for one
+file with a channel suffix.
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
@@ -19,7 +24,8 @@ metrics streamed batch by batch, error detection). The work is done by :func:`pr
 on the same library path the Slicer module runs; errors print one line and exit with status 2
 (Ctrl-C: 130).
 
-With ``--image-dir`` every image of the folder is one such case (:func:`predict_folder`), and
+With ``--image-dir`` every image of the folder is one such case, or the ``<case>_0000`` ... ``_000K`` files of one
+case together (:func:`folder_cases`, :func:`predict_folder`), and
 ``predictions.csv`` in the output folder holds one row per case: its status (``ok`` or the error's
 sentence), the case's review flag and per structure the volume, predicted Dice and review flag. A case
 that fails is reported in its row and does not stop the others; the command then exits with status 2.
@@ -57,8 +63,10 @@ from CalibSegLib.io import (
     atomic_output,
     check_output_file,
     check_output_folder,
+    case_and_channel,
     image_stem,
     os_error_sentence,
+    read_channels,
     read_image,
     write_image,
     write_json_atomic,
@@ -66,49 +74,81 @@ from CalibSegLib.io import (
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 
-__all__ = ["BATCH_TABLE", "predict_files", "folder_images", "batch_row", "predict_folder", "summary_lines",
-           "ProgressReport", "main"]
+__all__ = ["BATCH_TABLE", "case_name", "predict_files", "folder_images", "folder_cases", "batch_row",
+           "predict_folder", "summary_lines", "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
 BATCH_TABLE = "predictions.csv"
 
 
+def case_name(image_paths: Sequence[Path]) -> str:
+    """The name a case's outputs carry: its files' case name when they are its channels 0, 1, ... by their suffixes
+    (``a_0000.nii.gz``, ``a_0001.nii.gz`` → ``a``; ``a_0000.nii.gz`` alone → ``a``), else the first file's stem."""
+    named = [case_and_channel(image_stem(path)) for path in image_paths]
+    cases = {case for case, _ in named}
+    if len(cases) == 1 and [channel for _, channel in named] == list(range(len(named))):
+        return cases.pop()
+    return image_stem(image_paths[0])
+
+
+def _shown(image_paths: Sequence[Path]) -> str:
+    """How progress names a case: its file, or its name when it is several files."""
+    return image_paths[0].name if len(image_paths) == 1 else case_name(image_paths)
+
+
+def _read_case(predictor: Predictor, image_paths: Sequence[Path]) -> tuple[np.ndarray, Any]:
+    """The ``(z, y, x)`` or ``(K, z, y, x)`` image of one file per channel of ``predictor``'s bundle, and its grid.
+
+    Raises:
+        ValueError: another number of files than the bundle has channels, or channels on different grids.
+    """
+    expected = predictor.metadata.in_channels
+    if len(image_paths) != expected:
+        names = ", ".join(predictor.metadata.channel_names or ["image"])
+        raise ValueError(f"The bundle takes {expected} channel(s) ({names}), one --image each in that order, but "
+                         f"{len(image_paths)} image(s) were given.")
+    return read_channels(list(image_paths))
+
+
 def predict_files(
     predictor: Predictor,
-    image_path: str | Path,
+    image_path: str | Path | Sequence[str | Path],
     out_dir: str | Path,
     reference_path: str | Path | None = None,
     progress: Callable[[float], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> dict[str, Path]:
-    """Predict the image at ``image_path`` and write its maps (and metrics) into ``out_dir``.
+    """Predict the image at ``image_path`` (or one path per channel of the bundle, in its order) and write its maps
+    (and metrics) into ``out_dir``, named after the case (:func:`case_name`).
 
     Returns:
         ``{["metrics",] "summary", "labels", "confidence", "entropy"}`` → written paths.
 
     Raises:
         ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
-            unreadable image/reference, a reference not on the image's grid or with labels the
+            unreadable image/reference, another number of images than the bundle has channels, channels on
+            different grids, a reference not on the image's grid or with labels the
             model does not have, an image the predictor refuses, or non-finite probabilities.
             Nothing is written then, and earlier outputs of the same case stay as they were.
     """
-    image_path, out_dir = Path(image_path), Path(out_dir)
-    stem = image_stem(image_path)
+    paths = [Path(image_path)] if isinstance(image_path, (str, Path)) else [Path(path) for path in image_path]
+    out_dir = Path(out_dir)
+    stem = case_name(paths)
     names = (("metrics",) if reference_path is not None else ()) + ("summary",) + OUTPUT_MAPS
     # Checked before the image is even read: a bad --out-dir must not cost an inference.
     outputs = {
         name: check_output_file(out_dir / f"{stem}_{name}{'.json' if name in JSON_OUTPUTS else '.nii.gz'}")
         for name in names
     }
-    image, geometry = read_image(image_path)
+    image, geometry = _read_case(predictor, paths)
     reference = None
     if reference_path is not None:
         reference, reference_geometry = read_image(reference_path)
-        if reference.shape != image.shape or not reference_geometry.matches(geometry):
+        if reference.shape != image.shape[-3:] or not reference_geometry.matches(geometry):
             raise ValueError(
                 f"The reference {Path(reference_path).name} is not on the image's grid "
-                f"(shape {reference.shape} vs {image.shape}, or different spacing, origin or direction); "
+                f"(shape {reference.shape} vs {image.shape[-3:]}, or different spacing, origin or direction); "
                 f"resample it onto the image first."
             )
         if not np.issubdtype(reference.dtype, np.integer):
@@ -142,6 +182,23 @@ def folder_images(folder: str | Path) -> list[Path]:
     return images
 
 
+def folder_cases(folder: str | Path) -> list[list[Path]]:
+    """The cases of ``folder``'s images (:func:`folder_images`): the ``<case>_0000`` ... ``_000K`` files of a case
+    together, channel 0 first; every other image a case of its own.
+
+    Raises:
+        ValueError: the folder does not exist or holds no image.
+    """
+    cases: dict[str, dict[int, Path]] = {}
+    for path in folder_images(folder):
+        case, channel = case_and_channel(image_stem(path))
+        if channel is None:
+            cases[image_stem(path)] = {0: path}
+        else:
+            cases.setdefault(case, {})[channel] = path
+    return [[channels[index] for index in sorted(channels)] for channels in cases.values()]
+
+
 def batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:
     """One row of :data:`BATCH_TABLE` (and of the Slicer module's batch table): the case, its status (``ok``,
     ``error: <sentence>``, ...) and, when it was segmented, its review flag, per structure the volume (mL) and
@@ -163,20 +220,21 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
     Raises:
         ValueError: no image in ``image_dir``, or ``out_dir`` cannot take the outputs (before any inference).
     """
-    images = folder_images(image_dir)
+    cases = folder_cases(image_dir)
     out_dir = check_output_folder(out_dir)
     table = check_output_file(Path(out_dir) / BATCH_TABLE)
     rows = []
-    for number, image in enumerate(images, start=1):
-        progress = ProgressReport(progress_stream, f"segmenting {image.name} ({number} of {len(images)})") \
+    for number, images in enumerate(cases, start=1):
+        name = case_name(images)
+        progress = ProgressReport(progress_stream, f"segmenting {_shown(images)} ({number} of {len(cases)})") \
             if progress_stream is not None else None
         try:
-            outputs = predict_files(predictor, image, out_dir, progress=progress)
-            rows.append(batch_row(image_stem(image), "ok", json.loads(outputs["summary"].read_text())))
+            outputs = predict_files(predictor, images, out_dir, progress=progress)
+            rows.append(batch_row(name, "ok", json.loads(outputs["summary"].read_text())))
         except ValueError as error:
-            rows.append(batch_row(image_stem(image), f"error: {error}"))
+            rows.append(batch_row(name, f"error: {error}"))
         except OSError as error:
-            rows.append(batch_row(image_stem(image), f"error: {os_error_sentence(error)}"))
+            rows.append(batch_row(name, f"error: {os_error_sentence(error)}"))
         finally:
             if progress is not None:
                 progress.close()
@@ -267,8 +325,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="model bundle (.calibseg) or a shipped model's name: "
                              + (", ".join(pretrained_models()) or "none shipped"))
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--image", type=Path, help="3D image (NIfTI, NRRD, MHA)")
-    source.add_argument("--image-dir", type=Path, help=f"a folder of 3D images: each one a case, and {BATCH_TABLE}")
+    source.add_argument("--image", type=Path, action="append",
+                        help="3D image (NIfTI, NRRD, MHA); for a bundle of several channels one --image per channel, "
+                             "in the bundle's order")
+    source.add_argument("--image-dir", type=Path, help=f"a folder of 3D images: each one a case (<case>_0000 ... "
+                                                      f"_000K files one case of several channels), and {BATCH_TABLE}")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
     parser.add_argument("--reference", type=Path, help="reference label image on the same grid, for metrics")
     parser.add_argument(
@@ -284,14 +345,15 @@ def _predict_case(arguments: argparse.Namespace) -> int:
     predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
                           batch_size=arguments.batch_size)
     # stdout, like the summary: stderr carries nothing but the one-sentence error
-    progress = ProgressReport(sys.stdout, f"segmenting {arguments.image.name}")
+    name = case_name(arguments.image)
+    progress = ProgressReport(sys.stdout, f"segmenting {_shown(arguments.image)}")
     try:
         outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference, progress=progress)
     finally:
         progress.close()
     summary = json.loads(outputs["summary"].read_text())
     metrics = json.loads(outputs["metrics"].read_text()) if "metrics" in outputs else None
-    print(f"{image_stem(arguments.image)}: " + "\n".join(summary_lines(summary, metrics)))
+    print(f"{name}: " + "\n".join(summary_lines(summary, metrics)))
     for name, path in outputs.items():
         print(f"{name}: {path}")
     return 0

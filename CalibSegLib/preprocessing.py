@@ -3,8 +3,9 @@
 Training and inference call the same functions, so a model sees at inference exactly the
 intensities and the physical scale it was trained on:
 
-1. :func:`intensity_range` (one pass over the whole volume) and :func:`scale_intensity` (any
-   chunk of slices), so the predictor never holds a normalised copy of the volume;
+1. :func:`channel_intensities` (one pass over each channel of the whole volume: :func:`intensity_range`, or the
+   dataset-level CT window and z-score a bundle's ``channel_normalization`` records) and :func:`scale_intensity`
+   (any chunk of slices), so the predictor never holds a normalised copy of the volume;
 2. :func:`network_grid_shape` + :func:`resample_slices`: every slice is resampled in-plane
    from the image's own spacing to ``Preprocessing.target_spacing`` (mm), the spacing the
    network was trained at — a scanner with 0.7 mm pixels is seen at the same physical scale
@@ -25,6 +26,9 @@ import torch.nn.functional as F
 
 __all__ = [
     "NORMALIZATIONS",
+    "CHANNEL_SCHEMES",
+    "ChannelNormalization",
+    "Intensity",
     "MIN_IN_PLANE",
     "MAX_NETWORK_GRID",
     "Preprocessing",
@@ -34,12 +38,22 @@ __all__ = [
     "intensity_range",
     "scale_intensity",
     "normalize_intensity",
+    "as_channels",
+    "channel_intensities",
+    "normalize_channels",
     "resample_slices",
     "volume_grid_shape",
     "resample_volume",
 ]
 
 NORMALIZATIONS: tuple[str, ...] = ("percentile", "none")
+# Per-channel schemes (Preprocessing.channel_normalization): "percentile" is the volume-level scheme above for that
+# channel; "ct" clips to the training set's foreground percentiles and z-scores with its foreground mean and sd, so
+# Hounsfield units keep their meaning across images (nnU-Net's CTNormalization); "zscore" is a per-image z-score.
+CHANNEL_SCHEMES: tuple[str, ...] = ("percentile", "ct", "zscore")
+# How a chunk of a channel is scaled: (low, high) clips and maps [low, high] to [0, 1]; (low, high, offset, scale)
+# clips to [low, high] then maps x to (x - offset) / scale; None casts only.
+Intensity = tuple[float, ...] | None
 MIN_IN_PLANE = 8  # voxels; smaller slices carry too little context for a 2D network
 # A slice resampled to the network's spacing larger than this (voxels per side) would need
 # gigabytes per batch: 4096² voxels at 0.25 mm is a 1 m field of view.
@@ -48,6 +62,49 @@ MAX_NETWORK_GRID = 4096
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+@dataclass
+class ChannelNormalization:
+    """How one input channel's intensities are normalised.
+
+    Args:
+        scheme: one of :data:`CHANNEL_SCHEMES`.
+        clip: ``(low, high)`` the ``"ct"`` scheme clips to (the training foreground's 0.5 and 99.5 percentiles,
+            in the channel's units, e.g. HU); None for the other schemes.
+        mean: the training foreground's mean after clipping (``"ct"``), else None.
+        std: its standard deviation (``"ct"``), else None.
+    """
+
+    scheme: str = "percentile"
+    clip: tuple[float, float] | None = None
+    mean: float | None = None
+    std: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.clip, list):  # as read back from JSON
+            self.clip = tuple(self.clip)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` (one sentence) when the scheme is unknown or a ``"ct"`` value is missing or wrong."""
+        if self.scheme not in CHANNEL_SCHEMES:
+            raise ValueError(f"channel scheme {self.scheme!r} is unknown; known: {', '.join(CHANNEL_SCHEMES)}.")
+        if self.scheme != "ct":
+            return
+        clip = self.clip
+        if (not isinstance(clip, tuple) or len(clip) != 2 or not all(_is_number(value) and math.isfinite(value)
+                                                                     for value in clip) or clip[0] >= clip[1]):
+            raise ValueError(f"a ct channel's clip must be two finite numbers low < high, got {clip!r}.")
+        if not (_is_number(self.mean) and math.isfinite(self.mean) and _is_number(self.std)
+                and math.isfinite(self.std) and self.std > 0):
+            raise ValueError(f"a ct channel needs a finite mean and a positive std, got {self.mean!r} and {self.std!r}.")
+
+
+def _channel_from_json(item: Any) -> Any:
+    """A :class:`ChannelNormalization` from its JSON object; anything else unchanged, for ``validate`` to name."""
+    if not isinstance(item, dict) or not set(item) <= {"scheme", "clip", "mean", "std"}:
+        return item
+    return ChannelNormalization(**item)
 
 
 @dataclass
@@ -62,16 +119,21 @@ class Preprocessing:
             (training and inference alike): in-plane ``(y, x)`` for a 2D network, ``(z, y, x)`` for a
             3D one (the bundle's ``spatial_dims`` says which; it checks that the lengths agree).
         slice_axis: the array axis 2D networks step along (0 = z).
+        channel_normalization: one :class:`ChannelNormalization` per input channel; None (every bundle
+            written before channels had their own) applies ``normalization`` to each channel.
     """
 
     normalization: str = "percentile"
     upper_percentile: float = 99.0
     target_spacing: tuple[float, float] = (1.5, 1.5)
     slice_axis: int = 0
+    channel_normalization: list[ChannelNormalization] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.target_spacing, list):  # as read back from JSON
             self.target_spacing = tuple(self.target_spacing)
+        if isinstance(self.channel_normalization, list):  # as read back from JSON
+            self.channel_normalization = [_channel_from_json(item) for item in self.channel_normalization]
 
     def validate(self) -> None:
         """Raise ``ValueError`` (one sentence naming the field) when a value is out of range."""
@@ -93,6 +155,16 @@ class Preprocessing:
             )
         if isinstance(self.slice_axis, bool) or self.slice_axis not in (0, 1, 2):
             raise ValueError(f"slice_axis must be 0, 1 or 2, got {self.slice_axis!r}.")
+        if self.channel_normalization is not None:
+            if not isinstance(self.channel_normalization, list) or not all(
+                    isinstance(item, ChannelNormalization) for item in self.channel_normalization):
+                raise ValueError("channel_normalization must be a list of one object per channel "
+                                 '(e.g. {"scheme": "percentile"}).')
+            for index, item in enumerate(self.channel_normalization):
+                try:
+                    item.validate()
+                except ValueError as error:
+                    raise ValueError(f"channel_normalization[{index}]: {error}") from None
 
 
 def check_volume(
@@ -193,8 +265,9 @@ def _percentile(volume: np.ndarray, q: float) -> float:
     return low + (high - low) * (position - below)
 
 
-def scale_intensity(slices: np.ndarray, intensity: tuple[float, float] | None) -> np.ndarray:
-    """Clip any chunk of a volume to ``intensity = (low, high)`` and scale it to [0, 1], as float32.
+def scale_intensity(slices: np.ndarray, intensity: Intensity) -> np.ndarray:
+    """Clip any chunk of a volume to ``intensity = (low, high)`` and scale it to [0, 1], as float32; with
+    ``(low, high, offset, scale)`` clip to [low, high] and map x to ``(x - offset) / scale`` (a z-score).
 
     The arithmetic is float64 (then rounded to float32): in float32, ``x - low`` and
     ``high - low`` overflow for intensities near ±3e38. ``intensity=None`` (normalisation
@@ -202,11 +275,12 @@ def scale_intensity(slices: np.ndarray, intensity: tuple[float, float] | None) -
     """
     if intensity is None:
         return np.array(slices, dtype=np.float32)
-    low, high = intensity
+    low, high, *affine = intensity
+    offset, scale = affine or (low, high - low)
     scaled = np.array(slices, dtype=np.float64)  # always a copy
     np.clip(scaled, low, high, out=scaled)
-    scaled -= low
-    scaled /= high - low
+    scaled -= offset
+    scaled /= scale
     return scaled.astype(np.float32)
 
 
@@ -219,6 +293,43 @@ def normalize_intensity(
     prepared, so applying it to them changes (almost) nothing; ``none``: cast only.
     """
     return scale_intensity(volume, intensity_range(volume, normalization, upper_percentile))
+
+
+def as_channels(image: np.ndarray) -> np.ndarray:
+    """``image`` as ``(K, z, y, x)``: a ``(z, y, x)`` volume is one channel (a view, no copy)."""
+    return image[np.newaxis] if image.ndim == 3 else image
+
+
+def _channel_intensity(channel: np.ndarray, preprocessing: Preprocessing, normalization: ChannelNormalization | None
+                       ) -> Intensity:
+    if normalization is None or normalization.scheme == "percentile":
+        return intensity_range(channel, preprocessing.normalization, preprocessing.upper_percentile)
+    if normalization.scheme == "ct":
+        return (*normalization.clip, normalization.mean, normalization.std)
+    mean, std = float(channel.mean(dtype=np.float64)), float(channel.std(dtype=np.float64))
+    if not std > 0:
+        raise ValueError("The image is constant; there is nothing to normalise or segment.")
+    return (-math.inf, math.inf, mean, std)
+
+
+def channel_intensities(image: np.ndarray, preprocessing: Preprocessing) -> list[Intensity]:
+    """How each channel of a ``(z, y, x)`` or ``(K, z, y, x)`` volume is scaled (:func:`scale_intensity`): the
+    channel's :class:`ChannelNormalization` when ``preprocessing`` records them, else ``preprocessing.normalization``
+    per channel (every bundle written before channels had their own: the same numbers as before)."""
+    channels = as_channels(image)
+    schemes = preprocessing.channel_normalization or [None] * len(channels)
+    if len(schemes) != len(channels):
+        raise ValueError(f"The image has {len(channels)} channel(s) but the preprocessing describes {len(schemes)}.")
+    return [_channel_intensity(channel, preprocessing, scheme) for channel, scheme in zip(channels, schemes)]
+
+
+def normalize_channels(image: np.ndarray, preprocessing: Preprocessing) -> np.ndarray:
+    """Whole-volume ``(K, z, y, x)`` float32 of a ``(z, y, x)`` or ``(K, z, y, x)`` volume, each channel normalised
+    as :func:`channel_intensities` says."""
+    channels = as_channels(image)
+    return np.stack([scale_intensity(channel, intensity)
+                     for channel, intensity in zip(channels, channel_intensities(channels, preprocessing))])
+
 
 def in_plane_spacing(spacing: Sequence[float], slice_axis: int = 0) -> tuple[float, float]:
     """The two in-plane spacings (mm) of a ``(z, y, x)`` ``spacing``, in array order, without ``slice_axis``."""

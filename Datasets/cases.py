@@ -2,7 +2,7 @@
 
 Volumes are read whole (3D, for evaluation) and, for training, put on the model's grid and
 cached in memory as tensors (:func:`to_model_grid`): intensities through the same
-:func:`CalibSegLib.preprocessing.normalize_intensity` the predictor uses, every slice
+:func:`CalibSegLib.preprocessing.channel_intensities` the predictor uses, every slice
 resampled in-plane from the volume's own spacing to ``Preprocessing.target_spacing`` (images
 bilinear, labels by the argmax of their resampled one-hot maps), whole — crops are cut from
 them per batch (:mod:`Training.batches`). ACDC's HDF5 files carry no spacing: every ACDC
@@ -17,8 +17,9 @@ Folder layouts (:func:`find_cases`):
   ``<patient>_frameNN`` (so the ``patientNNN_frameMM`` pairs that ``Datasets/convert_acdc.py``
   writes from the official ACDC release group by patient, as the HDF5 files do, and the
   shipped split files apply to them).
-- Medical Segmentation Decathlon: ``imagesTr/<case>_0000.nii.gz`` (or ``<case>.nii.gz``) +
-  ``labelsTr/<case>.nii.gz``.
+- Medical Segmentation Decathlon / nnU-Net v2: ``imagesTr/<case>_0000.nii.gz`` ... ``_000K`` (one file per
+  channel, or ``<case>.nii.gz`` for one) + ``labelsTr/<case>.nii.gz``; the folder's ``dataset.json``
+  (:func:`read_dataset_description`, both forms) names the channels and classes and may list test cases.
 
 Bundles record their data by dataset name (:func:`dataset_name`: ``acdc-sample`` for the
 shipped sample, ``acdc`` for any other ACDC folder, else the folder's name), never by a path of
@@ -34,13 +35,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from CalibSegLib.io import WRITE_SUFFIXES, read_image
-from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
+from CalibSegLib.io import WRITE_SUFFIXES, case_and_channel, read_channels, read_image
+from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_channels,
                                        resample_slices, resample_volume, volume_grid_shape)
 
 __all__ = [
@@ -58,6 +59,8 @@ __all__ = [
     "DATASETS",
     "find_cases",
     "DATASET_DESCRIPTION",
+    "DatasetDescription",
+    "read_dataset_description",
     "dataset_class_names",
     "default_classes",
     "default_terminology",
@@ -121,14 +124,21 @@ class CaseFile:
 
     case_id: str
     patient_id: str
-    image_path: Path
+    image_path: Path  # the first (or only) channel
     label_path: Path | None
     kind: str  # "acdc" or "image"
+    more_channels: tuple[Path, ...] = ()  # channels 1 .. K - 1, in order
+
+    @property
+    def channel_paths(self) -> tuple[Path, ...]:
+        """Every channel's file, channel 0 first."""
+        return (self.image_path, *self.more_channels)
 
 
 @dataclass
 class Case:
-    """One loaded volume: ``image`` (z, y, x) as stored, ``label`` (z, y, x) uint8, spacing (z, y, x) mm.
+    """One loaded volume: ``image`` as stored, ``(z, y, x)`` for one channel and ``(K, z, y, x)`` for K > 1
+    (so one-channel data keep their arrays); ``label`` (z, y, x) uint8, spacing (z, y, x) mm.
 
     Images stay as stored so that evaluation feeds the predictor exactly what a user would;
     :func:`make_slices` normalises them for training with the predictor's own function.
@@ -163,14 +173,29 @@ def _find_pairs(folder: Path) -> list[CaseFile]:
 
 
 def _find_decathlon(folder: Path) -> list[CaseFile]:
-    found = []
+    """The cases of ``imagesTr``: files grouped by case into channels ``_0000`` ... ``_000K``, each case holding
+    every channel the dataset has (``dataset.json``'s count, else the most any case has)."""
+    channels: dict[str, dict[int, Path]] = {}
+    extensions: dict[str, str] = {}
     for image_path in sorted((folder / "imagesTr").iterdir()):
         stem = _strip_extension(image_path.name)
         if stem is None or image_path.name.startswith("."):
             continue
-        case = stem[:-5] if stem.endswith("_0000") else stem
-        extension = image_path.name[len(stem):]
-        found.append(CaseFile(case, case, image_path, folder / "labelsTr" / f"{case}{extension}", "image"))
+        case, channel = case_and_channel(stem)
+        channels.setdefault(case, {})[channel or 0] = image_path
+        extensions[case] = image_path.name[len(stem):]
+    description = read_dataset_description(folder)
+    named = description.channel_names if description is not None else None
+    count = len(named) if named else max((max(found) + 1 for found in channels.values()), default=1)
+    found = []
+    for case, paths in channels.items():
+        if sorted(paths) != list(range(count)):
+            present = ", ".join(f"_{index:04d}" for index in sorted(paths))
+            raise DataError(f"Case {case} in {folder / 'imagesTr'} has the channel file(s) {present} but the dataset "
+                            f"has {count} channel(s) (_0000 to _{count - 1:04d}); every case needs one file per channel.")
+        ordered = [paths[index] for index in range(count)]
+        found.append(CaseFile(case, case, ordered[0], folder / "labelsTr" / f"{case}{extensions[case]}", "image",
+                              tuple(ordered[1:])))
     return found
 
 
@@ -264,23 +289,30 @@ def data_folder(data: dict, given: str | Path | None = None) -> Path:
                     "pass --data with that folder.")
 
 
-def dataset_class_names(folder: str | Path) -> list[str] | None:
-    """The class names the ``dataset.json`` of ``folder`` gives, background (id 0) first; None without one.
+@dataclass(frozen=True)
+class DatasetDescription:
+    """What a folder's ``dataset.json`` says: ``class_names`` (background, id 0, first), ``channel_names`` (channel
+    0 first; None when it names none), ``file_ending`` (None when not given) and ``test_cases``, the case ids of its
+    ``test`` list (empty without one)."""
 
-    Both forms are read: nnU-Net v2's ``"labels": {"background": 0, "liver": 1}`` and the Medical Segmentation
-    Decathlon's ``"labels": {"0": "background", "1": "liver"}``.
+    class_names: list[str]
+    channel_names: list[str] | None
+    file_ending: str | None
+    test_cases: list[str]
 
-    Raises:
-        DataError: the file is unreadable, or its labels are not the ids 0, 1, ..., C - 1 each named once
-            (nnU-Net's region labels, lists of ids, included).
-    """
-    path = Path(folder) / DATASET_DESCRIPTION
-    if not path.is_file():
-        return None
-    try:
-        labels = json.loads(path.read_text()).get("labels")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
-        raise DataError(f"Cannot read {path} ({error}); give it a \"labels\" object or remove it.") from None
+
+def _numbered_names(path: Path, key: str, value: Any) -> list[str]:
+    """The names of an ``{"0": name, "1": name, ...}`` object (Decathlon's labels and modality, nnU-Net's
+    channel_names) in id order."""
+    if not isinstance(value, dict) or not value or not all(isinstance(name, str) for name in value.values()) \
+            or sorted(value) != sorted(str(index) for index in range(len(value))):
+        raise DataError(f"{path}'s {key} must give the ids 0 to {len(value) - 1 if isinstance(value, dict) else 'K'} "
+                        f"one name each, e.g. {{\"0\": \"CT\"}}; got {value!r}.")
+    return [value[str(index)] for index in range(len(value))]
+
+
+def _class_names(path: Path, labels: Any) -> list[str]:
+    """``labels`` in either form (nnU-Net v2's name → id, the Decathlon's id → name) as names in id order."""
     if not isinstance(labels, dict) or not labels:
         raise DataError(f"{path} has no \"labels\" object naming the classes; add one, e.g. "
                         '{"background": 0, "liver": 1}.')
@@ -292,6 +324,46 @@ def dataset_class_names(folder: str | Path) -> list[str] | None:
         raise DataError(f"{path}'s labels must give the ids 0 to {len(labels) - 1} one name each (background 0); "
                         f"got {labels}.")
     return [name for _, name in sorted(pairs)]
+
+
+def _test_case(entry: Any) -> str | None:
+    """The case id of one entry of a Decathlon ``test`` list (a path, or an object with an ``image`` path)."""
+    path = entry.get("image") if isinstance(entry, dict) else entry
+    if not isinstance(path, str):
+        return None
+    return case_and_channel(_strip_extension(Path(path).name) or Path(path).name)[0]
+
+
+def read_dataset_description(folder: str | Path) -> DatasetDescription | None:
+    """The ``dataset.json`` of ``folder`` in either form (nnU-Net v2: ``channel_names``, ``labels`` name → id,
+    ``file_ending``; Medical Segmentation Decathlon: ``modality``, ``labels`` id → name, ``test``); None without one.
+
+    Raises:
+        DataError: the file is unreadable, its labels are not the ids 0, 1, ..., C - 1 each named once (nnU-Net's
+            region labels, lists of ids, included), or its channels are not numbered 0, 1, ..., K - 1.
+    """
+    path = Path(folder) / DATASET_DESCRIPTION
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DataError(f"Cannot read {path} ({error}); give it a \"labels\" object or remove it.") from None
+    if not isinstance(values, dict):
+        raise DataError(f"{path} must hold a JSON object with a \"labels\" object naming the classes.")
+    channel_key = next((key for key in ("channel_names", "modality") if key in values), None)
+    channels = _numbered_names(path, channel_key, values[channel_key]) if channel_key else None
+    ending = values.get("file_ending")
+    tests = [case for case in map(_test_case, values.get("test") or []) if case]
+    return DatasetDescription(_class_names(path, values.get("labels")), channels,
+                              ending if isinstance(ending, str) else None, tests)
+
+
+def dataset_class_names(folder: str | Path) -> list[str] | None:
+    """The class names the ``dataset.json`` of ``folder`` gives, background (id 0) first; None without one
+    (:func:`read_dataset_description`)."""
+    description = read_dataset_description(folder)
+    return description.class_names if description is not None else None
 
 
 def default_classes(num_classes: int, dataset: str, names: Sequence[str] | None = None,
@@ -323,8 +395,9 @@ def _read_acdc(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, 
 
 
 def _read_pair(case: CaseFile) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
+    """Image ``(z, y, x)`` (one channel) or ``(K, z, y, x)``, label and spacing of a file-pair case."""
     try:
-        image, geometry = read_image(case.image_path)
+        image, geometry = read_channels(case.channel_paths)
         label, label_geometry = read_image(case.label_path)
     except ValueError as error:
         raise DataError(str(error)) from None
@@ -343,7 +416,7 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
     cases = []
     for file in files:
         image, label, spacing = _read_acdc(file.image_path) if file.kind == "acdc" else _read_pair(file)
-        if image.ndim != 3 or image.shape != label.shape:
+        if image.ndim != 3 + bool(file.more_channels) or image.shape[-3:] != label.shape:
             raise DataError(f"{file.case_id}: image shape {image.shape} and label shape {label.shape} must be the same 3D shape.")
         if not np.issubdtype(label.dtype, np.integer) and not np.all(np.mod(label, 1) == 0):
             raise DataError(f"{file.case_id}: the label image holds non-integer values; labels must be class ids.")
@@ -352,8 +425,11 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
                 f"{file.case_id}: labels range over [{int(label.min())}, {int(label.max())}] but the model has "
                 f"{num_classes} classes (0..{num_classes - 1}); fix the labels or pass --num-classes."
             )
-        if not np.isfinite(image).all() or image.min() == image.max():
-            raise DataError(f"{file.case_id}: the image is constant or holds NaN/inf values.")
+        constant = [channel for channel, values in enumerate(image.reshape(-1, *label.shape))
+                    if values.min() == values.max()]
+        if not np.isfinite(image).all() or constant:
+            raise DataError(f"{file.case_id}: the image is constant or holds NaN/inf values"
+                            + (f" (channel {constant[0]})." if file.more_channels and constant else "."))
         cases.append(Case(file.case_id, file.patient_id, image, label.astype(np.uint8), tuple(spacing)))
     return cases
 
@@ -362,9 +438,9 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
 class GridVolume:
     """One volume on the model's grid, cached for training or validation, as items of the network's input.
 
-    ``images (n, K, *spatial)`` float32 normalised, ``labels (n, *spatial)`` uint8 (an eighth of int64's
-    memory, widened per batch): for a 2D network the items are the ``n = z`` slices, ``spatial = (y, x)``; for a
-    3D network the one item is the whole volume, ``spatial = (z, y, x)``; sizes at the model's spacing.
+    ``images (n, K, *spatial)`` float32 normalised (K input channels), ``labels (n, *spatial)`` uint8 (an eighth of
+    int64's memory, widened per batch): for a 2D network the items are the ``n = z`` slices, ``spatial = (y, x)``;
+    for a 3D network the one item is the whole volume, ``spatial = (z, y, x)``; sizes at the model's spacing.
     """
 
     case_id: str
@@ -389,17 +465,17 @@ def _labels_to_grid(label: np.ndarray, size: tuple[int, ...], num_classes: int) 
 
 def _slices_on_grid(case: Case, preprocessing: Preprocessing, num_classes: int) -> GridVolume:
     """A 2D network's items: the volume's slices, each resampled in-plane."""
-    size = network_grid_shape(case.image.shape[1:], in_plane_spacing(case.spacing, 0), preprocessing.target_spacing)
-    normalized = normalize_intensity(case.image, preprocessing.normalization, preprocessing.upper_percentile)
-    images = resample_slices(torch.from_numpy(normalized).unsqueeze(1), size)
+    size = network_grid_shape(case.label.shape[1:], in_plane_spacing(case.spacing, 0), preprocessing.target_spacing)
+    normalized = normalize_channels(case.image, preprocessing)  # (K, z, y, x)
+    images = resample_slices(torch.from_numpy(normalized).transpose(0, 1), size)
     return GridVolume(case.case_id, images.contiguous(), _labels_to_grid(case.label, size, num_classes))
 
 
 def _volume_on_grid(case: Case, preprocessing: Preprocessing, num_classes: int) -> GridVolume:
     """A 3D network's item: the whole volume resampled to the (z, y, x) target spacing (trilinear)."""
-    size = volume_grid_shape(case.image.shape, case.spacing, preprocessing.target_spacing)
-    normalized = normalize_intensity(case.image, preprocessing.normalization, preprocessing.upper_percentile)
-    images = resample_volume(torch.from_numpy(normalized)[None, None], size)
+    size = volume_grid_shape(case.label.shape, case.spacing, preprocessing.target_spacing)
+    normalized = normalize_channels(case.image, preprocessing)  # (K, z, y, x)
+    images = resample_volume(torch.from_numpy(normalized)[None], size)
     return GridVolume(case.case_id, images.contiguous(), _labels_to_grid(case.label[None], size, num_classes))
 
 

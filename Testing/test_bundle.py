@@ -100,6 +100,7 @@ def test_bundle_json_records_every_section(good):
         "quality_model",
         "class_terminology",
         "input_statistics",
+        "channel_names",
         "library_version",
         "weights_dtype",
         "weights_sha256",
@@ -109,6 +110,7 @@ def test_bundle_json_records_every_section(good):
         "upper_percentile": 99.0,
         "target_spacing": [1.5, 1.5],
         "slice_axis": 0,
+        "channel_normalization": None,
     }
     assert stored["sliding_window"] == {"patch_size": [64, 64], "overlap": 0.5, "mirror_axes": [], "batch_size": 32}
     assert stored["postprocessing"] == {"largest_component": []}

@@ -44,12 +44,13 @@ def case(tmp_path_factory):
 
 
 def run_cli(case, out_dir, *extra: str) -> int:
+    # --image is repeatable (one per channel): the case's image only where extra gives none.
+    image = [] if "--image" in extra else ["--image", str(case / "case.nii.gz")]
     return main(
         [
             "--bundle",
             str(case / "model.calibseg"),
-            "--image",
-            str(case / "case.nii.gz"),
+            *image,
             "--out-dir",
             str(out_dir),
             "--device",

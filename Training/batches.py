@@ -41,8 +41,9 @@ class Augmentation:
     Spatial (every crop): a random quarter turn (``quarter_turns``) plus a uniform rotation of
     ±``rotation_degrees`` in the (y, x) plane (about the slice axis for 3D crops), a mirror along x with
     probability 1/2 (``mirror``; with the quarter turns this covers every in-plane orientation), a uniform
-    zoom factor in ``scale`` along every axis (> 1 shows more of the slice, structures smaller). Intensity (images in [0, 1]): gamma in ``gamma``
-    (log-uniform), contrast about the crop's mean and brightness factors, additive Gaussian noise
+    zoom factor in ``scale`` along every axis (> 1 shows more of the slice, structures smaller). Intensity, per
+    channel of a crop: gamma in ``gamma`` (log-uniform; on the crop's own [0, 1] range where channels are
+    z-scored, as nnU-Net does), contrast about the crop's mean and brightness factors, additive Gaussian noise
     of a standard deviation drawn from ``noise_std``, each with its probability.
     """
 
@@ -70,16 +71,18 @@ class CropSampler:
     """Where crops come from: every item (slice, or volume for a 3D network) of the cached volumes, stacked, and an
     index of their foreground voxels.
 
-    ``images (N, K, *S)`` float32 and ``labels (N, 1, *S)`` uint8 hold every item at the low corner of the largest
-    item's extent ``S`` (``(H, W)`` for slices, ``(D, H, W)`` for volumes), zero beyond its own (what
+    ``images (N, K, *S)`` float32 (K channels) and ``labels (N, 1, *S)`` uint8 hold every item at the low corner of
+    the largest item's extent ``S`` (``(H, W)`` for slices, ``(D, H, W)`` for volumes), zero beyond its own (what
     ``grid_sample`` reads outside an item anyway), on ``device``: a batch's items are then one index away from one
     batched ``grid_sample``. ``slice_volume``/``slice_z`` ``(N,)`` locate each item (its volume and its index there),
     ``slice_shape (N, d)`` its spatial size; ``coordinates (M, d)`` int32 positions of every foreground voxel sorted
     by item and class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per item and foreground class (the
-    index and everything planning reads stay on the CPU).
+    index and everything planning reads stay on the CPU). ``unit_range``: every channel is scaled to [0, 1]
+    (percentile normalisation), so gamma applies to the crop as it is.
     """
 
-    def __init__(self, volumes: Sequence[GridVolume], num_classes: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, volumes: Sequence[GridVolume], num_classes: int, device: torch.device | str = "cpu",
+                 unit_range: bool = True) -> None:
         if not volumes:
             raise DataError("No training volumes to cut crops from.")
         volume_ids, z_ids, shapes, coordinates, counts = [], [], [], [], []
@@ -105,6 +108,7 @@ class CropSampler:
         self.counts = torch.cat(counts)
         self.starts = self.counts.flatten().cumsum(0).sub(self.counts.flatten()).view_as(self.counts)
         self.foreground_slices = (self.counts.sum(dim=1) > 0).nonzero().squeeze(1)
+        self.unit_range = unit_range
         extent = self.largest_slice
         channels = volumes[0].images.shape[1]
         self.images = torch.zeros(len(self.slice_z), channels, *extent, device=device)
@@ -119,8 +123,8 @@ class CropSampler:
 
     @staticmethod
     def stack_bytes(volumes: Sequence[GridVolume]) -> int:
-        """Bytes the stacked items of ``volumes`` take (float32 images and uint8 labels, padded to the
-        largest item), to decide where they can be cached."""
+        """Bytes the stacked items of ``volumes`` take (float32 images of K channels and uint8 labels, padded to
+        the largest item), to decide where they can be cached."""
         items = sum(volume.images.shape[0] for volume in volumes)
         extent = [max(sizes) for sizes in zip(*(volume.images.shape[2:] for volume in volumes))]
         return items * math.prod(extent) * (4 * volumes[0].images.shape[1] + 1)
@@ -294,13 +298,25 @@ def _packed(plan: BatchPlan, sampler: CropSampler, patch_size: Sequence[int]) ->
                       plan.slice_index.unsqueeze(1).float()], dim=1)
 
 
-def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchPlan) -> torch.Tensor:
-    """Gamma, contrast, brightness and noise of ``images (n, K, *patch)`` in [0, 1], per crop, with
-    ``factors (n, 4)`` on the images' device (no host synchronisation)."""
+def _gamma(images: torch.Tensor, gamma: torch.Tensor, unit_range: bool) -> torch.Tensor:
+    """``images (n, K, *patch)`` to the power ``gamma (n, 1, ...)``: as they are when in [0, 1] (``unit_range``),
+    else on each crop channel's own [min, max] rescaled to [0, 1] and back (z-scored channels, as nnU-Net)."""
+    if unit_range:
+        return images.clamp(0.0, 1.0).pow(gamma)
+    spatial = tuple(range(2, images.ndim))
+    low = images.amin(dim=spatial, keepdim=True)
+    extent = (images.amax(dim=spatial, keepdim=True) - low).clamp_min(1e-6)
+    return ((images - low) / extent).pow(gamma) * extent + low
+
+
+def _augment_intensity(images: torch.Tensor, factors: torch.Tensor, plan: BatchPlan, unit_range: bool = True
+                       ) -> torch.Tensor:
+    """Gamma, contrast, brightness and noise of ``images (n, K, *patch)``, per crop and channel, with
+    ``factors (n, 4)`` on the images' device (no host synchronisation); ``unit_range``: see :func:`_gamma`."""
     per_crop = (-1,) + (1,) * (images.ndim - 1)
     gamma, contrast, brightness, noise_std = (column.view(per_crop) for column in factors.unbind(dim=1))
-    images = images.clamp(0.0, 1.0).pow(gamma)
-    mean = images.mean(dim=tuple(range(1, images.ndim)), keepdim=True)
+    images = _gamma(images, gamma, unit_range)
+    mean = images.mean(dim=tuple(range(2, images.ndim)), keepdim=True)
     images = ((images - mean) * contrast + mean) * brightness
     if bool((plan.noise_std > 0).any()):  # the plan's own CPU copy: no device read
         generator = torch.Generator(device=images.device).manual_seed(plan.noise_seed)
@@ -335,7 +351,8 @@ def assemble(sampler: CropSampler, plan: BatchPlan, patch_size: Sequence[int], d
     grid = F.affine_grid(packed[:, matrix].view(-1, dims, dims + 1), [len(plan), 1, *patch_size], align_corners=False)
     images = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     target = F.grid_sample(labels.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
-    return _augment_intensity(images, packed[:, intensity], plan), target.squeeze(1).round().long()
+    return (_augment_intensity(images, packed[:, intensity], plan, sampler.unit_range),
+            target.squeeze(1).round().long())
 
 
 def iterate_batches(sampler: CropSampler, plans: Sequence[BatchPlan], patch_size: Sequence[int],

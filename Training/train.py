@@ -45,7 +45,8 @@ from CalibSegLib.io import check_output_folder, os_error_sentence, write_json_at
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta, input_size_problem
 from Datasets.cases import (ACDC_CLASS_NAMES, ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
-                           dataset_class_names, dataset_name, default_classes, find_cases, load_cases)
+                           DatasetDescription, dataset_name, default_classes, find_cases, load_cases,
+                           read_dataset_description)
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json, split_reference)
 from Evaluation.evaluate import evaluate_bundle, print_summary
@@ -53,6 +54,7 @@ from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
 from Training.choices import TEMPERATURE_FITS
+from Training.plan import Plan, channel_normalization, make_plan
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
@@ -141,10 +143,11 @@ def _parser() -> argparse.ArgumentParser:
                              "(z, y, x) crops, segmenting whole volumes by 3D sliding window")
     parser.add_argument("--patch-size", type=int, nargs="+", default=None, metavar="N",
                         help="training crop = inference window, voxels at the target spacing: N or Y X "
-                             "(default 128, 224 with --paper); with --spatial-dims 3: N or Z Y X (required)")
-    parser.add_argument("--target-spacing", type=float, nargs="+", default=[1.5], metavar="MM",
-                        help="spacing the network works at, mm: S or Y X (default 1.5 = ACDC's native); with "
-                             "--spatial-dims 3: S or Z Y X")
+                             "(default: the plan's, 128 or 224 with --paper where the median slice holds it); with "
+                             "--spatial-dims 3: N or Z Y X (default: the plan's 3D patch)")
+    parser.add_argument("--target-spacing", type=float, nargs="+", default=None, metavar="MM",
+                        help="spacing the network works at, mm: S or Y X (default: the plan's, the training cases' "
+                             "median; 1.5 for ACDC); with --spatial-dims 3: S or Z Y X")
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
     parser.add_argument("--temperature-fit", choices=TEMPERATURE_FITS, default="auto",
@@ -209,9 +212,7 @@ def parse_config(arguments: argparse.Namespace, class_names: Sequence[str] | Non
     schedule = _schedule(arguments)
     epochs = arguments.epochs or schedule.epochs
     dims = arguments.spatial_dims
-    if dims == 3 and arguments.patch_size is None:
-        raise DataError("--spatial-dims 3 needs --patch-size D H W (voxels at the target spacing); the schedules' "
-                        "crop sizes are 2D.")
+    # Placeholders until the plan gives the data's own (apply_plan), where no flag gives them.
     patch = tuple(int(value) for value in _per_axis("--patch-size", arguments.patch_size, schedule.patch_size, dims))
     spacing = _per_axis("--target-spacing", arguments.target_spacing, 1.5, dims)
     for name, values in (("--patch-size", patch), ("--target-spacing", spacing)):
@@ -266,16 +267,28 @@ def _load_split_cases(arguments: argparse.Namespace, num_classes: int, run_dir: 
     """Find, split and read every volume, so that bad data stops the run before any training.
 
     The split: ``--split``, else the shipped split of these patients, else the run folder's own
-    ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`); the last
-    element of the result says whether it is new, to be written into the run folder once that exists.
+    ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`, its test side the
+    ``dataset.json``'s test list when there is one); the last element of the result says whether it is new, to be
+    written into the run folder once that exists.
     """
     files = find_cases(arguments.data, arguments.dataset)
     split_file = arguments.split or default_split_for(files)
     made = split_file is None and not (run_dir / SPLIT_NAME).is_file()
     split_file = split_file or run_dir / SPLIT_NAME
-    split = make_split([file.patient_id for file in files], seed) if made else load_split(split_file)
+    description = read_dataset_description(arguments.data)
+    test = description.test_cases if description is not None else ()
+    split = make_split([file.patient_id for file in files], seed, test=test) if made else load_split(split_file)
     cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in SIDES}
     return files, Path(split_file), split, cases, made
+
+
+def channel_names(files: Sequence[CaseFile], description: DatasetDescription | None) -> list[str] | None:
+    """The input channels' names for a bundle: the ``dataset.json``'s, ``channel k`` for several unnamed channels,
+    None for one unnamed channel (the image)."""
+    if description is not None and description.channel_names:
+        return list(description.channel_names)
+    count = len(files[0].channel_paths) if files else 1
+    return [f"channel {index}" for index in range(count)] if count > 1 else None
 
 
 def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], split_file: Path,
@@ -294,12 +307,26 @@ def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], spli
             f"at the end {BUNDLE_NAME}, {RUN_SUMMARY_NAME} and {EVALUATION_DIR}/"]
 
 
+def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace) -> None:
+    """Take the plan's target spacing and patch (2D or 3D, as the network) where no flag gives them, and its channel
+    normalisation;
+    print the plan and record it in ``config`` (run.json, the bundle)."""
+    volumetric = config.spatial_dims == 3
+    if arguments.target_spacing is None:
+        config.target_spacing = plan.target_spacing if volumetric else plan.target_spacing[1:]
+    if arguments.patch_size is None:
+        config.patch_size = plan.patch_3d if volumetric else plan.patch_2d
+    config.channel_normalization = channel_normalization(plan.channels)
+    config.plan = plan.to_json()
+    print("\n".join(plan.lines()), flush=True)
+
+
 def _check_model(config: TrainConfig) -> None:
     """Build the configured network (on torch's meta device: no memory) and loss, pass a batch of
     crops through it (shapes only), and resolve the device, so that a bad --network-arg,
     --patch-size, --loss-arg or --device stops the run before its folder exists."""
     try:
-        model = build_network_on_meta(config.network, 1, config.num_classes, config.spatial_dims,
+        model = build_network_on_meta(config.network, config.in_channels, config.num_classes, config.spatial_dims,
                                       **config.network_kwargs)
     except NetworkOptionsError as error:
         raise DataError(
@@ -307,7 +334,7 @@ def _check_model(config: TrainConfig) -> None:
             f"({error.reason})."
         ) from None
     # The crop is also the inference window, so one check covers training and validation.
-    problem = input_size_problem(model, 1, config.patch_size, batch=config.batch_size)
+    problem = input_size_problem(model, config.in_channels, config.patch_size, batch=config.batch_size)
     if problem:
         raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
                         f"{config.network}: {problem}.")
@@ -321,9 +348,9 @@ def run(arguments: argparse.Namespace) -> Path | None:
     Everything that can be wrong with the flags, the output folder and the data is checked
     before the run folder is created, so a refused run leaves nothing behind.
     """
-    class_names = dataset_class_names(arguments.data)
+    description = read_dataset_description(arguments.data)
+    class_names = description.class_names if description is not None else None
     config = parse_config(arguments, class_names)
-    _check_model(config)
     run_dir = check_output_folder(_run_dir(arguments, config.method))
     checkpoint = run_dir / CHECKPOINT_NAME
     if checkpoint.exists() and not arguments.resume:
@@ -331,6 +358,11 @@ def run(arguments: argparse.Namespace) -> Path | None:
     if arguments.resume and not checkpoint.exists():
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
     files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed)
+    config.channel_names = channel_names(files, description)
+    plan = make_plan(cases["train"], config.channel_names or ["image"], _schedule(arguments).patch_size,
+                     seed=config.seed)
+    apply_plan(config, plan, arguments)
+    _check_model(config)
     dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.

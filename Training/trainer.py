@@ -25,7 +25,7 @@ from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.losses import build_loss
 from CalibSegLib.networks import build_network
 from CalibSegLib.postprocessing import Postprocessing
-from CalibSegLib.preprocessing import Preprocessing
+from CalibSegLib.preprocessing import ChannelNormalization, Preprocessing
 from CalibSegLib.sliding_window import SlidingWindow, windows_per_pass
 from Datasets.cases import (ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, default_terminology,
                             to_model_grid)
@@ -76,8 +76,17 @@ class TrainConfig:
     num_classes: int = 4
     class_names: list[str] = field(default_factory=lambda: list(ACDC_CLASS_NAMES))
     class_colors: list[tuple[float, float, float]] = field(default_factory=lambda: list(ACDC_CLASS_COLORS))
+    channel_names: list[str] | None = None  # the input channels in order (None: one, the image)
+    # Per channel how it is normalised (Training/plan.py; None: the per-image percentile scaling of every channel).
+    channel_normalization: list[ChannelNormalization] | None = None
+    plan: dict[str, Any] | None = None  # what Training/plan.py read from the training cases, for the records
     workers: int = 0  # background threads assembling batches ahead of the step (0: in the loop)
     progress: bool = True
+
+    @property
+    def in_channels(self) -> int:
+        """The network's input channels."""
+        return len(self.channel_names) if self.channel_names else 1
 
 
 @dataclass
@@ -175,7 +184,8 @@ class Trainer:
         _seed_everything(config.seed, config.deterministic)
         self.device = processes.device(resolve_device(config.device))
         self.amp = self.device.type == "cuda" if config.amp is None else config.amp
-        self.preprocessing = Preprocessing(target_spacing=tuple(config.target_spacing))
+        self.preprocessing = Preprocessing(target_spacing=tuple(config.target_spacing),
+                                           channel_normalization=config.channel_normalization)
         patch_size = tuple(config.patch_size)
         self.sliding_window = SlidingWindow(patch_size=patch_size, batch_size=windows_per_pass(patch_size))
         try:
@@ -185,7 +195,9 @@ class Trainer:
             raise DataError(str(error)) from None
         train_volumes = to_model_grid(train_cases, self.preprocessing, config.num_classes)
         self.val_volumes: list[GridVolume] = to_model_grid(val_cases, self.preprocessing, config.num_classes)
-        self.sampler = CropSampler(train_volumes, config.num_classes, _cache_device(self.device, train_volumes))
+        unit_range = all(item.scheme == "percentile" for item in config.channel_normalization or [])
+        self.sampler = CropSampler(train_volumes, config.num_classes, _cache_device(self.device, train_volumes),
+                                   unit_range)
         largest = self.sampler.largest_slice
         if all(patch > size for patch, size in zip(config.patch_size, largest)):
             item = "slice" if config.spatial_dims == 2 else "volume"
@@ -194,7 +206,7 @@ class Trainer:
                 f"(largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm); choose a "
                 "smaller --patch-size."
             )
-        self.model = build_network(config.network, 1, config.num_classes, config.spatial_dims,
+        self.model = build_network(config.network, config.in_channels, config.num_classes, config.spatial_dims,
                                    **config.network_kwargs).to(self.device)
         self.training_model = _compiled(_data_parallel(self.model, processes, self.device), config.compile)
         self.loss = build_loss(config.method, config.num_classes, **config.loss_args).to(self.device)
@@ -429,11 +441,13 @@ class Trainer:
             "seed": self.config.seed,
             "amp": self.amp,
             "loss_state": self.loss.state_summary(),
+            "plan": self.config.plan,
         }
         values = dict(
             network=self.config.network,
             network_kwargs=self.config.network_kwargs,
-            in_channels=1,
+            in_channels=self.config.in_channels,
+            channel_names=self.config.channel_names,
             num_classes=self.config.num_classes,
             spatial_dims=self.config.spatial_dims,
             class_names=self.config.class_names,

@@ -69,7 +69,8 @@ class BundleMetadata:
     ``class_terminology`` the standard codes of the foreground classes
     (:func:`CalibSegLib.terminology.parse_class_terminology`) and ``input_statistics`` what the
     training inputs looked like (:meth:`CalibSegLib.input_check.InputStatistics.to_dict`), None
-    where absent. The library version, weights dtype and checksum are filled in by :func:`save_bundle`.
+    where absent; ``channel_names`` the input channels in the order the network takes them (a ``dataset.json``'s;
+    None: one channel, the image). The library version, weights dtype and checksum are filled in by :func:`save_bundle`.
     """
 
     network: str
@@ -90,6 +91,7 @@ class BundleMetadata:
     quality_model: dict[str, Any] | None = None
     class_terminology: dict[str, Any] | None = None
     input_statistics: dict[str, Any] | None = None
+    channel_names: list[str] | None = None
     schema_version: int = SCHEMA_VERSION
     library_version: str = __version__
     weights_dtype: str = "float32"
@@ -179,6 +181,14 @@ class BundleMetadata:
             raise BundleError(
                 f"The bundle declares {self.num_classes} classes but not one name and one colour for each."
             )
+        if self.channel_names is not None and (
+            not isinstance(self.channel_names, (list, tuple))
+            or len(self.channel_names) != self.in_channels
+            or not all(isinstance(name, str) and name for name in self.channel_names)
+            or len(set(self.channel_names)) != len(self.channel_names)
+        ):
+            raise BundleError(f"The bundle's channel_names must name each of its {self.in_channels} input channel(s) "
+                              f"once, got {self.channel_names!r}.")
         if not all(isinstance(name, str) for name in self.class_names):
             raise BundleError(f"The bundle's class_names must be strings, got {self.class_names!r}.")
         # Summaries, tables and metric rows are keyed by name (spaces as underscores): a name given twice

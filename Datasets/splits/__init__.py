@@ -51,24 +51,33 @@ def load_split(path: str | Path) -> dict[str, list[str]]:
 
 
 def make_split(patients: Sequence[str], seed: int = 0,
-               fractions: tuple[float, float, float] = SPLIT_FRACTIONS) -> dict[str, list[str]]:
+               fractions: tuple[float, float, float] = SPLIT_FRACTIONS,
+               test: Sequence[str] = ()) -> dict[str, list[str]]:
     """A seeded patient-level split of ``patients``: validation and test get their ``fractions`` of the patients
-    rounded, at least one each, training the rest; each side sorted. The same patients and seed give the same
-    split on any machine (Python's own generator, not NumPy's or torch's).
+    rounded, at least one each, training the rest; each side sorted. ``test``: the patients the data's own
+    description reserves for testing (a ``dataset.json`` test list); those among ``patients`` are the test side and
+    validation gets its fraction of all patients from the others. The same patients and seed give the same split
+    on any machine (Python's own generator, not NumPy's or torch's).
 
     Raises:
-        DataError: fewer than 3 patients (each side needs one).
+        DataError: fewer than 3 patients (each side needs one), or a test list leaving fewer than 2 for training
+            and validation.
     """
     unique = sorted(set(patients))
     if len(unique) < 3:
         raise DataError(f"The data holds {len(unique)} patient(s); a split needs at least 3 (training, validation, "
                         "test), so add patients or pass --split.")
-    shuffled = unique.copy()
+    reserved = sorted(set(test) & set(unique))
+    rest = [patient for patient in unique if patient not in reserved]
+    if reserved and len(rest) < 2:
+        raise DataError(f"dataset.json's test list holds {len(reserved)} of the {len(unique)} patients, leaving "
+                        f"{len(rest)} for training and validation; shorten the list or pass --split.")
+    shuffled = rest.copy()
     random.Random(seed).shuffle(shuffled)
-    validation = max(1, round(fractions[1] * len(unique)))
-    test = max(1, min(round(fractions[2] * len(unique)), len(unique) - validation - 1))
-    return {"train": sorted(shuffled[validation + test:]), "val": sorted(shuffled[:validation]),
-            "test": sorted(shuffled[validation:validation + test])}
+    validation = max(1, min(round(fractions[1] * len(unique)), len(shuffled) - 1))
+    test_count = 0 if reserved else max(1, min(round(fractions[2] * len(unique)), len(unique) - validation - 1))
+    return {"train": sorted(shuffled[validation + test_count:]), "val": sorted(shuffled[:validation]),
+            "test": reserved or sorted(shuffled[validation:validation + test_count])}
 
 
 def split_json(split: dict[str, list[str]], description: str) -> dict:

@@ -1,0 +1,243 @@
+"""Own data: dataset.json in both forms, multi-channel cases, channel names in the bundle (issue 41)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from CalibSegLib.bundle import BundleError, load_bundle
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import read_image, write_image
+from CalibSegLib.predict import folder_cases
+from CalibSegLib.predict import main as predict_main
+from CalibSegLib.preprocessing import Preprocessing, intensity_range, normalize_channels, scale_intensity
+from CalibSegLib.pretrained import resolve_bundle_path
+from Datasets.cases import SAMPLE_DATA, DataError, find_cases, load_cases, read_dataset_description
+from Datasets.phantoms import write_phantom
+from Datasets.splits import make_split
+from Training.plan import channel_normalization, make_plan, patch_3d
+from Training.train import main as train_main
+from tiny_bundles import make_test_metadata
+
+
+@pytest.fixture(scope="module")
+def ct_folder(tmp_path_factory) -> Path:
+    return write_phantom(tmp_path_factory.mktemp("ct") / "ct", "ct", cases=6)
+
+
+@pytest.fixture(scope="module")
+def mr_folder(tmp_path_factory) -> Path:
+    return write_phantom(tmp_path_factory.mktemp("mr") / "mr", "multichannel", cases=6)
+
+
+def test_both_dataset_json_forms_are_read(ct_folder, mr_folder):
+    decathlon, nnunet = read_dataset_description(ct_folder), read_dataset_description(mr_folder)
+    assert decathlon.channel_names == ["CT"] and nnunet.channel_names == ["T1", "T1ce", "T2", "FLAIR"]
+    assert decathlon.class_names == ["background", "liver", "spleen", "kidney"]
+    assert nnunet.class_names == ["background", "edema", "necrosis", "enhancing"]
+    assert nnunet.file_ending == ".nii.gz" and decathlon.test_cases == []
+
+
+def test_multichannel_cases_are_stacked_channels_first(mr_folder):
+    files = find_cases(mr_folder)
+    assert [path.name for path in files[0].channel_paths] == [f"mr_000_000{index}.nii.gz" for index in range(4)]
+    case = load_cases(files[:1], 4)[0]
+    assert case.image.shape == (4, *case.label.shape)
+    # Structure k is bright in channel k only: the channels are not mixed up.
+    for channel in (1, 2, 3):
+        inside = case.image[channel][case.label == channel].mean()
+        assert inside > case.image[channel][case.label == (channel % 3) + 1].mean()
+
+
+def test_a_missing_channel_is_named_in_one_sentence(tmp_path, mr_folder):
+    import shutil
+
+    copy = shutil.copytree(mr_folder, tmp_path / "copy")
+    (copy / "imagesTr" / "mr_002_0003.nii.gz").unlink()
+    with pytest.raises(DataError, match=r"Case mr_002 .* _0000, _0001, _0002 .* 4 channel"):
+        find_cases(copy)
+
+
+def test_channels_on_different_grids_are_refused(tmp_path, mr_folder):
+    import shutil
+
+    from CalibSegLib.io import read_image, write_image
+
+    copy = shutil.copytree(mr_folder, tmp_path / "copy")
+    path = copy / "imagesTr" / "mr_001_0002.nii.gz"
+    image, geometry = read_image(path)
+    write_image(path, image[:, :-2], geometry)
+    with pytest.raises(DataError, match=r"mr_001_0002.nii.gz is not on mr_001_0000.nii.gz.s grid"):
+        load_cases([file for file in find_cases(copy) if file.case_id == "mr_001"], 4)
+
+
+def test_dataset_json_test_list_is_the_made_splits_test_side(tmp_path):
+    (tmp_path / "dataset.json").write_text(json.dumps({
+        "labels": {"0": "background", "1": "organ"}, "modality": {"0": "CT"},
+        "test": ["./imagesTs/p7.nii.gz", {"image": "./imagesTs/p3_0000.nii.gz"}]}))
+    description = read_dataset_description(tmp_path)
+    assert description.test_cases == ["p7", "p3"]
+    patients = [f"p{index}" for index in range(10)]
+    split = make_split(patients, seed=1, test=description.test_cases)
+    assert split["test"] == ["p3", "p7"] and len(split["val"]) == 1 and len(split["train"]) == 7
+    assert sorted(sum(split.values(), [])) == sorted(patients)
+
+
+def test_bundle_channel_names_are_validated():
+    metadata = make_test_metadata()
+    metadata.channel_names = ["T1", "T2"]  # one channel declared
+    with pytest.raises(BundleError, match="channel_names must name each of its 1"):
+        metadata.validate()
+    metadata.channel_names = ["CT"]
+    metadata.validate()
+
+
+# ----------------------------------------------------------------- the plan
+def test_plan_of_the_ct_phantom_reads_its_spacing_shape_and_foreground(ct_folder):
+    files = find_cases(ct_folder)
+    cases = load_cases(files, 4)
+    plan = make_plan(cases, ["CT"], preferred_patch_2d=128)
+    spacings = np.array([case.spacing for case in cases])
+    np.testing.assert_allclose(plan.target_spacing, np.median(spacings, axis=0))
+    # The phantom's 96 mm field of view at its median in-plane spacing: slices of about 96 / 0.8 = 120 voxels.
+    assert abs(plan.median_shape[1] - 96 / plan.target_spacing[1]) <= 2
+    assert plan.patch_2d == (112, 112)  # 128 does not fit a 120-voxel slice; the largest multiple of 16 that does
+    assert all(side % 16 == 0 for side in plan.patch_3d) and np.prod(plan.patch_3d) <= 128 ** 3
+    (ct,) = plan.channels
+    # The organs and the body (40-90 HU, 12 HU noise) are the foreground: air (-1000 HU) is clipped out.
+    assert 40 < ct.mean < 90 and 0 < ct.percentile_00_5 < 40 < 90 < ct.percentile_99_5 < 150
+    normalization = channel_normalization(plan.channels)
+    assert normalization[0].scheme == "ct" and normalization[0].clip == (ct.percentile_00_5, ct.percentile_99_5)
+
+
+def test_plan_keeps_acdcs_shipped_recipe():
+    cases = load_cases(find_cases(SAMPLE_DATA), 4)
+    assert make_plan(cases, ["image"], 128).patch_2d == (128, 128)  # quick and --cpu
+    plan = make_plan(cases, ["image"], 224)  # --paper
+    assert plan.patch_2d == (224, 224) and plan.target_spacing[1:] == (1.5, 1.5)
+    assert channel_normalization(plan.channels) is None  # no CT channel: bundles keep today's preprocessing
+
+
+def test_a_3d_patch_is_shrunk_along_its_longest_axis_to_the_budget():
+    patch = patch_3d((200, 300, 300), (1.0, 1.0, 1.0), voxel_budget=128 ** 3)
+    assert np.prod(patch) <= 128 ** 3 and all(side % 16 == 0 for side in patch)
+    assert patch_3d((40, 64, 64), (3.0, 1.0, 1.0)) == (32, 64, 64)  # fits: only rounded to multiples of 16
+
+
+# ----------------------------------------------------------------- normalisation
+def test_bundles_without_channel_normalization_predict_as_before():
+    """A shipped bundle through today's code path by hand (one volume-level percentile range, (n, y, x) slices)
+    against Predictor: the same probabilities, bit for bit."""
+    predictor = Predictor(resolve_bundle_path("acdc_crac"), device="cpu", batch_size=4)
+    assert predictor.metadata.preprocessing.channel_normalization is None
+    image = load_cases(find_cases(SAMPLE_DATA)[:1], 4)[0].image[:3]
+    spacing = (10.0, 1.5, 1.5)
+    predicted = predictor.predict(image, spacing, keep_probabilities=True).probabilities
+    intensity = intensity_range(image, "percentile", 99.0)
+    logits = predictor.slice_logits(scale_intensity(image, intensity), spacing[1:])
+    by_hand = predictor.input_grid_probabilities(logits, predictor.metadata.temperature, image.shape[1:])
+    np.testing.assert_array_equal(predicted, by_hand.transpose(0, 1).numpy())
+    np.testing.assert_array_equal(predicted, predictor.predict(image[None], spacing, keep_probabilities=True)
+                                  .probabilities)  # (1, z, y, x) is the same one channel
+
+
+def test_channel_normalization_is_validated_on_load():
+    metadata = make_test_metadata()
+    metadata.preprocessing = Preprocessing(channel_normalization=[{"scheme": "ct", "clip": [90, 10], "mean": 1.0,
+                                                                   "std": 2.0}])
+    with pytest.raises(BundleError, match=r"channel_normalization\[0\]: a ct channel's clip must be .* low < high"):
+        metadata.validate()
+    metadata.preprocessing = Preprocessing(channel_normalization=[{"scheme": "ct", "clip": [10, 90], "mean": 1.0,
+                                                                   "std": 2.0}])
+    metadata.validate()
+    ct = metadata.preprocessing.channel_normalization[0]
+    image = np.array([[[-1000.0, 50.0], [300.0, 12.0]]])
+    np.testing.assert_allclose(normalize_channels(image, metadata.preprocessing)[0],
+                               (np.clip(image, 10, 90) - ct.mean) / ct.std, rtol=1e-6)
+
+
+# ----------------------------------------------------------------- training and prediction
+_TINY = ["--network-arg", "channels=[8,16]", "--network-arg", "strides=[2]", "--network-arg", "num_res_units=0",
+         "--epochs", "1", "--iterations-per-epoch", "2", "--batch-size", "4", "--no-compile", "--method", "ce_dice",
+         "--no-eval", "--temperature-fit", "none"]
+
+
+@pytest.fixture(scope="module")
+def ct_run(ct_folder, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ct_run") / "run"
+    train_main(["--data", str(ct_folder), "--out", str(out), *_TINY])
+    return out
+
+
+@pytest.fixture(scope="module")
+def mr_run(mr_folder, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mr_run") / "run"
+    train_main(["--data", str(mr_folder), "--out", str(out), *_TINY])
+    return out
+
+
+def test_ct_run_records_names_plan_and_its_normalization(ct_run):
+    metadata = load_bundle(ct_run / "model.calibseg").metadata
+    assert metadata.channel_names == ["CT"] and metadata.class_names == ["background", "liver", "spleen", "kidney"]
+    plan = metadata.training["plan"]
+    (ct,) = metadata.preprocessing.channel_normalization
+    assert ct.scheme == "ct" and list(ct.clip) == [plan["channels"][0]["percentile_00_5"],
+                                                   plan["channels"][0]["percentile_99_5"]]
+    assert ct.mean == plan["channels"][0]["mean"] and ct.std == plan["channels"][0]["std"]
+    assert tuple(metadata.preprocessing.target_spacing) == tuple(plan["target_spacing"][1:])
+    assert tuple(metadata.sliding_window.patch_size) == tuple(plan["patch_2d"])
+    run = json.loads((ct_run / "run.json").read_text())
+    assert run["config"]["plan"] == plan
+
+
+def test_four_channel_bundle_round_trips_and_predicts(mr_run, mr_folder, tmp_path):
+    metadata = load_bundle(mr_run / "model.calibseg").metadata
+    assert metadata.in_channels == 4 and metadata.channel_names == ["T1", "T1ce", "T2", "FLAIR"]
+    assert metadata.class_names == ["background", "edema", "necrosis", "enhancing"]
+    predictor = Predictor(mr_run / "model.calibseg", device="cpu")
+    case = load_cases(find_cases(mr_folder)[:1], 4)[0]
+    prediction = predictor.predict(case.image, case.spacing)
+    assert prediction.labels.shape == case.label.shape
+    with pytest.raises(ValueError, match=r"takes 4 channel\(s\) \(T1, T1ce, T2, FLAIR\) but the image has 1"):
+        predictor.predict(case.image[0], case.spacing)
+    images = [str(mr_folder / "imagesTr" / f"mr_000_000{index}.nii.gz") for index in range(4)]
+    out = tmp_path / "out"
+    assert predict_main(["--bundle", str(mr_run / "model.calibseg"), *sum((["--image", path] for path in images), []),
+                         "--out-dir", str(out), "--device", "cpu"]) == 0
+    labels, _ = read_image(out / "mr_000_labels.nii.gz")  # named after the case, not its first channel file
+    np.testing.assert_array_equal(labels, prediction.labels)
+
+
+def test_predict_refuses_a_wrong_image_count_and_other_grids(mr_run, mr_folder, tmp_path, capsys):
+    bundle = str(mr_run / "model.calibseg")
+    images = [mr_folder / "imagesTr" / f"mr_001_000{index}.nii.gz" for index in range(4)]
+    arguments = ["--bundle", bundle, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
+    assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), [])]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("error: The bundle takes 4 channel(s) (T1, T1ce, T2, FLAIR), "
+                                                       "one --image each in that order, but 3 image(s) were given.")
+    image, geometry = read_image(images[3])
+    write_image(tmp_path / "shifted_0003.nii.gz", image, replace(geometry, origin=(5.0, 0.0, 0.0)))
+    assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), []),
+                         "--image", str(tmp_path / "shifted_0003.nii.gz")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "shifted_0003.nii.gz is not on mr_001_0000.nii.gz's grid" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_image_dir_groups_channel_files_into_cases(mr_run, mr_folder, tmp_path):
+    import shutil
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for path in sorted((mr_folder / "imagesTr").glob("mr_00[45]_*.nii.gz")):
+        shutil.copy(path, folder / path.name)
+    assert [[path.name for path in case] for case in folder_cases(folder)] == [
+        [f"mr_00{number}_000{index}.nii.gz" for index in range(4)] for number in (4, 5)]
+    assert predict_main(["--bundle", str(mr_run / "model.calibseg"), "--image-dir", str(folder),
+                         "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 0
+    assert (tmp_path / "out" / "mr_004_labels.nii.gz").is_file() and (tmp_path / "out" / "mr_005_summary.json").is_file()
