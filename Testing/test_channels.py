@@ -241,3 +241,22 @@ def test_image_dir_groups_channel_files_into_cases(mr_run, mr_folder, tmp_path):
     assert predict_main(["--bundle", str(mr_run / "model.calibseg"), "--image-dir", str(folder),
                          "--out-dir", str(tmp_path / "out"), "--device", "cpu"]) == 0
     assert (tmp_path / "out" / "mr_004_labels.nii.gz").is_file() and (tmp_path / "out" / "mr_005_summary.json").is_file()
+
+
+def test_gamma_of_z_scored_channels_works_on_each_crop_channels_own_range():
+    from Training.batches import _gamma
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    images = torch.randn(3, 2, 8, 8) * torch.tensor([1.0, 50.0]).view(1, 2, 1, 1)  # z-scored, any range
+    gamma = torch.tensor([0.5, 1.0, 2.0]).view(3, 1, 1, 1)
+    changed = _gamma(images, gamma, unit_range=False)
+    # Each crop channel keeps its range and its order of intensities; gamma 1 changes nothing.
+    torch.testing.assert_close(changed.amin(dim=(2, 3)), images.amin(dim=(2, 3)))
+    torch.testing.assert_close(changed.amax(dim=(2, 3)), images.amax(dim=(2, 3)))
+    in_order = changed.flatten(2).gather(2, images.flatten(2).argsort())  # monotonic: sorted stays sorted
+    assert (in_order.diff(dim=2) >= -1e-4 * in_order.abs().amax()).all()
+    torch.testing.assert_close(changed[1], images[1])
+    assert not torch.allclose(changed[0], images[0])
+    unit = torch.rand(3, 1, 8, 8)
+    assert torch.equal(_gamma(unit, gamma, unit_range=True), unit.pow(gamma))  # percentile channels: as before

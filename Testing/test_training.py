@@ -430,7 +430,7 @@ def test_an_interrupted_3d_run_resumes_to_identical_weights(ct_phantom, tmp_path
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--spatial-dims", "3"], r"^error: --spatial-dims 3 needs --patch-size D H W \(voxels at the target spacing\); "),
+    (["--spatial-dims", "3", "--patch-size", "7"], r"^error: --patch-size 7 7 7 does not fit --network unet: "),
     (["--spatial-dims", "3", "--patch-size", "8", "16"], r"^error: --patch-size takes one value or 3 \(z y x\) "),
     (["--target-spacing", "4", "1", "1"], r"^error: --target-spacing takes one value or 2 \(y x\) with --spatial-dims 2"),
 ])
