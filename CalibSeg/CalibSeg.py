@@ -133,6 +133,8 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
+        self._channelSelectors = []
+        self.ui.bundlePathLineEdit.connect("currentPathChanged(QString)", self._updateChannelSelectors)
         self.ui.runButton.connect("clicked(bool)", self.onRun)
         self.ui.cancelButton.connect("clicked(bool)", self.onCancel)
         self.ui.lowConfidenceSlider.connect("valueChanged(double)", self.onThresholdChanged)
@@ -202,6 +204,27 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.cancelButton.enabled = running
         self.ui.progressBar.visible = running
 
+    def _updateChannelSelectors(self, bundlePath: str = "") -> None:
+        """One volume selector per further input channel of the chosen bundle, labelled with its channel name (a
+        one-channel bundle needs none); the input selector is the first channel."""
+        layout = self.ui.channelsWidget.layout()
+        while layout.rowCount():
+            layout.removeRow(0)
+        self._channelSelectors = []
+        names = self.logic.channelNames(bundlePath)
+        self.ui.inputVolumeLabel.text = f"Input volume ({names[0]}):" if len(names) > 1 else "Input volume:"
+        for name in names[1:]:
+            selector = slicer.qMRMLNodeComboBox()
+            selector.nodeTypes = ["vtkMRMLScalarVolumeNode"]
+            selector.showChildNodeTypes = False
+            selector.addEnabled = selector.removeEnabled = False
+            selector.noneEnabled = True
+            selector.setMRMLScene(slicer.mrmlScene)
+            selector.toolTip = f"The volume of the model's '{name}' channel, on the input volume's grid."
+            layout.addRow(f"{name}:", selector)
+            self._channelSelectors.append(selector)
+        self.ui.channelsWidget.visible = bool(self._channelSelectors)
+
     def onRun(self) -> None:
         if missing_packages() and not install_missing(slicer.util.confirmOkCancelDisplay):
             self.ui.statusLabel.text = "CalibSeg needs PyTorch and MONAI; nothing was run."
@@ -216,7 +239,8 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             else:
                 request = self.logic.prepare(parameters.inputVolume, str(parameters.bundlePath),
                                              parameters.referenceNode, parameters.device, threshold,
-                                             parameters.hotSpotLevel)
+                                             parameters.hotSpotLevel,
+                                             [selector.currentNode() for selector in self._channelSelectors])
                 self._job = InferenceJob(self.logic.runner, request).start()  # the network runs in a child process
         except Exception as error:  # every expected failure is one sentence; the scene is untouched
             slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
@@ -313,18 +337,34 @@ class CalibSegLogic(ScriptedLoadableModuleLogic):
         return CalibSegParameterNode(super().getParameterNode())
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
-                lowConfidenceThreshold: float | None = None, hotSpotLevel: float | None = None) -> CalibSegRequest:
-        """Read and check what a run needs from the scene (main thread); one-sentence errors, nothing added."""
+                lowConfidenceThreshold: float | None = None, hotSpotLevel: float | None = None,
+                channelNodes=()) -> CalibSegRequest:
+        """Read and check what a run needs from the scene (main thread); one-sentence errors, nothing added.
+        ``channelNodes``: a multi-channel bundle's other channels, in its ``channel_names`` order."""
         return self.runner.prepare(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold,
-                                   hotSpotLevel)
+                                   hotSpotLevel, channelNodes)
+
+    @staticmethod
+    def channelNames(bundlePath: str) -> list[str]:
+        """The input channels a bundle reads, in order (``["image"]`` for one, or when the bundle cannot be read:
+        Run then says why)."""
+        from CalibSegLib.bundle import load_bundle
+        from CalibSegLib.pretrained import resolve_bundle_path
+
+        try:
+            metadata = load_bundle(resolve_bundle_path(bundlePath)).metadata
+        except (ValueError, OSError):
+            return ["image"]
+        return list(metadata.channel_names or ["image"])
 
     def run(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
             lowConfidenceThreshold: float | None = None, progress=None, cancel=None,
-            hotSpotLevel: float | None = None) -> CalibSegOutputs:
-        """Segment ``inputVolumeNode`` with a bundle (a ``.calibseg`` path or a shipped model's name) and add
-        the output nodes, in the calling thread (the Python console)."""
+            hotSpotLevel: float | None = None, channelNodes=()) -> CalibSegOutputs:
+        """Segment ``inputVolumeNode`` (with ``channelNodes``, a multi-channel bundle's other channels) with a bundle
+        (a ``.calibseg`` path or a shipped model's name) and add the output nodes, in the calling thread (the Python
+        console)."""
         return self.runner.run(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold, progress,
-                               cancel, hotSpotLevel)
+                               cancel, hotSpotLevel, channelNodes)
 
     def runBatch(self, bundlePath, volumeNodes=None, device: str = "auto",
                  lowConfidenceThreshold: float | None = None, hotSpotLevel: float | None = None,

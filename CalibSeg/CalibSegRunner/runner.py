@@ -40,7 +40,7 @@ from .nodes import (
     set_low_confidence_segment,
     show_hot_spots,
 )
-from .volumes import reference_label_array, slice_center_ras, volume_array, volume_spacing
+from .volumes import reference_label_array, same_grid, slice_center_ras, volume_array, volume_spacing
 
 if TYPE_CHECKING:  # the library's dependencies may not be installed when the module loads
     from CalibSegLib.analysis import CaseAnalysis
@@ -147,10 +147,27 @@ class SegmentationRunner:
                            HOT_SPOT_LEVEL if hotSpotLevel is None else hotSpotLevel)
 
     @staticmethod
-    def request(inputVolumeNode, settings: RunSettings, referenceNode=None) -> CalibSegRequest:
+    def request(inputVolumeNode, settings: RunSettings, referenceNode=None, channelNodes=()) -> CalibSegRequest:
         """Read the input (and reference) arrays from the scene for a run with ``settings``; raises ValueError
-        with one sentence (not a 3D scalar volume, a reference off the input's grid, ...)."""
+        with one sentence (not a 3D scalar volume, a reference off the input's grid, ...).
+
+        A bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) reads ``inputVolumeNode`` as its
+        first channel and ``channelNodes`` as the K - 1 others, in the bundle's order, each on the input's grid."""
+        metadata = settings.bundle.metadata
+        names = list(metadata.channel_names or ["image"])
+        others = list(channelNodes or ())
+        if len(others) + 1 != metadata.in_channels:
+            raise ValueError(f"The model reads {metadata.in_channels} channel(s) ({', '.join(names)}) but "
+                             f"{len(others) + 1} volume(s) were given; choose one volume per channel.")
+        for name, node in zip(names[1:], others):
+            if node is None:
+                raise ValueError(f"Choose a volume for the model's '{name}' channel.")
+            if not same_grid(node, inputVolumeNode):
+                raise ValueError(f"The '{name}' volume '{node.GetName()}' is not on the grid of "
+                                 f"'{inputVolumeNode.GetName()}'; resample it onto the first channel's volume first.")
         image = volume_array(inputVolumeNode)
+        if others:
+            image = np.stack([image, *(volume_array(node) for node in others)])
         reference = None
         if referenceNode is not None:
             reference = reference_label_array(referenceNode, inputVolumeNode, settings.bundle.metadata.class_names)
@@ -160,11 +177,11 @@ class SegmentationRunner:
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
                 lowConfidenceThreshold: float | None = None,
-                hotSpotLevel: float | None = None) -> CalibSegRequest:
+                hotSpotLevel: float | None = None, channelNodes=()) -> CalibSegRequest:
         """Read and check everything the run needs from the scene (:meth:`settings`, then :meth:`request`);
         raises ValueError with one sentence, nothing added."""
         return self.request(inputVolumeNode, self.settings(bundlePath, device, lowConfidenceThreshold, hotSpotLevel),
-                            referenceNode)
+                            referenceNode, channelNodes)
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
                 cancel: threading.Event | None = None) -> "CaseAnalysis":
@@ -216,10 +233,11 @@ class SegmentationRunner:
 
     def run(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
             lowConfidenceThreshold: float | None = None, progress: Callable[[float], None] | None = None,
-            cancel: threading.Event | None = None, hotSpotLevel: float | None = None) -> CalibSegOutputs:
+            cancel: threading.Event | None = None, hotSpotLevel: float | None = None,
+            channelNodes=()) -> CalibSegOutputs:
         """Prepare, compute and publish in the calling thread (Python console, tests)."""
         request = self.prepare(inputVolumeNode, bundlePath, referenceNode, device, lowConfidenceThreshold,
-                               hotSpotLevel)
+                               hotSpotLevel, channelNodes)
         return self.publish(request, self.compute(request, progress, cancel))
 
     @staticmethod

@@ -93,7 +93,7 @@ def _bundle(work_dir: Path, **overrides) -> Path:
         "sliding_window": SlidingWindow(patch_size=(32, 32)), **overrides})
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        network = build_network(metadata.network, 1, NUM_CLASSES, 2, **metadata.network_kwargs)
+        network = build_network(metadata.network, metadata.in_channels, NUM_CLASSES, 2, **metadata.network_kwargs)
     return save_bundle(Path(work_dir) / ("tiny_quality.calibseg" if overrides else "tiny.calibseg"), network, metadata)
 
 
@@ -228,6 +228,33 @@ def check_segments_match_the_predicted_labels(scene, work_dir: Path) -> None:
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation,
                                                           _segment_id(outputs.segmentation, label), volume)
         np.testing.assert_array_equal(mask > 0, labels == label)
+
+
+def check_a_multichannel_bundle_reads_one_volume_per_channel(scene, work_dir: Path) -> None:
+    import slicer
+
+    from CalibSegLib.inference import Predictor
+
+    first, _ = _phantom()
+    second, _ = _phantom(seed=1)
+    bundle_path = _bundle(work_dir, in_channels=2, channel_names=["T1", "T2"])
+    t1, t2 = make_volume_node(scene, first, "T1"), make_volume_node(scene, second[::-1].copy(), "T2")
+    runner = SegmentationRunner()
+    # Refused before anything is added: a channel missing, or one on another grid.
+    missing = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path), "one volume for two channels")
+    assert missing == ("The model reads 2 channel(s) (T1, T2) but 1 volume(s) were given; choose one volume per "
+                       "channel."), missing
+    shifted = make_volume_node(scene, second, "T2 shifted", origin=(0.0, 0.0, 0.0))
+    elsewhere = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path, channelNodes=[shifted]),
+                                          "off grid")
+    assert elsewhere.startswith("The 'T2' volume 'T2 shifted' is not on the grid of 'T1';"), elsewhere
+    outputs = runner.run(t1, bundle_path, channelNodes=[t2])
+    expected = Predictor(bundle_path, device="cpu").predict(np.stack([first, second[::-1]]),
+                                                            tuple(reversed(SPACING_XYZ))).labels
+    for label in range(1, NUM_CLASSES):
+        mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation,
+                                                          _segment_id(outputs.segmentation, label), t1)
+        np.testing.assert_array_equal(mask > 0, expected == label)
 
 
 def check_metrics_table_equals_calibseglib(scene, work_dir: Path) -> None:
