@@ -40,8 +40,8 @@ from torch import nn
 from CalibSegLib.bundle import Bundle, BundleMetadata, load_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.preprocessing import (as_channels, channel_intensities, check_volume, in_plane_spacing,
-                                       network_grid_shape, resample_slices, resample_volume, scale_intensity,
-                                       volume_grid_shape)
+                                       network_grid_shape, normalize_channels, resample_slices, resample_volume,
+                                       scale_intensity, volume_grid_shape)
 from CalibSegLib.sliding_window import MirrorAgreement, window_logits
 from CalibSegLib.temperature import apply_temperature
 
@@ -213,11 +213,13 @@ class Predictor:
         return self.predict_variants(image, spacing, [self.metadata.temperature], progress, cancel,
                                      keep_probabilities, [probability_sink])[0]
 
-    def channels_of(self, image: np.ndarray) -> np.ndarray:
-        """``image`` as the bundle's ``(K, z, y, x)`` channels (a view); a ``(z, y, x)`` volume is one channel.
+    def channels_of(self, image: np.ndarray, spacing: Sequence[float], slice_axis: int = 0) -> np.ndarray:
+        """``image`` as the bundle's ``(K, z, y, x)`` channels (a view), each checked as a volume of ``spacing`` with
+        ``slice_axis`` (:func:`~CalibSegLib.preprocessing.check_volume`); a ``(z, y, x)`` volume is one channel.
 
         Raises:
-            ValueError: the image has another number of channels than the bundle (one sentence naming them).
+            ValueError: the image has another number of channels than the bundle (one sentence naming them), or a
+                channel :func:`~CalibSegLib.preprocessing.check_volume` refuses.
         """
         if not isinstance(image, np.ndarray) or image.ndim not in (3, 4):
             check_volume(image)  # its sentence for a non-array or a wrong dimension
@@ -227,6 +229,8 @@ class Predictor:
             names = ", ".join(self.metadata.channel_names or ["image"])
             raise ValueError(f"The bundle takes {expected} channel(s) ({names}) but the image has {len(channels)}; "
                              f"give one {'(z, y, x) volume' if expected == 1 else f'({expected}, z, y, x) array'}.")
+        for channel in channels:
+            check_volume(channel, spacing, slice_axis=slice_axis)
         return channels
 
     def predict_variants(
@@ -247,9 +251,7 @@ class Predictor:
                                          probability_sinks)
         preprocessing = self.metadata.preprocessing
         axis = preprocessing.slice_axis
-        channels = self.channels_of(image)
-        for channel in channels:
-            check_volume(channel, spacing, slice_axis=axis)
+        channels = self.channels_of(image, spacing, axis)
         image = channels[0]  # the outputs' grid
         plane_spacing = in_plane_spacing(spacing, axis)
         in_plane_shape = tuple(size for index, size in enumerate(image.shape) if index != axis)
@@ -313,21 +315,18 @@ class Predictor:
         """:meth:`predict_variants` of a 3D network: the whole volume on the model's grid through 3D windows, then
         back to the input grid ``batch_size`` slices at a time (progress: 0.5 once the network has run)."""
         preprocessing = self.metadata.preprocessing
-        channels = self.channels_of(image)
-        for channel in channels:
-            check_volume(channel, spacing, slice_axis=0)
+        channels = self.channels_of(image, spacing)
         image = channels[0]  # the outputs' grid
         grid = volume_grid_shape(image.shape, [float(value) for value in spacing], preprocessing.target_spacing)
         sinks = _sinks(probability_sinks, temperatures)
-        intensities = channel_intensities(channels, preprocessing)
+        normalized = normalize_channels(channels, preprocessing)  # (K, z, y, x)
         if cancel is not None and cancel.is_set():
             raise InferenceCancelled("Inference was cancelled before the network ran.")
         window = self.metadata.sliding_window
         agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
-        volume = torch.from_numpy(np.stack([scale_intensity(channel, intensity) for channel, intensity
-                                            in zip(channels, intensities)]))[None]  # (1, K, z, y, x)
+        volume = torch.from_numpy(normalized)[None]  # (1, K, z, y, x)
         logits = self.network_logits(resample_volume(volume, grid), agreement)[0]  # (C, z', y', x') model grid
-        del volume
+        del volume, normalized
         if progress is not None:
             progress(0.5)
         predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities)
