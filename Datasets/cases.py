@@ -61,7 +61,6 @@ __all__ = [
     "DATASET_DESCRIPTION",
     "DatasetDescription",
     "read_dataset_description",
-    "dataset_class_names",
     "default_classes",
     "default_terminology",
     "dataset_name",
@@ -359,17 +358,10 @@ def read_dataset_description(folder: str | Path) -> DatasetDescription | None:
                               ending if isinstance(ending, str) else None, tests)
 
 
-def dataset_class_names(folder: str | Path) -> list[str] | None:
-    """The class names the ``dataset.json`` of ``folder`` gives, background (id 0) first; None without one
-    (:func:`read_dataset_description`)."""
-    description = read_dataset_description(folder)
-    return description.class_names if description is not None else None
-
-
 def default_classes(num_classes: int, dataset: str, names: Sequence[str] | None = None,
                     ) -> tuple[list[str], list[tuple[float, float, float]]]:
     """Class names and RGB colours in [0, 1]: ``names`` when given (a ``dataset.json``'s,
-    :func:`dataset_class_names`), ACDC's for ACDC data (``dataset`` ``acdc`` or ``acdc-sample``), else
+    :func:`read_dataset_description`), ACDC's for ACDC data (``dataset`` ``acdc`` or ``acdc-sample``), else
     ``class k``; colours from a fixed palette."""
     if names is None and dataset in (ACDC_DATASET, SAMPLE_DATASET) and num_classes == len(ACDC_CLASS_NAMES):
         return list(ACDC_CLASS_NAMES), list(ACDC_CLASS_COLORS)

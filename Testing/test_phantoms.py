@@ -11,7 +11,7 @@ import pytest
 
 from CalibSegLib.io import read_image
 from Datasets import phantoms
-from Datasets.cases import dataset_class_names
+from Datasets.cases import read_dataset_description
 from fault_checks import assert_one_sentence, tree_snapshot
 
 
@@ -23,7 +23,7 @@ def test_ct_phantom_is_a_decathlon_folder_in_hounsfield_units_with_anisotropic_s
     folder = phantoms.write_phantom(tmp_path / "ct", "ct", cases=5, seed=3)
     description = json.loads((folder / "dataset.json").read_text())
     assert description["modality"] == {"0": "CT"}
-    assert dataset_class_names(folder) == ["background", "liver", "spleen", "kidney"]
+    assert read_dataset_description(folder).class_names == ["background", "liver", "spleen", "kidney"]
     images = sorted((folder / "imagesTr").iterdir())
     assert [path.name for path in images] == [f"ct_{index:03d}_0000.nii.gz" for index in range(5)]
     spacings = []
