@@ -199,8 +199,9 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.runButton.toolTip = (("Segment every loaded volume in turn" if batch else
                                       "Segment the input with the bundle") if ready else
                                      "Select an input volume and a bundle")
-        # a batch takes every loaded volume and no reference
+        # a batch takes every loaded volume (a multi-channel model's grouped by name) and no reference
         self.ui.inputVolumeSelector.enabled = self.ui.referenceSelector.enabled = not batch
+        self.ui.channelsWidget.enabled = not batch
         self.ui.cancelButton.enabled = running
         self.ui.progressBar.visible = running
 

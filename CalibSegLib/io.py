@@ -52,6 +52,7 @@ __all__ = [
     "ImageGeometry",
     "read_image",
     "case_and_channel",
+    "group_channels",
     "read_channels",
     "write_image",
     "image_from_array",
@@ -562,6 +563,17 @@ def case_and_channel(stem: str) -> tuple[str, int | None]:
     a four-digit channel suffix."""
     match = _CHANNEL_FILE.match(stem)
     return (match.group(1), int(match.group(2))) if match else (stem, None)
+
+
+def group_channels(stems: "list[str] | tuple[str, ...]") -> list[tuple[str, dict[int, int]]]:
+    """The cases of images named by their stems, in the order each case first appears: its name and
+    ``{channel: position in stems}``. The ``<case>_0000`` ... ``_000K`` images of a case are one case; an image
+    without a channel suffix is a case of its own, ``{0: position}``, even beside a ``<stem>_0000`` image."""
+    cases: dict[tuple[str, bool], dict[int, int]] = {}
+    for position, stem in enumerate(stems):
+        case, channel = case_and_channel(stem)
+        cases.setdefault((case, channel is None), {})[channel or 0] = position
+    return [(case, channels) for (case, _), channels in cases.items()]
 
 
 def read_channels(paths: "list[Path] | tuple[Path, ...]") -> tuple[np.ndarray, ImageGeometry]:

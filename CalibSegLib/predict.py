@@ -64,6 +64,7 @@ from CalibSegLib.io import (
     check_output_file,
     check_output_folder,
     case_and_channel,
+    group_channels,
     image_stem,
     os_error_sentence,
     read_channels,
@@ -189,14 +190,9 @@ def folder_cases(folder: str | Path) -> list[list[Path]]:
     Raises:
         ValueError: the folder does not exist or holds no image.
     """
-    cases: dict[str, dict[int, Path]] = {}
-    for path in folder_images(folder):
-        case, channel = case_and_channel(image_stem(path))
-        if channel is None:
-            cases[image_stem(path)] = {0: path}
-        else:
-            cases.setdefault(case, {})[channel] = path
-    return [[channels[index] for index in sorted(channels)] for channels in cases.values()]
+    images = folder_images(folder)
+    return [[images[channels[index]] for index in sorted(channels)]
+            for _, channels in group_channels([image_stem(path) for path in images])]
 
 
 def batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:

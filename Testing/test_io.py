@@ -131,3 +131,13 @@ def test_write_refuses_unsupported_extension_and_non_3d_arrays(tmp_path):
 )
 def test_image_stem_drops_image_extensions(name, stem):
     assert image_stem(name) == stem
+
+
+def test_group_channels_gathers_a_cases_channel_images_in_order_of_first_appearance():
+    stems = ["b_0001", "a", "b_0000", "c_0002", "a_0000", "b_0003"]
+    assert image_io.group_channels(stems) == [
+        ("b", {1: 0, 0: 2, 3: 5}),  # a gap (no b_0002) is kept for the caller to name
+        ("a", {0: 1}),  # an image without a channel suffix is a case of its own, even beside a_0000
+        ("c", {2: 3}),
+        ("a", {0: 4}),
+    ]

@@ -11,6 +11,11 @@ The module's widget drives the same :class:`BatchJob` from its timer: :meth:`Bat
 publishes a case whose child has ended and starts the next, :attr:`BatchJob.fraction` and
 :attr:`BatchJob.status_text` feed the progress bar and its label, :meth:`BatchJob.finish` adds the summary table.
 
+With a bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) a case is the volumes named
+``<case>_0000`` ... ``<case>_000K`` (as Slicer names volumes loaded from nnU-Net-style files, and as
+``calibseg-predict --image-dir`` groups files), channel 0 first; a volume not named so, or a case missing a channel,
+is one sentence in its row.
+
 Each case runs as one :class:`~CalibSegRunner.job.InferenceJob` and is published as a single run's outputs are
 (segmentation, overlays, quality table, named after its volume). A case that fails — an input the library
 refuses, a child that dies — gets its sentence in its row and the others still run. Cancel ends the running child
@@ -49,12 +54,13 @@ def batch_volumes(scene) -> list:
 
 @dataclass(eq=False)  # a case is itself, even when a volume is given twice
 class BatchCase:
-    """One volume of a batch and how it ended: ``status`` is ``ok``, ``error: <sentence>`` or ``cancelled``
+    """One case of a batch and how it ended: ``status`` is ``ok``, ``error: <sentence>`` or ``cancelled``
     (``waiting`` / ``running`` before)."""
 
-    volume: object
+    volume: object  # its (first channel's) volume node: the grid and name of its outputs
     name: str
     status: str = _WAITING
+    channels: tuple = ()  # the volume nodes of a multi-channel bundle's further channels, in the bundle's order
     outputs: CalibSegOutputs | None = None  # the nodes published for it, when it was segmented
 
     @property
@@ -92,7 +98,7 @@ class BatchJob:
             raise ValueError("There is no volume to segment; load a scalar volume first.")
         self.runner, self.settings, self.python = runner, settings, python
         self.scene = volumes[0].GetScene()  # the summary table's
-        self.cases = [BatchCase(volume, volume.GetName()) for volume in volumes]
+        self.cases = _cases(volumes, list(settings.bundle.metadata.channel_names or ["image"]))
         self._job: InferenceJob | None = None
         self._running: BatchCase | None = None
         self._cancelled = False
@@ -125,7 +131,7 @@ class BatchJob:
         segmented = sum(case.status == OK for case in self.cases)
         cancelled = sum(case.status == CANCELLED for case in self.cases)
         failed = total - segmented - cancelled
-        parts = [f"{segmented} of {total} volumes segmented"] + [f"{count} {what}" for count, what in
+        parts = [f"{segmented} of {total} cases segmented"] + [f"{count} {what}" for count, what in
                                                                   ((failed, "failed"), (cancelled, "cancelled"))
                                                                   if count]
         return ", ".join(parts) + "."
@@ -192,7 +198,7 @@ class BatchJob:
             try:
                 if case.volume.GetScene() is not self.scene:
                     raise ValueError(f"The volume '{case.name}' was removed from the scene before its turn.")
-                request = self.runner.request(case.volume, self.settings)
+                request = self.runner.request(case.volume, self.settings, channelNodes=case.channels)
                 self._job = InferenceJob(self.runner, request, self.python).start()
             except ValueError as error:
                 case.status = f"error: {error}"
@@ -218,6 +224,32 @@ class BatchJob:
             case.status = f"error: {error}"
         except OSError as error:
             case.status = f"error: {os_error_sentence(error)}"
+
+
+def _cases(volumes: list, channel_names: list[str]) -> list[BatchCase]:
+    """The batch's cases: each volume alone for a one-channel bundle; else the volumes grouped by their names'
+    ``_000K`` suffixes (:func:`CalibSegLib.io.group_channels`), a case without exactly channels 0 ... K - 1 already
+    failed with its sentence."""
+    from CalibSegLib.io import case_and_channel, group_channels
+
+    if len(channel_names) == 1:
+        return [BatchCase(volume, volume.GetName()) for volume in volumes]
+    expected = list(range(len(channel_names)))
+    wanted = (f"the model reads {len(channel_names)} channels ({', '.join(channel_names)}) from volumes named "
+              f"<case>_0000 to <case>_{expected[-1]:04d}, in that order")
+    cases = []
+    for name, channels in group_channels([volume.GetName() for volume in volumes]):
+        nodes = [volumes[channels[index]] for index in sorted(channels)]
+        case = BatchCase(nodes[0], name, channels=tuple(nodes[1:]))
+        if case_and_channel(nodes[0].GetName())[1] is None:
+            case.status = (f"error: '{name}' is not named as a channel of a case, but {wanted}; rename the volumes, "
+                           "or segment the case alone with one volume per channel.")
+        elif sorted(channels) != expected:
+            found = ", ".join(f"{index:04d}" for index in sorted(channels))
+            case.status = (f"error: Case '{name}' has the channel volume(s) {found}, but {wanted}; load the missing "
+                           "ones, or segment the case alone with one volume per channel.")
+        cases.append(case)
+    return cases
 
 
 def run_batch(volumeNodes: Sequence, bundlePath, device: str = "auto", lowConfidenceThreshold: float | None = None,

@@ -668,7 +668,7 @@ def check_a_batch_segments_every_loaded_volume_and_reports_the_one_that_fails(sc
     assert {round(value, 6) for value in fractions} >= {0.0, round(1 / 3, 6), round(2 / 3, 6), 1.0}, fractions
     shown = list(dict.fromkeys(texts))
     assert shown[:3] == ["case 1 of 3: first", "case 2 of 3: constant", "case 3 of 3: second"], shown
-    assert shown[-1] == "2 of 3 volumes segmented, 1 failed.", shown
+    assert shown[-1] == "2 of 3 cases segmented, 1 failed.", shown
 
     statuses = [case.status for case in outputs.cases]
     assert statuses[0] == statuses[2] == OK, statuses
@@ -705,6 +705,43 @@ def check_a_batch_segments_every_loaded_volume_and_reports_the_one_that_fails(sc
     assert slicer.util.arrayFromVolume(outputs.cases[2].outputs.confidence).shape == (6, 48, 40)
 
 
+def check_a_batch_with_a_multichannel_bundle_reads_each_case_from_its_channel_volumes(scene, work_dir: Path) -> None:
+    """A two-channel bundle: ``a_0000`` and ``a_0001`` are one case, loaded in any order and segmented as a run given
+    both channels is; ``b_0000`` without its second channel, and a volume not named as a channel, each fail with
+    their sentence."""
+    import slicer
+
+    from CalibSegLib.inference import Predictor
+
+    first, second = _phantom()[0], _phantom(seed=1)[0]
+    channel_0 = make_volume_node(scene, first, "a_0000")
+    make_volume_node(scene, first, "b_0000")
+    channel_1 = make_volume_node(scene, second, "a_0001")
+    make_volume_node(scene, second, "T2")
+    bundle_path = _bundle(work_dir, in_channels=2, channel_names=["T1", "T2"])
+    runner = SegmentationRunner()
+    job = BatchJob(runner, batch_volumes(scene), runner.settings(bundle_path)).start()
+    assert job.wait(timeout=300), "the batch did not end"
+    outputs = job.finish()
+
+    assert [case.name for case in outputs.cases] == ["a", "b", "T2"], [case.name for case in outputs.cases]
+    statuses = [case.status for case in outputs.cases]
+    assert statuses[0] == OK and outputs.cases[0].channels == (channel_1,), statuses
+    wanted = ("the model reads 2 channels (T1, T2) from volumes named <case>_0000 to <case>_0001, in that order; ")
+    assert statuses[1] == (f"error: Case 'b' has the channel volume(s) 0000, but {wanted}load the missing ones, or "
+                           "segment the case alone with one volume per channel."), statuses[1]
+    assert statuses[2] == (f"error: 'T2' is not named as a channel of a case, but {wanted}rename the volumes, or "
+                           "segment the case alone with one volume per channel."), statuses[2]
+    assert job.status_text == "1 of 3 cases segmented, 2 failed.", job.status_text
+    assert [row["case"] for row in outputs.rows] == ["a", "b", "T2"]
+    expected = Predictor(bundle_path, device="cpu").predict(np.stack([first, second]),
+                                                            tuple(reversed(SPACING_XYZ))).labels
+    segmentation = outputs.cases[0].outputs.segmentation
+    for label in range(1, NUM_CLASSES):
+        mask = slicer.util.arrayFromSegmentBinaryLabelmap(segmentation, _segment_id(segmentation, label), channel_0)
+        np.testing.assert_array_equal(mask > 0, expected == label)
+
+
 def check_cancelling_a_batch_keeps_the_finished_cases_outputs(scene, work_dir: Path) -> None:
     """Cancel as the second case starts: its child ends, the third never starts; the first case's outputs and the
     summary table (the others ``cancelled``) are all the batch added."""
@@ -726,7 +763,7 @@ def check_cancelling_a_batch_keeps_the_finished_cases_outputs(scene, work_dir: P
     assert not [name for name in added if name.startswith(("interrupted", "not started"))], added
     assert {f"finished {suffix}" for suffix in ("CalibSeg segmentation", "confidence", "uncertainty",
                                                 "CalibSeg quality")} | {BATCH_TABLE_NAME} <= added, added
-    assert job.status_text == "1 of 3 volumes segmented, 2 cancelled.", job.status_text
+    assert job.status_text == "1 of 3 cases segmented, 2 cancelled.", job.status_text
 
 
 def check_a_batch_case_whose_child_dies_is_one_sentence_and_the_others_run(scene, work_dir: Path) -> None:
