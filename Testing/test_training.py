@@ -21,7 +21,7 @@ from Datasets.cases import ACDC_TERMINOLOGY, DataError, find_cases, load_cases
 from Datasets.splits import SPLITS_DIR, load_split, make_split
 from Training.distributed import SINGLE_PROCESS
 from Training.records import RunSummary
-from Training.trainer import TrainConfig, Trainer
+from Training.trainer import TrainConfig, Trainer, spacing_text
 
 TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
 
@@ -438,3 +438,8 @@ def test_3d_flags_that_do_not_fit_are_refused_in_one_sentence(ct_phantom, tmp_pa
     with pytest.raises(SystemExit, match=message) as stopped:
         train_cli.main(["--data", str(ct_phantom), *flags, "--out", str(tmp_path / "run")])
     assert "\n" not in str(stopped.value) and not (tmp_path / "run").exists()
+
+
+def test_the_start_line_shows_a_spacing_to_three_significant_digits():
+    assert spacing_text((1.5, 1.5)) == "1.5"
+    assert spacing_text((3.67805, 0.834099, 0.834099)) == "3.68×0.834×0.834"

@@ -108,8 +108,9 @@ class EpochStatistics:
 
 
 def spacing_text(spacing: tuple[float, ...]) -> str:
-    """``1.5`` for an isotropic spacing in mm, ``3.9×0.815×0.815`` for any other (as the console shows it)."""
-    values = [f"{value:g}" for value in spacing]
+    """``1.5`` for an isotropic spacing in mm, ``3.68×0.834×0.834`` for any other (as the console shows it: three
+    significant digits, as the plan prints it)."""
+    values = [f"{value:.3g}" for value in spacing]
     return values[0] if len(set(values)) == 1 else "×".join(values)
 
 
