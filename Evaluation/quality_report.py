@@ -131,11 +131,15 @@ def quality_statistics(rows: Sequence[dict[str, float]], class_names: Sequence[s
 
 
 def degraded_images(cases: Sequence[Case], degradation: str) -> Iterator[np.ndarray]:
-    """Each case's image ``(z, y, x)`` float32 after ``degradation``; the noise generator starts again from
-    :data:`NOISE_SEED` for every call, so the same cases always give the same copies."""
+    """Each case's image ``(z, y, x)`` or ``(K, z, y, x)`` float32 after ``degradation``, each channel on its own
+    range (a T1 beside a FLAIR, or a CT in HU, would otherwise be inverted or scaled by the others' range); the
+    noise generator starts again from :data:`NOISE_SEED` for every call, so the same cases always give the same
+    copies."""
     rng = np.random.default_rng(NOISE_SEED)
+    degrade = DEGRADATIONS[degradation]
     for case in cases:
-        yield DEGRADATIONS[degradation](case.image.astype(np.float32), rng)
+        image = case.image.astype(np.float32)
+        yield degrade(image, rng) if image.ndim == 3 else np.stack([degrade(channel, rng) for channel in image])
 
 
 def degraded_rows(predictor: Predictor, cases: Sequence[Case], degradation: str) -> list[dict[str, float]]:

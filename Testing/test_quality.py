@@ -662,3 +662,20 @@ def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_i
     lines = tables_cli([str(tmp_path / "summary.json")])
     assert sum(line.startswith("| acdc_ce_dice | ") for line in lines) == 4 + 3  # 3 structures + all; 3 inputs
     assert any(line.startswith("| acdc_ce_dice | contrast inversion | ") and " 6 / 6 " in line for line in lines)
+
+
+def test_degraded_copies_of_a_multichannel_image_are_made_channel_by_channel():
+    from types import SimpleNamespace
+
+    from Evaluation.quality_report import degraded_images
+
+    rng = np.random.default_rng(0)
+    wide = rng.uniform(0.0, 1000.0, (3, 8, 8)).astype(np.float32)
+    narrow = rng.uniform(0.0, 10.0, (3, 8, 8)).astype(np.float32)
+    case = SimpleNamespace(image=np.stack([wide, narrow]))
+    (inverted,) = degraded_images([case], "contrast inversion")
+    np.testing.assert_allclose(inverted[1], narrow.max() + narrow.min() - narrow, rtol=1e-6)
+    (gamma,) = degraded_images([case], "gamma 3")
+    assert gamma[1].min() >= narrow.min() - 1e-4 and gamma[1].max() <= narrow.max() + 1e-4
+    (noisy,) = degraded_images([case], "noise 10 %")
+    assert 0.5 < float(np.std(noisy[1] - narrow)) < 1.5  # 10 % of the narrow channel's own range, not the wide one's
