@@ -7,9 +7,11 @@ every training volume. It compares one volume (and the model's prediction on it)
 :class:`InputStatistics`, stored in ``bundle.json`` as ``input_statistics`` and computed by
 :func:`fit_input_statistics` from the training volumes and their reference labels.
 
-What is compared (:func:`observe_volume`; every intensity after the bundle's own intensity
-normalisation, :func:`~CalibSegLib.preprocessing.normalize_intensity`, so a raw scanner file and a
-volume stored already scaled to [0, 1] give the same numbers — the ones the network sees):
+What is compared (:func:`observe_volume`; every channel after the bundle's own intensity
+normalisation, :func:`~CalibSegLib.preprocessing.normalize_channels`, the numbers the network sees: an
+MRI channel scaled per image, so a raw scanner file and a volume stored already scaled to [0, 1] give the
+same numbers; a CT channel by its fixed Hounsfield window, so a CT whose rescale intercept was lost, every
+value 1024 too high, is unlike its training CTs although its histogram has their shape):
 
 - ``intensity``: the :data:`QUANTILE_LEVELS` quantiles of the whole normalised volume (the shape of
   its histogram). Cine MRI is mostly dark with bright blood; an inverted copy, a CT in Hounsfield
@@ -36,16 +38,18 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from CalibSegLib.preprocessing import as_channels, in_plane_spacing, normalize_intensity
+from CalibSegLib.preprocessing import Preprocessing, in_plane_spacing, normalize_channels
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
 
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
            "InputStatistics", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS",
-           "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED"]
+           "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED", "OUTDATED"]
 
-INPUT_STATISTICS_VERSION = 1
+# 2: each channel scaled as the network sees it. Version 1 scaled every channel per image (the percentile scheme),
+# which is the same thing for a bundle whose channels all use that scheme (every ACDC bundle), and not otherwise.
+INPUT_STATISTICS_VERSION = 2
 QUANTILE_LEVELS: tuple[float, ...] = (0.05, 0.25, 0.50, 0.75, 0.95)
 # The families of statistics, each with one threshold on its excursion.
 FAMILIES: tuple[str, ...] = ("intensity", "structure_intensity", "structure_volume", "geometry")
@@ -57,6 +61,9 @@ THRESHOLDS: dict[str, float] = {"intensity": 0.08, "structure_intensity": 0.05, 
 _MAX_STRUCTURES = 255  # labels are uint8
 NOT_CHECKED = ("input not checked: this bundle stores no statistics of its training inputs "
                "(add them with python -m Training.fit_input_check --bundle <bundle>)")
+OUTDATED = ("input not checked: this bundle's statistics of its training inputs scaled its CT or z-scored channels "
+            "per image, not as the network sees them (refit them with python -m Training.fit_input_check "
+            "--bundle <bundle>)")
 
 
 class InputStatisticsError(ValueError):
@@ -82,8 +89,7 @@ class VolumeObservation:
 
 
 def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float], labels: np.ndarray,
-                   class_names: Sequence[str], normalization: str = "percentile", upper_percentile: float = 99.0,
-                   slice_axis: int = 0) -> VolumeObservation:
+                   class_names: Sequence[str], preprocessing: Preprocessing | None = None) -> VolumeObservation:
     """The statistics of one volume and its label map.
 
     Args:
@@ -92,10 +98,12 @@ def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequenc
         spacing: its ``(z, y, x)`` voxel size in mm.
         labels: ``(z, y, x)`` integer labels on the same grid: the reference when fitting, the
             prediction when checking; class ``k`` is ``class_names[k]``, 0 the background.
-        normalization, upper_percentile, slice_axis: the bundle's :class:`~CalibSegLib.preprocessing.Preprocessing`.
+        preprocessing: the bundle's :class:`~CalibSegLib.preprocessing.Preprocessing` (default: each channel
+            scaled per image to [min, p99], slices along axis 0).
     """
-    volumes = list(as_channels(channels)) if isinstance(channels, np.ndarray) else list(channels)
-    normalized = [normalize_intensity(volume, normalization, upper_percentile) for volume in volumes]
+    preprocessing = preprocessing or Preprocessing()
+    image = channels if isinstance(channels, np.ndarray) else np.stack(list(channels))
+    normalized = normalize_channels(image, preprocessing)
     quantiles = np.stack([np.quantile(volume, QUANTILE_LEVELS) for volume in normalized]).astype(np.float64)
     voxel_ml = float(np.prod([float(value) for value in spacing])) / 1000.0
     intensity: dict[str, float | None] = {}
@@ -105,8 +113,8 @@ def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequenc
         count = int(np.count_nonzero(mask))
         volume_ml[name] = count * voxel_ml
         intensity[name] = float(np.median(normalized[0][mask])) if count else None
-    pixel = in_plane_spacing(spacing, slice_axis)
-    shape = [size for axis, size in enumerate(labels.shape) if axis != slice_axis]
+    pixel = in_plane_spacing(spacing, preprocessing.slice_axis)
+    shape = [size for axis, size in enumerate(labels.shape) if axis != preprocessing.slice_axis]
     return VolumeObservation(quantiles, intensity, volume_ml, pixel,
                              (shape[0] * pixel[0], shape[1] * pixel[1]))
 
@@ -168,8 +176,8 @@ class InputStatistics:
         if set(values) != expected:
             wrong = sorted(set(values) ^ expected)
             raise InputStatisticsError(f"its fields must be {', '.join(sorted(expected))} (wrong: {', '.join(wrong)})")
-        if values["version"] != INPUT_STATISTICS_VERSION:
-            raise InputStatisticsError(f"version {values['version']!r} is not {INPUT_STATISTICS_VERSION}")
+        if values["version"] not in (1, INPUT_STATISTICS_VERSION):
+            raise InputStatisticsError(f"version {values['version']!r} is not 1 or {INPUT_STATISTICS_VERSION}")
         if values["quantile_levels"] != list(QUANTILE_LEVELS):
             raise InputStatisticsError(f"quantile_levels must be {list(QUANTILE_LEVELS)}")
         intensity = values["intensity"]
@@ -246,10 +254,8 @@ def statistics_of_cases(metadata: "BundleMetadata", cases: Sequence[Any],
                         thresholds: Mapping[str, float] = THRESHOLDS) -> dict[str, Any]:
     """``bundle.json``'s ``input_statistics`` from a bundle's training ``cases`` (each with ``image``, ``label``
     and ``spacing`` (z, y, x) mm, as :class:`Datasets.cases.Case`), under the bundle's preprocessing."""
-    preprocessing = metadata.preprocessing
     observations = [observe_volume(case.image, case.spacing, case.label, metadata.class_names,
-                                   preprocessing.normalization, preprocessing.upper_percentile,
-                                   preprocessing.slice_axis) for case in cases]
+                                   metadata.preprocessing) for case in cases]
     return fit_input_statistics(observations, thresholds).to_dict()
 
 
@@ -343,8 +349,10 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
         return {"suitable": None, "reasons": [], "note": NOT_CHECKED}
     statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels)
     preprocessing = metadata.preprocessing
-    observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing.normalization,
-                                 preprocessing.upper_percentile, preprocessing.slice_axis)
+    if metadata.input_statistics["version"] == 1 and any(
+            channel.scheme != "percentile" for channel in preprocessing.channel_normalization or ()):
+        return {"suitable": None, "reasons": [], "note": OUTDATED}
+    observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing)
     reasons = input_reasons(statistics, observation)
     return {"suitable": not reasons, "reasons": reasons}
 

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import zipfile
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -102,6 +103,34 @@ def test_a_bundle_without_statistics_is_not_checked():
     assert input_check_lines(check) == [check["note"]]
 
 
+def _ct_case(seed: int, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_case`'s discs as a CT in HU: air (-1000) around fat, muscle and a contrast-filled cavity."""
+    image, labels = _case(seed)
+    hounsfield = np.array([-1000.0, -100.0, 50.0, 200.0])[labels] + (image - np.array([0.1, 0.5, 0.3, 0.8])[labels]) * 300
+    return (hounsfield + shift).astype(np.float32), labels
+
+
+def test_a_ct_channel_is_checked_in_its_hounsfield_window_so_a_lost_rescale_intercept_is_caught():
+    from CalibSegLib.input_check import OUTDATED, statistics_of_cases
+    from CalibSegLib.preprocessing import ChannelNormalization, Preprocessing
+
+    window = Preprocessing(channel_normalization=[ChannelNormalization("ct", (-150.0, 250.0), 40.0, 110.0)])
+    metadata = make_test_metadata(channel_names=["CT"], preprocessing=window)
+    cases = [SimpleNamespace(image=image, label=labels, spacing=SPACING) for image, labels in map(_ct_case, range(4))]
+    metadata = dataclasses.replace(metadata, input_statistics=statistics_of_cases(metadata, cases))
+    image, labels = _ct_case(9)
+    lost_intercept = image + 1024.0  # stored values, the -1024 HU rescale intercept not applied
+    assert check_input(metadata, image, SPACING, labels) == {"suitable": True, "reasons": []}
+    check = check_input(metadata, lost_intercept, SPACING, labels)
+    assert check["suitable"] is False and "intensit" in check["reasons"][0], check
+    # scaled per image, as the version-1 statistics did, the shifted CT is indistinguishable from the clean one
+    np.testing.assert_allclose(observe_volume(lost_intercept, SPACING, labels, NAMES).quantiles,
+                               observe_volume(image, SPACING, labels, NAMES).quantiles, atol=1e-5)
+    outdated = dataclasses.replace(metadata, input_statistics={**metadata.input_statistics, "version": 1})
+    assert check_input(outdated, lost_intercept, SPACING, labels) == {"suitable": None, "reasons": [],
+                                                                       "note": OUTDATED}
+
+
 def _stored(tmp_path, **sections) -> dict:
     path = make_test_bundle(tmp_path / "model.calibseg")
     bundle = load_bundle(path)
@@ -125,6 +154,7 @@ def _with_metadata(tmp_path, values: dict, weights: bytes):
     (lambda s: s.update(intensity=[[[0.0, 1.0]]]), "intensity must hold"),
     (lambda s: s.update(extra=1), "wrong: extra"),
     (lambda s: s.update(volumes=0), "volumes must be a positive integer"),
+    (lambda s: s.update(version=3), "version 3 is not 1 or 2"),
 ])
 def test_malformed_input_statistics_are_refused_in_one_sentence(tmp_path, edit, message):
     values, weights = _stored(tmp_path, input_statistics=_statistics().to_dict())

@@ -106,13 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels)
     cases = load_cases(select_patients(files, patients[arguments.split]), metadata.num_classes)
     predictor = Predictor(bundle, device=arguments.device)
-    preprocessing = metadata.preprocessing
     counts: dict[str, list[int]] = {}
     print("kind | input | " + " | ".join(FAMILIES) + " | suitable")
     for kind, name, image, spacing in inputs(cases, arguments.split):
         labels = predictor.predict(image, spacing).labels
-        observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing.normalization,
-                                     preprocessing.upper_percentile, preprocessing.slice_axis)
+        observation = observe_volume(image, spacing, labels, metadata.class_names, metadata.preprocessing)
         values = excursions(statistics, observation)
         suitable = not input_reasons(statistics, observation)
         counts.setdefault(kind, [0, 0])
