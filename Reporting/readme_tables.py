@@ -140,7 +140,7 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
 
         def flagged(statistics: dict) -> str:
             others = statistics["flagged"] - statistics["flagged_poor"]
-            return f"{statistics['flagged_poor']} of {statistics['poor']} poor, {others} others"
+            return f"{statistics['flagged_poor']} of {statistics['poor']} poor, {others} other{'' if others == 1 else 's'}"
 
         rows.append(f"| `{model}` | " + " | ".join(
             f"{clean[name]['spearman']:+.2f} / {clean[name]['mae']:.3f}" for name in structures)
@@ -153,7 +153,7 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
             "flagged, degraded copies |", "|---" * (len(header) + 4) + "|", *rows, "",
             f"ρ: Spearman between predicted and measured Dice over the test volumes; MAE: their mean absolute "
             f"difference; poor: measured Dice below {POOR_BELOW:.2f}; flagged: predicted Dice below the model's review "
-            "threshold (chosen on out-of-fold patients where docs/results.md says so, else 0.80) or the structure "
+            "threshold (each shipped model's chosen on out-of-fold patients by the rule in docs/results.md) or the structure "
             "predicted nowhere; others: flagged structures that are not poor. Degraded copies: the test volumes "
             "contrast-inverted, at gamma 3 and with "
             "10 % noise, pooled."]

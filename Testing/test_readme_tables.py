@@ -107,7 +107,7 @@ def test_shipped_quality_table_from_the_recorded_quality_report(tmp_path):
     lines = readme_tables.shipped_quality_table([tmp_path / "tiny.metrics.json"])
     assert lines[0] == ("| Model | right ventricle: ρ / MAE | myocardium: ρ / MAE | review below | flagged, test volumes | "
                         "flagged, degraded copies |")
-    assert lines[2] == "| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 0.86 | 5 of 8 poor, 1 others | 37 of 40 poor, 1 others |"
+    assert lines[2] == "| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 0.86 | 5 of 8 poor, 1 other | 37 of 40 poor, 1 other |"
     assert "poor: measured Dice below 0.80;" in lines[-1]  # poor is fixed, whatever the model's threshold
 
     report = readme_tables.shipped_quality_report([tmp_path / "tiny.metrics.json"])
