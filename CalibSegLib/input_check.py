@@ -7,11 +7,11 @@ every training volume. It compares one volume (and the model's prediction on it)
 :class:`InputStatistics`, stored in ``bundle.json`` as ``input_statistics`` and computed by
 :func:`fit_input_statistics` from the training volumes and their reference labels.
 
-What is compared (:func:`observe_volume`; every channel after the bundle's own intensity
-normalisation, :func:`~CalibSegLib.preprocessing.normalize_channels`, the numbers the network sees: an
-MRI channel scaled per image, so a raw scanner file and a volume stored already scaled to [0, 1] give the
-same numbers; a CT channel by its fixed Hounsfield window, so a CT whose rescale intercept was lost, every
-value 1024 too high, is unlike its training CTs although its histogram has their shape):
+What is compared (:func:`observe_volume`; every channel scaled to [0, 1] as the network's input is clipped,
+:func:`check_intensities`: an MRI channel over its own [min, p99], so a raw scanner file and a volume stored
+already scaled to [0, 1] give the same numbers; a CT channel over its fixed training Hounsfield window, so a CT
+whose rescale intercept was lost, every value 1024 too high, is unlike its training CTs although its histogram
+has their shape. The unit is a share of that range, the one the thresholds were decided in):
 
 - ``intensity``: the :data:`QUANTILE_LEVELS` quantiles of the whole normalised volume (the shape of
   its histogram). Cine MRI is mostly dark with bright blood; an inverted copy, a CT in Hounsfield
@@ -38,17 +38,17 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from CalibSegLib.preprocessing import Preprocessing, in_plane_spacing, normalize_channels
+from CalibSegLib.preprocessing import Preprocessing, as_channels, in_plane_spacing, intensity_range, scale_intensity
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
 
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
-           "InputStatistics", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS",
+           "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS",
            "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED", "OUTDATED"]
 
-# 2: each channel scaled as the network sees it. Version 1 scaled every channel per image (the percentile scheme),
-# which is the same thing for a bundle whose channels all use that scheme (every ACDC bundle), and not otherwise.
+# 2: a CT channel scaled over its training window (check_intensities). Version 1 scaled every channel per image,
+# which is the same thing for a bundle without a CT channel (every ACDC bundle), and not otherwise.
 INPUT_STATISTICS_VERSION = 2
 QUANTILE_LEVELS: tuple[float, ...] = (0.05, 0.25, 0.50, 0.75, 0.95)
 # The families of statistics, each with one threshold on its excursion.
@@ -61,9 +61,8 @@ THRESHOLDS: dict[str, float] = {"intensity": 0.08, "structure_intensity": 0.05, 
 _MAX_STRUCTURES = 255  # labels are uint8
 NOT_CHECKED = ("input not checked: this bundle stores no statistics of its training inputs "
                "(add them with python -m Training.fit_input_check --bundle <bundle>)")
-OUTDATED = ("input not checked: this bundle's statistics of its training inputs scaled its CT or z-scored channels "
-            "per image, not as the network sees them (refit them with python -m Training.fit_input_check "
-            "--bundle <bundle>)")
+OUTDATED = ("input not checked: this bundle's statistics of its training inputs scaled its CT channels per image, "
+            "not over their Hounsfield window (refit them with python -m Training.fit_input_check --bundle <bundle>)")
 
 
 class InputStatisticsError(ValueError):
@@ -88,6 +87,20 @@ class VolumeObservation:
     field_of_view_mm: tuple[float, float]
 
 
+def check_intensities(image: np.ndarray, preprocessing: Preprocessing) -> np.ndarray:
+    """The ``(K, z, y, x)`` float32 channels of a ``(z, y, x)`` or ``(K, z, y, x)`` volume in the units the check
+    compares, [0, 1]: a ``"ct"`` channel clipped to its training window (the clip the network's input gets, before
+    its z-score, which would make the unit one foreground sd, a few HU), every other channel over its own
+    ``preprocessing.normalization`` range (the network z-scores a ``"zscore"`` channel per image instead: the same
+    shape of histogram, in other units)."""
+    channels = as_channels(image)
+    schemes = preprocessing.channel_normalization or [None] * len(channels)
+    return np.stack([scale_intensity(channel, scheme.clip if scheme is not None and scheme.scheme == "ct" else
+                                     intensity_range(channel, preprocessing.normalization,
+                                                     preprocessing.upper_percentile))
+                     for channel, scheme in zip(channels, schemes)])
+
+
 def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float], labels: np.ndarray,
                    class_names: Sequence[str], preprocessing: Preprocessing | None = None) -> VolumeObservation:
     """The statistics of one volume and its label map.
@@ -103,7 +116,7 @@ def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequenc
     """
     preprocessing = preprocessing or Preprocessing()
     image = channels if isinstance(channels, np.ndarray) else np.stack(list(channels))
-    normalized = normalize_channels(image, preprocessing)
+    normalized = check_intensities(image, preprocessing)
     quantiles = np.stack([np.quantile(volume, QUANTILE_LEVELS) for volume in normalized]).astype(np.float64)
     voxel_ml = float(np.prod([float(value) for value in spacing])) / 1000.0
     intensity: dict[str, float | None] = {}
@@ -350,7 +363,7 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
     statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels)
     preprocessing = metadata.preprocessing
     if metadata.input_statistics["version"] == 1 and any(
-            channel.scheme != "percentile" for channel in preprocessing.channel_normalization or ()):
+            channel.scheme == "ct" for channel in preprocessing.channel_normalization or ()):
         return {"suitable": None, "reasons": [], "note": OUTDATED}
     observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing)
     reasons = input_reasons(statistics, observation)

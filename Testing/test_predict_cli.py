@@ -290,6 +290,8 @@ def test_image_dir_writes_every_case_and_one_table(case, tmp_path, capsys):
     assert [row["case"] for row in rows] == ["a", "b", "c"] and {row["status"] for row in rows} == {"ok"}
     summary = json.loads((out / "b_summary.json").read_text())
     assert float(rows[1]["volume_ml_class_1"]) == pytest.approx(summary["structures"]["class 1"]["volume_ml"])
+    assert rows[1]["input_check"] == (summary["input_check"]["note"] if summary["input_check"]["suitable"] is None
+                                      else "input suitable: like the model's training volumes")
     assert "table: " in capsys.readouterr().out
 
 

@@ -261,19 +261,19 @@ def add_reliability_plot(scene, name: str, reliability):
 
 
 # Text columns of a batch row (CalibSegLib.predict.batch_row); every other column is a number.
-BATCH_TEXT_COLUMNS = ("case", "status")
+BATCH_TEXT_COLUMNS = ("case", "status", "input_check")
 
 
 def batch_columns(rows: Sequence[dict]) -> dict[str, list]:
     """Columns of a batch's summary table, one row per case: every key of
-    :func:`CalibSegLib.predict.batch_row`'s rows in their order (as ``predictions.csv`` has them), the review flag
-    as :data:`REVIEW_MARKERS` text (empty for a case that was not segmented), the numbers NaN where a case has
-    none (it failed, or its summary holds null)."""
+    :func:`CalibSegLib.predict.batch_row`'s rows in their order (as ``predictions.csv`` has them): case, status and
+    input check as text, the review flag as :data:`REVIEW_MARKERS` text (both empty for a case that was not
+    segmented), the numbers NaN where a case has none (it failed, or its summary holds null)."""
     keys = list(dict.fromkeys(key for row in rows for key in row))
     columns: dict[str, list] = {}
     for key in keys:
         if key in BATCH_TEXT_COLUMNS:
-            columns[key] = [str(row[key]) for row in rows]
+            columns[key] = [str(row.get(key, "")) for row in rows]  # a failed case has no input check
         elif key == "review":
             columns[key] = [REVIEW_MARKERS[row[key]] if key in row else "" for row in rows]
         else:

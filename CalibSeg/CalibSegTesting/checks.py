@@ -691,6 +691,8 @@ def check_a_batch_segments_every_loaded_volume_and_reports_the_one_that_fails(sc
     assert outputs.rows == expected and list(columns) == list(expected[0]), list(columns)
     assert columns["case"] == ["first", "constant", "second"] and columns["status"] == statuses
     assert columns["review"] == ["REVIEW", "", "REVIEW"], columns["review"]  # class 1 is always flagged
+    assert columns["input_check"][1] == "" and all(  # the tiny bundle stores no training statistics
+        columns["input_check"][row].startswith("input not checked") for row in (0, 2)), columns["input_check"]
     for name in ("class 1", "class 2", "class 3"):
         key = structure_key(name)
         for column, field in ((f"volume_ml_{key}", "volume_ml"), (f"predicted_dice_{key}", "predicted_dice")):
