@@ -292,10 +292,14 @@ class _Finding:
     sentence: str
 
 
-def _findings(statistics: InputStatistics, observation: VolumeObservation) -> dict[str, _Finding]:
+def _findings(statistics: InputStatistics, observation: VolumeObservation,
+              channel_names: Sequence[str] | None = None) -> dict[str, _Finding]:
+    channels = len(statistics.intensity)
+    names = list(channel_names or [f"channel {index + 1}" for index in range(channels)])
+    where = [f"{name}: " if channels > 1 else "" for name in names]  # one channel needs no name
     intensity = max(
         (_Finding(_outside(value, bounds),
-                  f"Its intensity histogram is unlike every training volume's (channel {channel + 1}: the "
+                  f"Its intensity histogram is unlike every training volume's ({where[channel]}the "
                   f"{level:.0%} quantile is {value:.2f} of the normalised range, training volumes "
                   f"{bounds[0]:.2f}–{bounds[1]:.2f}): another contrast, modality or an inverted image?")
          for channel, (values, ranges) in enumerate(zip(observation.quantiles, statistics.intensity))
@@ -338,9 +342,11 @@ def excursions(statistics: InputStatistics, observation: VolumeObservation) -> d
     return {family: finding.excursion for family, finding in _findings(statistics, observation).items()}
 
 
-def input_reasons(statistics: InputStatistics, observation: VolumeObservation) -> list[str]:
-    """One sentence per family whose excursion exceeds its threshold, in :data:`FAMILIES` order."""
-    return [finding.sentence for family, finding in _findings(statistics, observation).items()
+def input_reasons(statistics: InputStatistics, observation: VolumeObservation,
+                  channel_names: Sequence[str] | None = None) -> list[str]:
+    """One sentence per family whose excursion exceeds its threshold, in :data:`FAMILIES` order; a model of several
+    channels names the channel (``channel_names``, the bundle's, e.g. FLAIR; default ``channel 1`` ...)."""
+    return [finding.sentence for family, finding in _findings(statistics, observation, channel_names).items()
             if finding.excursion > statistics.thresholds[family]]
 
 
@@ -366,7 +372,7 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
             channel.scheme == "ct" for channel in preprocessing.channel_normalization or ()):
         return {"suitable": None, "reasons": [], "note": OUTDATED}
     observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing)
-    reasons = input_reasons(statistics, observation)
+    reasons = input_reasons(statistics, observation, metadata.channel_names)
     return {"suitable": not reasons, "reasons": reasons}
 
 

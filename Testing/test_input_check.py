@@ -220,3 +220,20 @@ def test_refit_stores_statistics_and_keeps_weights_and_predictions(tmp_path, sam
                           Predictor(after, device="cpu").predict(case.image, case.spacing).labels)
     # A training volume with its own reference labels lies inside the ranges it helped make.
     assert check_input(after.metadata, case.image, case.spacing, case.label) == {"suitable": True, "reasons": []}
+
+
+def test_a_multichannel_models_reason_names_the_channel_that_is_unlike_training():
+    from CalibSegLib.input_check import statistics_of_cases
+
+    metadata = make_test_metadata(in_channels=2, channel_names=["T1", "FLAIR"])
+    cases = [SimpleNamespace(image=np.stack([image, image]), label=labels, spacing=SPACING)
+             for image, labels in map(_case, range(4))]
+    metadata = dataclasses.replace(metadata, input_statistics=statistics_of_cases(metadata, cases))
+    image, labels = _case(9)
+    assert check_input(metadata, np.stack([image, image]), SPACING, labels)["suitable"] is True
+    check = check_input(metadata, np.stack([image, image.max() + image.min() - image]), SPACING, labels)
+    assert check["suitable"] is False and check["reasons"][0].startswith(
+        "Its intensity histogram is unlike every training volume's (FLAIR: the "), check["reasons"]
+    # one channel needs no name
+    single = check_input(_metadata_with_statistics(_statistics()), image.max() + image.min() - image, SPACING, labels)
+    assert single["reasons"][0].startswith("Its intensity histogram is unlike every training volume's (the "), single
