@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
 
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
-           "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases", "THRESHOLDS",
-           "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED", "OUTDATED"]
+           "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases",
+           "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED", "OUTDATED"]
 
 # 2: a CT channel scaled over its training window (check_intensities). Version 1 scaled every channel per image,
 # which is the same thing for a bundle without a CT channel (every ACDC bundle), and not otherwise.

@@ -140,7 +140,8 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
 
         def flagged(statistics: dict) -> str:
             others = statistics["flagged"] - statistics["flagged_poor"]
-            return f"{statistics['flagged_poor']} of {statistics['poor']} poor, {others} other{'' if others == 1 else 's'}"
+            plural = "" if others == 1 else "s"
+            return f"{statistics['flagged_poor']} of {statistics['poor']} poor, {others} other{plural}"
 
         rows.append(f"| `{model}` | " + " | ".join(
             f"{clean[name]['spearman']:+.2f} / {clean[name]['mae']:.3f}" for name in structures)

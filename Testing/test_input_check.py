@@ -106,7 +106,8 @@ def test_a_bundle_without_statistics_is_not_checked():
 def _ct_case(seed: int, shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_case`'s discs as a CT in HU: air (-1000) around fat, muscle and a contrast-filled cavity."""
     image, labels = _case(seed)
-    hounsfield = np.array([-1000.0, -100.0, 50.0, 200.0])[labels] + (image - np.array([0.1, 0.5, 0.3, 0.8])[labels]) * 300
+    noise = image - np.array([0.1, 0.5, 0.3, 0.8])[labels]  # the case's own noise, sd 0.03: 9 HU here
+    hounsfield = np.array([-1000.0, -100.0, 50.0, 200.0])[labels] + noise * 300
     return (hounsfield + shift).astype(np.float32), labels
 
 
