@@ -14,7 +14,7 @@ publishes a case whose child has ended and starts the next, :attr:`BatchJob.frac
 With a bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) a case is the volumes named
 ``<case>_0000`` ... ``<case>_000K`` (as Slicer names volumes loaded from nnU-Net-style files, and as
 ``calibseg-predict --image-dir`` groups files), channel 0 first; a volume not named so, or a case missing a channel,
-is one sentence in its row.
+is one sentence in its row. A case's outputs are named after the case (``a CalibSeg segmentation``).
 
 Each case runs as one :class:`~CalibSegRunner.job.InferenceJob` and is published as a single run's outputs are
 (segmentation, overlays, quality table, named after its volume). A case that fails — an input the library
@@ -199,6 +199,7 @@ class BatchJob:
                 if case.volume.GetScene() is not self.scene:
                     raise ValueError(f"The volume '{case.name}' was removed from the scene before its turn.")
                 request = self.runner.request(case.volume, self.settings, channelNodes=case.channels)
+                request.output_name = case.name  # a multi-channel case's outputs are named after the case
                 self._job = InferenceJob(self.runner, request, self.python).start()
             except ValueError as error:
                 case.status = f"error: {error}"

@@ -71,6 +71,7 @@ class CalibSegRequest:
     device: str = "auto"
     low_confidence_threshold: float | None = None
     hot_spot_level: float | None = None  # set by prepare(): CalibSegLib.quality.HOT_SPOT_LEVEL unless chosen
+    output_name: str | None = None  # what the output nodes are named after (default: the input volume's name)
 
 
 @dataclass
@@ -206,7 +207,7 @@ class SegmentationRunner:
             raise ValueError(f"The volume '{request.input_node.GetName()}' was removed from the scene before its "
                              "results were added; nothing was added.")
         metadata = request.bundle.metadata
-        base = request.input_node.GetName()
+        base = request.output_name or request.input_node.GetName()
         prediction = analysis.prediction
         with NodeTransaction(scene):
             segmentation = add_segmentation(scene, request.input_node, prediction.labels, metadata.class_names,

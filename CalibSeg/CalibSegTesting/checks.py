@@ -739,6 +739,8 @@ def check_a_batch_with_a_multichannel_bundle_reads_each_case_from_its_channel_vo
     expected = Predictor(bundle_path, device="cpu").predict(np.stack([first, second]),
                                                             tuple(reversed(SPACING_XYZ))).labels
     segmentation = outputs.cases[0].outputs.segmentation
+    assert segmentation.GetName() == "a CalibSeg segmentation", segmentation.GetName()  # the case's, not a_0000's
+    assert outputs.cases[0].outputs.confidence.GetName() == "a confidence"
     for label in range(1, NUM_CLASSES):
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(segmentation, _segment_id(segmentation, label), channel_0)
         np.testing.assert_array_equal(mask > 0, expected == label)
