@@ -63,7 +63,6 @@ from CalibSegLib.io import (
     atomic_output,
     check_output_file,
     check_output_folder,
-    case_and_channel,
     group_channels,
     image_stem,
     os_error_sentence,
@@ -86,11 +85,11 @@ BATCH_TABLE = "predictions.csv"
 def case_name(image_paths: Sequence[Path]) -> str:
     """The name a case's outputs carry: its files' case name when they are its channels 0, 1, ... by their suffixes
     (``a_0000.nii.gz``, ``a_0001.nii.gz`` → ``a``; ``a_0000.nii.gz`` alone → ``a``), else the first file's stem."""
-    named = [case_and_channel(image_stem(path)) for path in image_paths]
-    cases = {case for case, _ in named}
-    if len(cases) == 1 and [channel for _, channel in named] == list(range(len(named))):
-        return cases.pop()
-    return image_stem(image_paths[0])
+    stems = [image_stem(path) for path in image_paths]
+    cases = group_channels(stems)
+    if len(cases) == 1 and cases[0][1] == {index: index for index in range(len(stems))}:
+        return cases[0][0]
+    return stems[0]
 
 
 def _shown(image_paths: Sequence[Path]) -> str:
