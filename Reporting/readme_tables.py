@@ -154,10 +154,9 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
             "flagged, degraded copies |", "|---" * (len(header) + 4) + "|", *rows, "",
             f"ρ: Spearman between predicted and measured Dice over the test volumes; MAE: their mean absolute "
             f"difference; poor: measured Dice below {POOR_BELOW:.2f}; flagged: predicted Dice below the model's review "
-            "threshold (each shipped model's chosen on out-of-fold patients by the rule in docs/results.md) or the structure "
-            "predicted nowhere; others: flagged structures that are not poor. Degraded copies: the test volumes "
-            "contrast-inverted, at gamma 3 and with "
-            "10 % noise, pooled."]
+            "threshold (each shipped model's chosen on out-of-fold patients by the rule in docs/results.md) or the "
+            "structure predicted nowhere; others: flagged structures that are not poor. Degraded copies: the test "
+            "volumes contrast-inverted, at gamma 3 and with 10 % noise, pooled."]
 
 
 def shipped_quality_report(paths: list[Path]) -> list[str]:
