@@ -139,11 +139,11 @@ def test_save_bundle_refuses_non_finite_weights_before_writing(value, half, patt
 def sample_split(sample_acdc_dir):
     """What ``train._load_split_cases`` gives for the shipped sample, loaded once for the tests below."""
     return train._load_split_cases(train._parser().parse_args(["--data", str(sample_acdc_dir)]), 4,
-                                   sample_acdc_dir / "no-run", 0)
+                                   sample_acdc_dir / "no-run", 0, train.read_dataset_description(sample_acdc_dir))
 
 
 def _cached_data(monkeypatch, loaded) -> None:
-    monkeypatch.setattr(train, "_load_split_cases", lambda arguments, num_classes, run_dir, seed: loaded)
+    monkeypatch.setattr(train, "_load_split_cases", lambda arguments, num_classes, run_dir, seed, description: loaded)
 
 
 def test_a_second_run_on_a_locked_run_folder_is_refused_and_changes_nothing(sample_split, tmp_path, monkeypatch):

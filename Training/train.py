@@ -263,19 +263,19 @@ def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
 
 
 def _load_split_cases(arguments: argparse.Namespace, num_classes: int, run_dir: Path, seed: int,
+                      description: DatasetDescription | None,
                       ) -> tuple[list[CaseFile], Path, dict[str, list[str]], dict[str, list[Case]], bool]:
     """Find, split and read every volume, so that bad data stops the run before any training.
 
     The split: ``--split``, else the shipped split of these patients, else the run folder's own
     ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`, its test side the
-    ``dataset.json``'s test list when there is one); the last element of the result says whether it is new, to be
-    written into the run folder once that exists.
+    test list of the data's ``description``, its ``dataset.json``, when there is one); the last element of the
+    result says whether it is new, to be written into the run folder once that exists.
     """
     files = find_cases(arguments.data, arguments.dataset)
     split_file = arguments.split or default_split_for(files)
     made = split_file is None and not (run_dir / SPLIT_NAME).is_file()
     split_file = split_file or run_dir / SPLIT_NAME
-    description = read_dataset_description(arguments.data)
     test = description.test_cases if description is not None else ()
     split = make_split([file.patient_id for file in files], seed, test=test) if made else load_split(split_file)
     cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in SIDES}
@@ -357,7 +357,8 @@ def run(arguments: argparse.Namespace) -> Path | None:
         raise DataError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
     if arguments.resume and not checkpoint.exists():
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
-    files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed)
+    files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed,
+                                                              description)
     config.channel_names = channel_names(files, description)
     plan = make_plan(cases["train"], config.channel_names or ["image"], _schedule(arguments).patch_size,
                      seed=config.seed)
