@@ -49,6 +49,7 @@ from Datasets.cases import (ACDC_CLASS_NAMES, ACDC_DATASET, DATASETS, SAMPLE_DAT
                            read_dataset_description)
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json, split_reference)
+from Datasets.splits.folds import FOLDS, FOLDS_NAME, default_folds_for, fold_split, folds_json, load_folds, make_folds
 from Evaluation.evaluate import evaluate_bundle, print_summary
 from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
@@ -120,6 +121,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="ACDC .h5 folder, <case>_image/<case>_label folder, or imagesTr/labelsTr folder")
     parser.add_argument("--dataset", default="auto", choices=DATASETS, help="data layout (default: detected)")
     parser.add_argument("--split", type=Path, default=None, help="split JSON (default: the shipped one for --data)")
+    parser.add_argument("--fold", type=int, default=None, choices=range(FOLDS), metavar="K",
+                        help=f"train fold K (0-{FOLDS - 1}) of a {FOLDS}-fold cross-validation into --out/fold_K: "
+                             "validation on fold K's patients, training on the other folds', the test patients in "
+                             "no fold (folds: Datasets/splits/acdc_cv.json for full ACDC, else --out/folds.json, "
+                             "dealt once with --seed and reused)")
     parser.add_argument("--num-classes", type=int, default=None,
                         help="classes including background (default: as many as the data folder's dataset.json "
                              "names, else 4, ACDC's)")
@@ -249,7 +255,10 @@ def parse_config(arguments: argparse.Namespace, class_names: Sequence[str] | Non
 
 def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
     """``--out``, or the first of ``runs/<method>``, ``runs/<method>-2``, ... (under the current
-    folder, never inside the installed package) not holding a run."""
+    folder, never inside the installed package) not holding a run; with ``--fold K`` its ``fold_K`` folder (the
+    cross-validation's folder default ``runs/<method>-cv``)."""
+    if arguments.fold is not None:
+        return (arguments.out or Path("runs") / f"{method}-cv") / fold_folder(arguments.fold)
     if arguments.out is not None:
         return Path(arguments.out)
     if arguments.resume:
@@ -262,24 +271,68 @@ def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
     return candidate
 
 
+def fold_folder(fold: int) -> str:
+    """The folder of cross-validation fold ``fold`` inside the cross-validation's folder."""
+    return f"fold_{fold}"
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """The split a run trains on, and where it came from: ``file`` (recorded in the bundle), and for a split or
+    folds the run dealt itself, the JSON to write there once the run folder exists (``new``) and a sentence."""
+
+    split: dict[str, list[str]]
+    file: Path
+    new: dict | None = None
+    announcement: str = ""
+
+
+def _choose_split(arguments: argparse.Namespace, files: Sequence[CaseFile], run_dir: Path, seed: int,
+                  description: DatasetDescription | None, dataset: str) -> SplitChoice:
+    """``--split``, else the shipped split of these patients, else the run folder's own ``split.json`` (a resumed
+    run), else a new seeded one (:func:`Datasets.splits.make_split`, its test side the test list of the data's
+    ``description``, its ``dataset.json``, when there is one). With ``--fold K``: fold K of the shipped folds of
+    these patients, else of the cross-validation folder's ``folds.json``, else of new seeded folds
+    (:func:`Datasets.splits.folds.make_folds`) whose test patients are the data's test list or its shipped split's
+    test side."""
+    patients = [file.patient_id for file in files]
+    test = description.test_cases if description is not None else ()
+    if arguments.fold is not None:
+        if arguments.split is not None:
+            raise DataError("--fold takes its split from the cross-validation folds; leave --split out, or train "
+                            "without --fold.")
+        folds_file = default_folds_for(patients) or run_dir.parent / FOLDS_NAME
+        if folds_file.is_file():
+            return SplitChoice(fold_split(load_folds(folds_file), arguments.fold), folds_file)
+        shipped = default_split_for(files)
+        test = test or (load_split(shipped)["test"] if shipped else ())
+        folds = make_folds(patients, FOLDS, seed, test=test)
+        return SplitChoice(fold_split(folds, arguments.fold), folds_file, folds_json(
+            folds, seed, f"made by calibseg-train --fold: {FOLDS} folds of {dataset}'s patients outside its test "
+                         f"list ({len(folds['test'])}), seed {seed}"),
+            f"{FOLDS} seeded patient-level folds of {dataset} are written to {folds_file}; every fold of this "
+            "cross-validation trains on them")
+    split_file = arguments.split or default_split_for(files)
+    if split_file is not None or (run_dir / SPLIT_NAME).is_file():
+        split_file = split_file or run_dir / SPLIT_NAME
+        return SplitChoice(load_split(split_file), Path(split_file))
+    split = make_split(patients, seed, test=test)
+    fractions = "/".join(f"{share:.0%}" for share in SPLIT_FRACTIONS)
+    return SplitChoice(split, run_dir / SPLIT_NAME, split_json(
+        split, f"made by calibseg-train: {fractions} of the patients of {dataset}, seed {seed}"),
+        f"no shipped split covers {dataset}: a seeded patient-level split ({fractions}) is written to "
+        f"{run_dir / SPLIT_NAME}; pass --split {run_dir / SPLIT_NAME} to repeat it")
+
+
 def _load_split_cases(arguments: argparse.Namespace, num_classes: int, run_dir: Path, seed: int,
                       description: DatasetDescription | None,
-                      ) -> tuple[list[CaseFile], Path, dict[str, list[str]], dict[str, list[Case]], bool]:
-    """Find, split and read every volume, so that bad data stops the run before any training.
-
-    The split: ``--split``, else the shipped split of these patients, else the run folder's own
-    ``split.json`` (a resumed run), else a new seeded one (:func:`Datasets.splits.make_split`, its test side the
-    test list of the data's ``description``, its ``dataset.json``, when there is one); the last element of the
-    result says whether it is new, to be written into the run folder once that exists.
-    """
+                      ) -> tuple[list[CaseFile], SplitChoice, dict[str, list[Case]]]:
+    """Find, split (:func:`_choose_split`) and read every volume, so that bad data stops the run before any
+    training."""
     files = find_cases(arguments.data, arguments.dataset)
-    split_file = arguments.split or default_split_for(files)
-    made = split_file is None and not (run_dir / SPLIT_NAME).is_file()
-    split_file = split_file or run_dir / SPLIT_NAME
-    test = description.test_cases if description is not None else ()
-    split = make_split([file.patient_id for file in files], seed, test=test) if made else load_split(split_file)
-    cases = {side: load_cases(select_patients(files, split[side]), num_classes) for side in SIDES}
-    return files, Path(split_file), split, cases, made
+    choice = _choose_split(arguments, files, run_dir, seed, description, dataset_name(arguments.data, files))
+    cases = {side: load_cases(select_patients(files, choice.split[side]), num_classes) for side in SIDES}
+    return files, choice, cases
 
 
 def channel_names(files: Sequence[CaseFile], description: DatasetDescription | None) -> list[str] | None:
@@ -357,8 +410,7 @@ def run(arguments: argparse.Namespace) -> Path | None:
         raise DataError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out.")
     if arguments.resume and not checkpoint.exists():
         raise CheckpointError(f"--resume was given but {checkpoint} does not exist.")
-    files, split_file, split, cases, made = _load_split_cases(arguments, config.num_classes, run_dir, config.seed,
-                                                              description)
+    files, choice, cases = _load_split_cases(arguments, config.num_classes, run_dir, config.seed, description)
     config.channel_names = channel_names(files, description)
     plan = make_plan(cases["train"], config.channel_names or ["image"], _schedule(arguments).patch_size,
                      seed=config.seed)
@@ -367,16 +419,15 @@ def run(arguments: argparse.Namespace) -> Path | None:
     dataset = dataset_name(arguments.data, files)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
-    data_description = {"dataset": dataset, "split_file": split_reference(split_file), **split}
-    print("\n".join(_describe_start(run_dir, dataset, files, split_file, split, cases)), flush=True)
+    data_description = {"dataset": dataset, "split_file": split_reference(choice.file), **choice.split}
+    if arguments.fold is not None:
+        data_description["fold"] = arguments.fold
+    print("\n".join(_describe_start(run_dir, dataset, files, choice.file, choice.split, cases)), flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     processes = Processes.from_environment()
-    if made and processes.is_main:  # the run can be repeated with --split pointing at it
-        fractions = "/".join(f"{share:.0%}" for share in SPLIT_FRACTIONS)
-        write_json_atomic(split_file, split_json(split, f"made by calibseg-train: {fractions} of the patients "
-                                                        f"of {dataset}, seed {config.seed}"))
-        print(f"no shipped split covers {dataset}: a seeded patient-level split ({fractions}) is written to "
-              f"{split_file}; pass --split {split_file} to repeat it", flush=True)
+    if choice.new is not None and processes.is_main:  # the run can be repeated from it
+        write_json_atomic(choice.file, choice.new)
+        print(choice.announcement, flush=True)
     try:
         # The main process holds the run folder; under torchrun the others train beside it, writing nothing.
         with run_folder_lock(run_dir) if processes.is_main else contextlib.nullcontext():

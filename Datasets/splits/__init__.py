@@ -115,12 +115,10 @@ def default_split_for(files: Sequence[CaseFile]) -> Path | None:
 
 
 def split_reference(path: str | Path) -> str:
-    """How a bundle records a split file: a shipped one by its name, any other by the path as given."""
+    """How a bundle records a split (or folds) file: a shipped one (a file beside this module) by its name, any other
+    by the path as given."""
     path = Path(path)
-    shipped = SPLITS_DIR / path.name
-    if path.name in _SHIPPED and path.resolve() == shipped.resolve():
-        return path.name
-    return str(path)
+    return path.name if path.resolve().parent == SPLITS_DIR.resolve() else str(path)
 
 
 def recorded_split(data: dict, split_file: str | Path | None = None) -> dict[str, list[str]]:

@@ -1,6 +1,6 @@
 """Writes CalibSeg's fixed, patient-level ACDC splits (stratified by diagnostic group).
 
-    python Datasets/splits/make_splits.py /path/to/acdc SampleData/ACDC
+    python -m Datasets.splits.make_splits /path/to/acdc SampleData/ACDC
 
 ACDC numbers patients in five diagnostic groups of 20 consecutive ids (001–020 DCM,
 021–040 HCM, 041–060 MINF, 061–080 NOR, 081–100 RV). Each group's patients present in the
@@ -30,6 +30,8 @@ import random
 import re
 import sys
 from pathlib import Path
+
+from Datasets.splits.folds import FOLDS as CV_FOLDS, SHIPPED_FOLDS, fold_split, folds_json, make_folds
 
 GROUPS = ("DCM", "HCM", "MINF", "NOR", "RV")
 GROUP_PATIENTS = 20
@@ -76,19 +78,10 @@ def split_sample(patients: list[str]) -> dict[str, list[str]]:
 
 
 def split_folds(training: list[str], folds: int = FOLDS, seed: int = 2024) -> list[dict[str, list[str]]]:
-    """``folds`` splits of the ``training`` patients: each group shuffled and dealt round-robin, one fold as
-    ``val``, the others as ``train``, ``test`` empty."""
-    generator = random.Random(seed)
-    dealt: list[list[str]] = [[] for _ in range(folds)]
-    position = 0
-    for group in GROUPS:
-        members = sorted(patient for patient in training if group_of(patient) == group)
-        generator.shuffle(members)
-        for patient in members:  # continuing the deal across groups keeps the fold sizes within one
-            dealt[position % folds].append(patient)
-            position += 1
-    return [{"train": sorted(patient for other in dealt if other is not fold for patient in other),
-             "val": sorted(fold), "test": []} for fold in dealt]
+    """``folds`` splits of the ``training`` patients, stratified by group (:func:`Datasets.splits.folds.make_folds`),
+    one fold as ``val``, the others as ``train``, ``test`` empty."""
+    dealt = make_folds(training, folds, seed, group_of=group_of)
+    return [fold_split(dealt, index) for index in range(folds)]
 
 
 def split_unseen(copy: list[str]) -> dict[str, list[str]]:
@@ -119,6 +112,12 @@ def main(full_folder: str, sample_folder: str) -> None:
     for index, fold in enumerate(split_folds(full["train"])):
         write(here / "acdc_folds" / f"fold{index}.json", "acdc", fold,
               f"Fold {index} of {FOLDS} of acdc.json's training patients (validation = this fold; no test patients)")
+    cross_validation = make_folds(full["train"] + full["val"], CV_FOLDS, seed=2024, test=full["test"], group_of=group_of)
+    SHIPPED_FOLDS.write_text(json.dumps(folds_json(
+        cross_validation, 2024, f"{CV_FOLDS} folds of acdc.json's {len(full['train'] + full['val'])} training and "
+        f"validation patients, stratified by diagnostic group, seed 2024; test: acdc.json's {len(full['test'])} test "
+        "patients, in no fold"), indent=2) + "\n")
+    print(f"{SHIPPED_FOLDS}: folds of " + ", ".join(str(len(members)) for members in cross_validation["folds"]))
     write(here / "acdc_sample.json", "acdc", split_sample(patients_in(Path(sample_folder))),
           "Shipped ACDC sample (SampleData/ACDC), 2 patients per group: 6 train, 2 val, 2 test")
 
