@@ -1,4 +1,6 @@
-"""How far a rank correlation measured on a few patients could move: a patient-level bootstrap interval.
+"""How far a number measured on a few patients could move: patient-level bootstrap intervals of a rank
+correlation (:func:`spearman_interval`), of a mean over volumes (:func:`mean_interval`) and of the paired difference
+between two methods on the same volumes (:func:`paired_difference`, with Wilcoxon's signed-rank test).
 
 The quality model is judged by Spearman ρ between predicted and measured Dice over the test
 volumes, 30 of them from 15 patients. A patient's two volumes (end-diastole, end-systole) share
@@ -17,9 +19,10 @@ All resamples are then a few matrix products instead of thousands of calls.
 from __future__ import annotations
 
 import numpy as np
+from scipy.stats import wilcoxon
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "INTERVAL_LEVEL", "resampled_spearman",
-           "spearman_interval"]
+           "spearman_interval", "group_draws", "mean_interval", "patient_values", "paired_difference"]
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 2024
@@ -57,16 +60,78 @@ def spearman_interval(x: np.ndarray, y: np.ndarray, groups: np.ndarray, level: f
     Resamples in which either side is constant are left out. Returns ``(nan, nan)`` with fewer than three
     groups or no usable resample. Seeded, so the same inputs always give the same interval.
     """
+    weights = group_draws(groups, resamples, seed)
+    if weights is None:
+        return float("nan"), float("nan")
+    return _percentiles(resampled_spearman(x, y, weights), level)
+
+
+def group_draws(groups: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED
+                ) -> np.ndarray | None:
+    """Row counts ``(B, n)`` of B bootstrap resamples of whole ``groups`` ``(n,)`` drawn with replacement (row i
+    appears as often as its group was drawn); None with fewer than three groups. Seeded."""
     labels, group_of_row = np.unique(np.asarray(groups), return_inverse=True)
     if len(labels) < 3:
-        return float("nan"), float("nan")
+        return None
     rng = np.random.default_rng(seed)
     # how often each group is drawn in each resample: (B, groups)
     draws = rng.multinomial(len(labels), np.full(len(labels), 1.0 / len(labels)), size=resamples)
-    values = resampled_spearman(x, y, draws[:, group_of_row])
-    values = values[~np.isnan(values)]
+    return draws[:, group_of_row].astype(np.float64)
+
+
+def _percentiles(values: np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` percentile interval of the finite resampled ``values``; NaNs without any."""
+    values = values[np.isfinite(values)]
     if values.size == 0:
         return float("nan"), float("nan")
     tail = (1.0 - level) / 2.0 * 100.0
     low, high = np.percentile(values, [tail, 100.0 - tail])
     return float(low), float(high)
+
+
+def mean_interval(values: np.ndarray, groups: np.ndarray, level: float = INTERVAL_LEVEL,
+                  resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
+    """The mean of ``values`` ``(n,)`` (one per volume; NaN, e.g. an undefined HD95, left out) and its percentile
+    bootstrap interval resampling whole ``groups`` ``(n,)`` (patients): ``(mean, low, high)``; NaN bounds with
+    fewer than three groups."""
+    values = np.asarray(values, np.float64)
+    defined = ~np.isnan(values)
+    mean = float(values[defined].mean()) if defined.any() else float("nan")
+    weights = group_draws(np.asarray(groups)[defined], resamples, seed)
+    if weights is None:
+        return mean, float("nan"), float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        resampled = weights @ values[defined] / weights.sum(axis=1)
+    return (mean, *_percentiles(resampled, level))
+
+
+def patient_values(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (patient), the mean of its defined ``values``: ``(group labels, means)``, NaN for a group with
+    none defined."""
+    labels, group_of_row = np.unique(np.asarray(groups), return_inverse=True)
+    values = np.asarray(values, np.float64)
+    defined = ~np.isnan(values)
+    sums = np.bincount(group_of_row[defined], weights=values[defined], minlength=len(labels))
+    counts = np.bincount(group_of_row[defined], minlength=len(labels))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return labels, np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def paired_difference(first: np.ndarray, second: np.ndarray, groups: np.ndarray, level: float = INTERVAL_LEVEL,
+                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> dict[str, float]:
+    """How ``first`` and ``second`` ``(n,)`` (one metric of two methods on the same n volumes) differ: the mean of
+    ``first - second`` over the volumes where both are defined, its patient-level bootstrap interval, and the
+    two-sided Wilcoxon signed-rank p over the patients' mean differences (patients, not volumes, are the
+    independent units; NaN with fewer than three groups or no non-zero difference).
+
+    Returns:
+        ``{"difference", "low", "high", "wilcoxon_p", "patients"}``.
+    """
+    difference = np.asarray(first, np.float64) - np.asarray(second, np.float64)
+    mean, low, high = mean_interval(difference, groups, level, resamples, seed)
+    _, per_patient = patient_values(difference, groups)
+    per_patient = per_patient[~np.isnan(per_patient)]
+    p_value = float("nan")
+    if per_patient.size >= 3 and np.any(per_patient != 0):
+        p_value = float(wilcoxon(per_patient).pvalue)
+    return {"difference": mean, "low": low, "high": high, "wilcoxon_p": p_value, "patients": int(per_patient.size)}

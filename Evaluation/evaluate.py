@@ -132,7 +132,8 @@ def evaluate_bundle(
     started = time.perf_counter()
     summary = EvaluationSummary(cases=[case.case_id for case in cases], variants={},
                                 patients=sorted({case.patient_id for case in cases}), bundle=str(bundle.path or ""),
-                                temperature=bundle.metadata.temperature, environment=environment(device))
+                                temperature=bundle.metadata.temperature, environment=environment(device),
+                                case_patients={case.case_id: case.patient_id for case in cases})
     per_case = {}
     for variant, (variant_rows, pooled) in _evaluate_variants(bundle, cases, device, batch_size).items():
         per_case[variant] = variant_rows

@@ -22,13 +22,37 @@ import numpy as np
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.metrics.calibration import Reliability
 
-__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "VariantSummary", "EvaluationSummary",
-           "reliability_to_dict", "reliability_from_dict"]
+__all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "Metric", "METRICS", "RANKED_METRICS",
+           "VariantSummary", "EvaluationSummary", "reliability_to_dict", "reliability_from_dict"]
 
 EVALUATION_DIR = "evaluation"  # a run's evaluation folder, beside its bundle
 SUMMARY_NAME = "summary.json"
 CASES_NAME = "per_case.csv"
 VARIANTS: tuple[str, ...] = ("scaled", "uncalibrated")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One table column: its label, its key in ``summary.json`` and whether larger is better."""
+
+    label: str
+    key: str
+    higher_is_better: bool
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("DSC", "dice_mean", True),
+    Metric("HD95 (mm)", "hd95_mean", False),
+    Metric("ECE", "ece", False),
+    Metric("CECE", "cece", False),
+    Metric("TACE", "tace", False),
+    Metric("Brier", "brier", False),
+    Metric("NLL", "nll", False),
+    Metric("AUROC", "error_auroc", True),
+    Metric("AURC", "aurc", False),
+)
+# The papers (CRaC Table 1, NACL) rank methods on these; the other columns are reported beside.
+RANKED_METRICS: tuple[str, ...] = ("dice_mean", "hd95_mean", "ece", "cece", "tace")
 
 
 def reliability_to_dict(reliability: Reliability) -> dict[str, list[float]]:
@@ -87,7 +111,8 @@ class VariantSummary:
 @dataclass
 class EvaluationSummary:
     """``summary.json`` of one evaluation (see the module docstring); ``variants`` maps each of
-    :data:`VARIANTS` to its :class:`VariantSummary`."""
+    :data:`VARIANTS` to its :class:`VariantSummary`; ``case_patients`` each case id to its patient's (the unit a
+    patient-level interval resamples; empty in summaries written before it existed)."""
 
     cases: list[str]
     variants: dict[str, VariantSummary]
@@ -97,12 +122,14 @@ class EvaluationSummary:
     environment: dict[str, Any] = field(default_factory=dict)
     quality: dict[str, Any] | None = None
     wall_s: float = math.nan
+    case_patients: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object, in the order ``summary.json`` has always had."""
         return {"cases": self.cases, "patients": self.patients, "bundle": self.bundle,
                 "temperature": self.temperature, "environment": self.environment, "quality": self.quality,
-                **{name: variant.to_json() for name, variant in self.variants.items()}, "wall_s": self.wall_s}
+                **{name: variant.to_json() for name, variant in self.variants.items()}, "wall_s": self.wall_s,
+                "case_patients": self.case_patients}
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> "EvaluationSummary":
@@ -110,7 +137,8 @@ class EvaluationSummary:
                    variants={name: VariantSummary.from_json(values[name]) for name in VARIANTS if name in values},
                    patients=list(values.get("patients") or []), bundle=str(values.get("bundle") or ""),
                    temperature=values.get("temperature", 1.0), environment=dict(values.get("environment") or {}),
-                   quality=values.get("quality"), wall_s=float(values.get("wall_s", math.nan)))
+                   quality=values.get("quality"), wall_s=float(values.get("wall_s", math.nan)),
+                   case_patients=dict(values.get("case_patients") or {}))
 
     def write(self, path: str | Path) -> Path:
         """Write ``summary.json`` atomically; returns its path."""

@@ -33,36 +33,14 @@ from CalibSegLib.io import atomic_output
 from CalibSegLib.losses import LOSSES
 from CalibSegLib.metrics import RankTable, rank_methods
 from Datasets.cases import recorded_dataset
-from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, VARIANTS, EvaluationSummary
+from Evaluation.summary import EVALUATION_DIR, METRICS, RANKED_METRICS, SUMMARY_NAME, VARIANTS, EvaluationSummary
 from Reporting.formatting import format_value, markdown_table
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, RUN_SUMMARY_NAME, RunSummary
 
-__all__ = ["METRICS", "RANKED_METRICS", "RunResult", "collect_run", "benchmark_tables", "ranked_table",
+__all__ = ["RunResult", "collect_run", "benchmark_tables", "ranked_table",
            "table_caption", "benchmark_csv", "write_benchmark", "main"]
 
 
-@dataclass(frozen=True)
-class Metric:
-    """One table column: its label, its key in ``summary.json`` and whether larger is better."""
-
-    label: str
-    key: str
-    higher_is_better: bool
-
-
-METRICS: tuple[Metric, ...] = (
-    Metric("DSC", "dice_mean", True),
-    Metric("HD95 (mm)", "hd95_mean", False),
-    Metric("ECE", "ece", False),
-    Metric("CECE", "cece", False),
-    Metric("TACE", "tace", False),
-    Metric("Brier", "brier", False),
-    Metric("NLL", "nll", False),
-    Metric("AUROC", "error_auroc", True),
-    Metric("AURC", "aurc", False),
-)
-# The papers (CRaC Table 1, NACL) rank methods on these; the other columns are reported beside.
-RANKED_METRICS: tuple[str, ...] = ("dice_mean", "hd95_mean", "ece", "cece", "tace")
 VARIANT_TITLES = {
     "uncalibrated": "Before temperature scaling (T = 1, as the papers report)",
     "scaled": "After temperature scaling (T fitted on the validation patients)",

@@ -11,13 +11,15 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "RunSummary", "EpochRecord",
-           "read_history"]
+__all__ = ["CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "OUT_OF_FOLD_DIR", "RunSummary",
+           "EpochRecord", "read_history"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 BUNDLE_NAME = "model.calibseg"
 HISTORY_NAME = "history.jsonl"
 RUN_SUMMARY_NAME = "run.json"
+# A cross-validation fold's bundle evaluated on its own validation patients (calibseg-evaluate's files).
+OUT_OF_FOLD_DIR = "out_of_fold"
 
 
 @dataclass

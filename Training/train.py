@@ -50,6 +50,7 @@ from Datasets.cases import (ACDC_CLASS_NAMES, ACDC_DATASET, DATASETS, SAMPLE_DAT
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json, split_reference)
 from Datasets.splits.folds import FOLDS, FOLDS_NAME, default_folds_for, fold_split, folds_json, load_folds, make_folds
+from Evaluation.crossval import CROSSVAL_DIR, read_out_of_fold, summary_lines, write_cross_validation
 from Evaluation.evaluate import evaluate_bundle, print_summary
 from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
@@ -57,13 +58,16 @@ from Training.checkpoint import CheckpointError
 from Training.choices import TEMPERATURE_FITS
 from Training.plan import Plan, channel_normalization, make_plan
 from Training.distributed import Processes, start_processes, stop_processes
+from Training.out_of_fold import complete_out_of_fold, evaluate_out_of_fold, out_of_fold_dir
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
 from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer, spacing_text
 
-__all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
+__all__ = ["main", "run", "run_cross_validation", "cross_validation_dir", "fold_folder", "parse_config", "Schedule",
+           "SCHEDULES", "DEFAULT_DATA", "ALL_FOLDS"]
 
 DEFAULT_DATA = SAMPLE_DATA
+ALL_FOLDS = "all"
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,15 @@ def _key_value(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def _fold(text: str) -> int | str:
+    """``--fold``'s value: a fold number 0 … FOLDS - 1, or ``all``."""
+    if text == ALL_FOLDS:
+        return text
+    if text.isdigit() and int(text) < FOLDS:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected a fold 0 to {FOLDS - 1} or '{ALL_FOLDS}', got {text!r}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="calibseg-train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--method", default="crac", choices=LOSSES, help="loss (default crac)")
@@ -121,11 +134,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="ACDC .h5 folder, <case>_image/<case>_label folder, or imagesTr/labelsTr folder")
     parser.add_argument("--dataset", default="auto", choices=DATASETS, help="data layout (default: detected)")
     parser.add_argument("--split", type=Path, default=None, help="split JSON (default: the shipped one for --data)")
-    parser.add_argument("--fold", type=int, default=None, choices=range(FOLDS), metavar="K",
-                        help=f"train fold K (0-{FOLDS - 1}) of a {FOLDS}-fold cross-validation into --out/fold_K: "
-                             "validation on fold K's patients, training on the other folds', the test patients in "
-                             "no fold (folds: Datasets/splits/acdc_cv.json for full ACDC, else --out/folds.json, "
-                             "dealt once with --seed and reused)")
+    parser.add_argument("--fold", type=_fold, default=None, metavar="K",
+                        help=f"train fold K (0-{FOLDS - 1}) of a {FOLDS}-fold cross-validation into --out/fold_K "
+                             "(default --out: runs/<method>-cv), validating on fold K's patients and training on the "
+                             "other folds', the test patients in no fold; 'all': every fold in turn, then the "
+                             "out-of-fold summary in --out/crossval (folds: Datasets/splits/acdc_cv.json for full "
+                             "ACDC, else --out/folds.json, dealt once with --seed and reused)")
     parser.add_argument("--num-classes", type=int, default=None,
                         help="classes including background (default: as many as the data folder's dataset.json "
                              "names, else 4, ACDC's)")
@@ -258,7 +272,7 @@ def _run_dir(arguments: argparse.Namespace, method: str) -> Path:
     folder, never inside the installed package) not holding a run; with ``--fold K`` its ``fold_K`` folder (the
     cross-validation's folder default ``runs/<method>-cv``)."""
     if arguments.fold is not None:
-        return (arguments.out or Path("runs") / f"{method}-cv") / fold_folder(arguments.fold)
+        return cross_validation_dir(arguments) / fold_folder(arguments.fold)
     if arguments.out is not None:
         return Path(arguments.out)
     if arguments.resume:
@@ -440,6 +454,42 @@ def run(arguments: argparse.Namespace) -> Path | None:
         raise KeyboardInterrupt(_interrupted_text(checkpoint)) from None
 
 
+def cross_validation_dir(arguments: argparse.Namespace) -> Path:
+    """The folder of the cross-validation ``--fold`` trains into: ``--out``, default ``runs/<method>-cv``."""
+    return Path(arguments.out) if arguments.out is not None else Path("runs") / f"{arguments.method}-cv"
+
+
+def run_cross_validation(arguments: argparse.Namespace) -> Path | None:
+    """``--fold all``: every fold in turn (a finished one kept, an interrupted one resumed under ``--resume``), then
+    the out-of-fold summary (:mod:`Evaluation.crossval`) in the cross-validation's ``crossval/``; returns that
+    folder (None in torchrun's other processes).
+
+    Raises:
+        DataError: folds exist already and ``--resume`` was not given.
+    """
+    folder = cross_validation_dir(arguments)
+    started = [fold for fold in range(FOLDS) if (folder / fold_folder(fold) / CHECKPOINT_NAME).exists()]
+    if started and not arguments.resume:
+        raise DataError(f"{folder} already holds fold(s) {', '.join(map(str, started))} of a cross-validation; pass "
+                        "--resume to continue it, or choose another --out.")
+    for fold in range(FOLDS):
+        fold_dir = folder / fold_folder(fold)
+        print(f"cross-validation fold {fold} of {FOLDS} ({fold_dir})", flush=True)
+        if (fold_dir / RUN_SUMMARY_NAME).is_file():  # finished earlier: only its out-of-fold records may be missing
+            complete_out_of_fold(fold_dir, arguments.data, arguments.device, arguments.batch_size)
+            continue
+        run(argparse.Namespace(**{**vars(arguments), "fold": fold, "out": folder,
+                                  "resume": (fold_dir / CHECKPOINT_NAME).exists()}))
+    if not Processes.from_environment().is_main:
+        return None
+    results = read_out_of_fold([out_of_fold_dir(folder / fold_folder(fold)) for fold in range(FOLDS)],
+                               arguments.method)
+    summary = write_cross_validation(results, folder / CROSSVAL_DIR)
+    print("\n".join(summary_lines(summary)))
+    print(f"out-of-fold summary: {folder / CROSSVAL_DIR}")
+    return folder / CROSSVAL_DIR
+
+
 def _interrupted_text(checkpoint: Path) -> str:
     """What a Ctrl-C during training leaves: the last checkpoint to resume from, or none yet."""
     if checkpoint.exists():
@@ -470,6 +520,10 @@ def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_
         return None
     print(f"best validation Dice {result.best_validation_dice:.3f} at epoch {result.best_epoch}")
     print(f"bundle: {result.bundle_path}")
+    if arguments.fold is not None:
+        out_of_fold = evaluate_out_of_fold(load_bundle(result.bundle_path), cases["val"], run_dir, config.device,
+                                           config.batch_size)
+        print_summary(out_of_fold.summary, out_of_fold_dir(run_dir), f"out of fold {arguments.fold}")
     if not arguments.no_eval and cases["test"]:
         evaluation_dir = run_dir / EVALUATION_DIR
         evaluation = evaluate_bundle(load_bundle(result.bundle_path), cases["test"], evaluation_dir,
@@ -488,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.ExitStack() as outputs:
             if not Processes.from_environment().is_main:  # under torchrun the main process speaks for the run
                 outputs.enter_context(contextlib.redirect_stdout(outputs.enter_context(open(os.devnull, "w"))))
-            run(arguments)
+            run_cross_validation(arguments) if arguments.fold == ALL_FOLDS else run(arguments)
             print(f"total time {time.perf_counter() - started:.0f} s")
     except (DataError, CheckpointError, BundleError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
