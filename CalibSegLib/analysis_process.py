@@ -62,7 +62,8 @@ def read_result(folder: str | Path) -> "CaseAnalysis":
     folder = Path(folder)
     result = json.loads((folder / RESULT_NAME).read_text())
     with np.load(folder / _RESULT_ARRAYS, allow_pickle=False) as arrays:
-        prediction = Prediction(arrays["labels"], arrays["confidence"], arrays["entropy"])
+        prediction = Prediction(arrays["labels"], arrays["confidence"], arrays["entropy"],
+                                disagreement=arrays["disagreement"] if "disagreement" in arrays.files else None)
     bins = result["reliability"]
     reliability = None if bins is None else Reliability(**{key: np.asarray(value, dtype=np.float64)
                                                            for key, value in bins.items()})
@@ -88,8 +89,9 @@ def _analyse(folder: Path) -> None:
     analysis = analyse_case(predictor, image, request["spacing"], reference, progress=progress,
                             hot_spot_level=HOT_SPOT_LEVEL if level is None else level)
     prediction = analysis.prediction
+    maps = {"disagreement": prediction.disagreement} if prediction.disagreement is not None else {}
     np.savez(folder / _RESULT_ARRAYS, labels=prediction.labels, confidence=prediction.confidence,
-             entropy=prediction.entropy)
+             entropy=prediction.entropy, **maps)
     reliability = analysis.reliability
     bins = None if reliability is None else {key: getattr(reliability, key).tolist()
                                              for key in ("counts", "mean_confidence", "accuracy", "edges")}

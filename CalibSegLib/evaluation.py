@@ -40,7 +40,9 @@ class CaseEvaluation:
     voxels, the papers' protocol); ``calibration``: ECE, MCE, CECE, TACE, the papers' TACE,
     Brier, NLL over the reference foreground and ``ece_all`` over every voxel; ``confidence``:
     error-detection AUROC and AURC of the per-voxel confidence, mean normalised entropy inside
-    the predicted foreground, mean confidence and accuracy per reference region
+    the predicted foreground (for an ensemble also the error-detection AUROC of its members' agreement, one minus
+    their disagreement, and their mean disagreement inside the predicted foreground), mean confidence and accuracy
+    per reference region
     (:data:`REFERENCE_REGIONS`); ``statistics``: the volume's foreground calibration sums (reliability
     diagram, pooling over cases).
     """
@@ -134,6 +136,10 @@ def _case_evaluation(prediction: Prediction, reference: np.ndarray, spacing: Seq
         "mean_foreground_entropy": float(prediction.entropy[predicted_foreground].mean())
         if predicted_foreground.any() else float("nan"),
     }
+    if prediction.disagreement is not None:  # an ensemble: do the members' disagreements find its errors too?
+        confidence["disagreement_auroc"] = error_detection_auroc(1.0 - prediction.disagreement, correct)
+        confidence["mean_foreground_disagreement"] = float(prediction.disagreement[predicted_foreground].mean()) \
+            if predicted_foreground.any() else float("nan")
     for region, mask in regions.items():
         confidence[f"confidence_{region}"] = float(prediction.confidence[mask].mean()) if mask.any() else float("nan")
         confidence[f"accuracy_{region}"] = float(correct[mask].mean()) if mask.any() else float("nan")

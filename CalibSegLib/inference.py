@@ -11,7 +11,10 @@ Data flow per batch of slices along the bundle's slice axis (every step from the
    counted on the way);
 4. divide the logits by the bundle's temperature, softmax, and resample the *probabilities*
    back onto the input's exact grid; labels = argmax there, confidence = max probability,
-   entropy normalised by log C;
+   entropy normalised by log C; an ensemble bundle (several networks, e.g. the folds of a cross-validation) runs its
+   members side by side through the same windows, averages their probabilities (each at the bundle's temperature)
+   and adds the members' disagreement: the mutual information between the prediction and the member, i.e. the
+   entropy of the average minus the members' mean entropy (the epistemic part of the entropy), normalised by log C;
 5. once the whole volume is labelled, the bundle's post-processing (largest connected
    component of the classes validation chose, :mod:`CalibSegLib.postprocessing`).
 
@@ -51,6 +54,9 @@ __all__ = [
     "Predictor",
     "ProbabilitySink",
     "confidence_maps",
+    "ensemble_average",
+    "member_probabilities",
+    "normalised_entropy",
     "volume_chunk_probabilities",
 ]
 
@@ -75,7 +81,9 @@ class Prediction:
     ``mirror_agreement`` ``(C,)`` float64 per class the mean over the mirrored passes of the Dice between the
     pass's argmax and the averaged logits' argmax, on the network's grid before post-processing
     (:class:`~CalibSegLib.sliding_window.MirrorAgreement`; NaN for a class no pass draws), None for a bundle
-    that does not mirror.
+    that does not mirror;
+    ``disagreement`` float32 the ensemble members' disagreement (mutual information normalised by log C, in
+    [0, ``entropy``]), None for a single network.
     """
 
     labels: np.ndarray
@@ -84,6 +92,32 @@ class Prediction:
     probabilities: np.ndarray | None = None
     probability_sums: np.ndarray | None = None
     mirror_agreement: np.ndarray | None = None
+    disagreement: np.ndarray | None = None
+
+
+def member_probabilities(logits: torch.Tensor, temperature: float | Sequence[float], members: int) -> torch.Tensor:
+    """``(n, M × C, *spatial)`` logits of ``members`` networks side by side → their probabilities at
+    ``temperature`` (one, or one per class), each member softmaxed over its own C classes: ``(n, M × C, *spatial)``."""
+    shape = logits.shape
+    per_member = logits.reshape(shape[0] * members, shape[1] // members, *shape[2:])
+    return torch.softmax(apply_temperature(per_member, temperature), dim=1).reshape(shape)
+
+
+def normalised_entropy(probabilities: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """``-Σ p log p / log C`` over ``dim`` (C classes), in [0, 1] up to rounding."""
+    return -torch.special.xlogy(probabilities, probabilities).sum(dim=dim) / math.log(probabilities.shape[dim])
+
+
+def ensemble_average(probabilities: torch.Tensor, members: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(n, M × C, *spatial)`` member probabilities → their average ``(n, C, *spatial)`` and the members'
+    disagreement ``(n, *spatial)``: entropy of the average minus the members' mean entropy (the mutual information
+    between the prediction and the member), normalised by log C and clamped to [0, 1]; None for one member."""
+    if members == 1:
+        return probabilities, None
+    stacked = probabilities.unflatten(1, (members, probabilities.shape[1] // members))
+    average = stacked.mean(dim=1)
+    disagreement = normalised_entropy(average) - normalised_entropy(stacked, dim=2).mean(dim=1)
+    return average, disagreement.clamp(0.0, 1.0)
 
 
 def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,7 +139,7 @@ def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Te
         )
     num_classes = probabilities.shape[1]
     confidence, labels = probabilities.max(dim=1)
-    entropy = -torch.special.xlogy(probabilities, probabilities).sum(dim=1) / math.log(num_classes)
+    entropy = normalised_entropy(probabilities)
     return labels.to(torch.uint8), confidence.clamp(1.0 / num_classes, 1.0), entropy.clamp(0.0, 1.0)
 
 
@@ -147,6 +181,7 @@ class Predictor:
         self.device = resolve_device(device)
         self.batch_size = batch_size
         self.model = (network if network is not None else self.bundle.build_model()).to(self.device)
+        self.members = metadata.ensemble_size
 
     @property
     def num_classes(self) -> int:
@@ -174,12 +209,12 @@ class Predictor:
         grid = network_grid_shape(slices.shape[-2:], spacing, self.metadata.preprocessing.target_spacing)
         return self.network_logits(resample_slices(batch, grid), agreement)
 
-    @staticmethod
-    def input_grid_probabilities(logits: torch.Tensor, temperature: float | Sequence[float],
+    def input_grid_probabilities(self, logits: torch.Tensor, temperature: float | Sequence[float],
                                  shape: Sequence[int]) -> torch.Tensor:
-        """``(n, C, y', x')`` model-grid logits → ``(n, C, *shape)`` probabilities at ``temperature`` on the
-        input's in-plane grid. Probabilities (not logits) are resampled: bilinear weights keep them summing to 1."""
-        return resample_slices(torch.softmax(apply_temperature(logits, temperature), dim=1), shape)
+        """``(n, M × C, y', x')`` model-grid logits of the bundle's M networks (M = 1: one network) →
+        ``(n, M × C, *shape)`` member probabilities at ``temperature`` on the input's in-plane grid. Probabilities
+        (not logits) are resampled: bilinear weights keep each member's summing to 1."""
+        return resample_slices(member_probabilities(logits, temperature, self.members), shape)
 
     def predict(
         self,
@@ -274,7 +309,7 @@ class Predictor:
             logits = self.slice_logits(slices, plane_spacing, agreement)
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
                 probabilities = self.input_grid_probabilities(logits, temperature, in_plane_shape)
-                _write_batch(prediction, axis, batch, probabilities, sink)
+                _write_batch(prediction, axis, batch, *ensemble_average(probabilities, self.members), sink)
             if progress is not None and batch.stop < count:
                 progress(batch.stop / count)
         return self._finish(predictions, agreement, progress)
@@ -288,6 +323,7 @@ class Predictor:
                 entropy=np.empty(shape, np.float32),
                 probabilities=np.empty((self.num_classes, *shape), np.float32) if keep_probabilities else None,
                 probability_sums=np.zeros(self.num_classes),
+                disagreement=np.empty(shape, np.float32) if self.members > 1 else None,
             )
             for _ in range(count)
         ]
@@ -336,17 +372,18 @@ class Predictor:
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
-                probabilities = volume_chunk_probabilities(logits, temperature, image.shape, batch)
-                _write_batch(prediction, 0, batch, probabilities, sink)
+                probabilities = volume_chunk_probabilities(logits, temperature, image.shape, batch, self.members)
+                _write_batch(prediction, 0, batch, *ensemble_average(probabilities, self.members), sink)
             if progress is not None and batch.stop < count:
                 progress(0.5 + 0.5 * batch.stop / count)
         return self._finish(predictions, agreement, progress)
 
 
 def volume_chunk_probabilities(logits: torch.Tensor, temperature: float | Sequence[float], shape: Sequence[int],
-                               slices: slice) -> torch.Tensor:
+                               slices: slice, members: int = 1) -> torch.Tensor:
     """Probabilities at ``temperature`` of the input slices ``slices`` of a ``shape`` (z, y, x) input, from a 3D
-    network's ``(C, z', y', x')`` logits on the model's grid: ``(n, C, y, x)``.
+    network's ``(C, z', y', x')`` logits on the model's grid (``(M × C, z', y', x')`` for ``members`` networks side
+    by side): ``(n, C, y, x)`` (``(n, M × C, y, x)``, each member's summing to 1).
 
     The model slices the chunk needs are softmaxed, resampled in-plane (:func:`resample_slices`) and interpolated
     linearly along z with ``align_corners=False`` edges (the trilinear resampling of the whole volume, one chunk
@@ -358,8 +395,8 @@ def volume_chunk_probabilities(logits: torch.Tensor, temperature: float | Sequen
     below = positions.floor().long()
     above = (below + 1).clamp(max=depth - 1)
     first, last = int(below.min()), int(above.max()) + 1
-    needed = apply_temperature(logits[:, first:last].movedim(1, 0), temperature)
-    planes = resample_slices(torch.softmax(needed, dim=1), shape[1:])  # (m, C, y, x)
+    needed = member_probabilities(logits[:, first:last].movedim(1, 0), temperature, members)
+    planes = resample_slices(needed, shape[1:])  # (m, M × C, y, x)
     weight = (positions - below).to(planes.dtype).view(-1, 1, 1, 1).to(planes.device)
     return planes[below - first] * (1 - weight) + planes[above - first] * weight
 
@@ -374,11 +411,14 @@ def _sinks(probability_sinks: Sequence[ProbabilitySink | None] | None,
 
 
 def _write_batch(prediction: Prediction, axis: int, batch: slice, probabilities: torch.Tensor,
-                 sink: ProbabilitySink | None) -> None:
-    """Write one batch's ``(n, C, *in-plane)`` probabilities into ``prediction``'s maps (and the sink)."""
+                 disagreement: torch.Tensor | None, sink: ProbabilitySink | None) -> None:
+    """Write one batch's ``(n, C, *in-plane)`` probabilities (and an ensemble's ``(n, *in-plane)`` disagreement)
+    into ``prediction``'s maps (and the sink)."""
     maps = (prediction.labels, prediction.confidence, prediction.entropy)
     for target, values in zip(maps, confidence_maps(probabilities), strict=True):
         np.moveaxis(target, axis, 0)[batch] = values.cpu().numpy()
+    if disagreement is not None:
+        np.moveaxis(prediction.disagreement, axis, 0)[batch] = disagreement.cpu().numpy()
     prediction.probability_sums += probabilities.sum(dim=(0, *range(2, probabilities.ndim)),
                                                      dtype=torch.float64).cpu().numpy()
     if prediction.probabilities is not None or sink is not None:

@@ -15,7 +15,8 @@ import torch
 from monai.networks import nets
 from torch import nn
 
-__all__ = ["NETWORKS", "NetworkOptionsError", "build_network", "build_network_on_meta", "input_size_problem"]
+__all__ = ["NETWORKS", "NetworkOptionsError", "MemberNetworks", "build_network", "build_network_on_meta",
+           "input_size_problem"]
 
 
 class NetworkOptionsError(ValueError):
@@ -35,6 +36,22 @@ class _FinalOutput(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.network(images)[-1]
+
+
+class MemberNetworks(nn.Module):
+    """An ensemble's networks run side by side on the same input: ``(B, K, *spatial)`` images to the members' logits
+    concatenated along the channels, ``(B, M × C, *spatial)`` (member m's classes at ``m × C … m × C + C - 1``).
+
+    One module with one output, so a sliding window blends (and mirrors) every member's logits in one pass exactly as
+    it would blend each alone: blending is linear per channel. The members' weights are ``members.<m>.…``.
+    """
+
+    def __init__(self, members: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.members = nn.ModuleList(members)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return torch.cat([member(images) for member in self.members], dim=1)
 
 
 def _refuse_deep_supervision(name: str, options: dict[str, Any]) -> None:

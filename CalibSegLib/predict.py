@@ -14,7 +14,8 @@ file with a channel suffix.
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
-(normalised entropy in [0, 1], float32); always ``<stem>_summary.json``, the quality summary
+(normalised entropy in [0, 1], float32), and for an ensemble bundle ``<stem>_disagreement.nii.gz`` (its members'
+disagreement, the mutual information normalised by log C, float32 in [0, entropy]); always ``<stem>_summary.json``, the quality summary
 without a reference (first ``input_check``, :func:`CalibSegLib.input_check.check_input`: is the image like the model's training
 images; then :func:`CalibSegLib.quality.quality_summary`: per structure volume in mL,
 mean confidence and entropy, low-confidence fraction, predicted Dice with its interval and a
@@ -78,6 +79,7 @@ __all__ = ["BATCH_TABLE", "case_name", "predict_files", "folder_images", "folder
            "predict_folder", "summary_lines", "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
+ENSEMBLE_MAPS: tuple[str, ...] = ("disagreement",)  # an ensemble bundle's further map
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
 BATCH_TABLE = "predictions.csv"
 
@@ -123,7 +125,8 @@ def predict_files(
     (and metrics) into ``out_dir``, named after the case (:func:`case_name`).
 
     Returns:
-        ``{["metrics",] "summary", "labels", "confidence", "entropy"}`` → written paths.
+        ``{["metrics",] "summary", "labels", "confidence", "entropy"[, "disagreement"]}`` → written paths (the
+        last for an ensemble bundle).
 
     Raises:
         ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
@@ -135,7 +138,8 @@ def predict_files(
     paths = [Path(image_path)] if isinstance(image_path, (str, Path)) else [Path(path) for path in image_path]
     out_dir = Path(out_dir)
     stem = case_name(paths)
-    names = (("metrics",) if reference_path is not None else ()) + ("summary",) + OUTPUT_MAPS
+    maps = OUTPUT_MAPS + (ENSEMBLE_MAPS if predictor.members > 1 else ())
+    names = (("metrics",) if reference_path is not None else ()) + ("summary",) + maps
     # Checked before the image is even read: a bad --out-dir must not cost an inference.
     outputs = {
         name: check_output_file(out_dir / f"{stem}_{name}{'.json' if name in JSON_OUTPUTS else '.nii.gz'}")
@@ -160,7 +164,7 @@ def predict_files(
         if analysis.metrics is not None:
             write_json_atomic(output_set.stage(outputs["metrics"]), analysis.metrics)
         write_json_atomic(output_set.stage(outputs["summary"]), analysis.summary)
-        for name in OUTPUT_MAPS:
+        for name in maps:
             write_image(output_set.stage(outputs[name]), getattr(prediction, name), geometry)
     return outputs
 

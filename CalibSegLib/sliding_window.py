@@ -116,7 +116,8 @@ class MirrorAgreement:
         self.average_voxels = np.zeros(num_classes)
 
     def add(self, pass_labels: Sequence[torch.Tensor], average_labels: torch.Tensor) -> None:
-        """Count one batch: each pass's ``(n, y, x)`` argmax labels (unflipped back) against the average's."""
+        """Count one batch: each pass's ``(n, *spatial)`` argmax labels (unflipped back) against the average's (an
+        ensemble's ``(n, M, *spatial)``, every member's voxels counted alike)."""
         if len(pass_labels) != len(self.shared):
             raise ValueError(f"Got {len(pass_labels)} passes for an agreement of {len(self.shared)}.")
         classes = self.num_classes
@@ -139,10 +140,11 @@ class MirrorAgreement:
         return np.divide(per_pass.sum(axis=0), counted, out=np.full(self.num_classes, np.nan), where=counted > 0)
 
 
-def _argmax_classes(logits: torch.Tensor) -> torch.Tensor:
-    """``(n, y, x)`` uint8 index of the largest of ``(n, C, y, x)`` logits, the first where tied. ``max`` rather
-    than ``argmax``: on the CPU, torch's argmax over the class axis of this layout is about ten times slower."""
-    return logits.max(dim=1).indices.to(torch.uint8)
+def _argmax_classes(logits: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """``(n, M, *spatial)`` uint8 index of the largest of each member's C = ``num_classes`` logits in
+    ``(n, M × C, *spatial)`` (M = 1: one network), the first where tied. ``max`` rather than ``argmax``: on the CPU,
+    torch's argmax over the class axis of this layout is about ten times slower."""
+    return logits.unflatten(1, (-1, num_classes)).max(dim=2).indices.to(torch.uint8)
 
 
 def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindow,
@@ -168,9 +170,9 @@ def window_logits(model: nn.Module, images: torch.Tensor, settings: SlidingWindo
         logits = blended(images.flip(dims) if dims else images).float()
         logits = logits.flip(dims) if dims else logits
         if agreement is not None:  # a byte per voxel and pass, not the pass's logits
-            pass_labels.append(_argmax_classes(logits))
+            pass_labels.append(_argmax_classes(logits, agreement.num_classes))
         total = logits if total is None else total + logits
     average = total / len(flips)
     if agreement is not None:
-        agreement.add(pass_labels, _argmax_classes(average))
+        agreement.add(pass_labels, _argmax_classes(average, agreement.num_classes))
     return average

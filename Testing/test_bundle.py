@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle.schema import SINGLE_NETWORK_SCHEMA_VERSION
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import build_network
 from CalibSegLib.sliding_window import MAX_VOXELS_PER_PASS, SlidingWindow, windows_per_pass
@@ -66,7 +67,7 @@ def test_round_trip_gives_identical_weights_metadata_and_predictions(tmp_path):
     assert bundle.metadata.class_colors == metadata.class_colors
     assert bundle.metadata.training == metadata.training
     assert bundle.metadata.temperature == [1.0, 1.5, 2.0, 0.5]
-    assert bundle.metadata.schema_version == SCHEMA_VERSION and bundle.metadata.weights_dtype == "float32"
+    assert bundle.metadata.schema_version == SINGLE_NETWORK_SCHEMA_VERSION and bundle.metadata.weights_dtype == "float32"
     image = np.random.default_rng(0).normal(size=(3, 40, 36)).astype(np.float32)
     in_memory = Predictor(Bundle(metadata, model.state_dict()), device="cpu").predict(
         image, (5, 1, 1), keep_probabilities=True
@@ -104,6 +105,8 @@ def test_bundle_json_records_every_section(good):
         "library_version",
         "weights_dtype",
         "weights_sha256",
+        "ensemble_size",
+        "ensemble",
     } == set(stored)
     assert stored["preprocessing"] == {
         "normalization": "percentile",

@@ -1,7 +1,7 @@
 """CalibSeg's colour tables: perceptually uniform maps that Slicer does not ship.
 
-Anchors are 17 samples of matplotlib's ``viridis`` (confidence) and ``inferno``
-(uncertainty), interpolated linearly to 256 entries; stored here so the module needs
+Anchors are 17 samples of matplotlib's ``viridis`` (confidence), ``inferno`` (uncertainty) and
+``magma`` (an ensemble's disagreement), interpolated linearly to 256 entries; stored here so the module needs
 no matplotlib at run time.
 """
 
@@ -22,6 +22,11 @@ COLORMAP_ANCHORS: dict[str, list[tuple[float, float, float]]] = {
                 (0.736, 0.216, 0.330), (0.822, 0.275, 0.266), (0.894, 0.353, 0.194), (0.947, 0.449, 0.115),
                 (0.978, 0.558, 0.035), (0.988, 0.675, 0.065), (0.975, 0.798, 0.206), (0.948, 0.917, 0.411),
                 (0.988, 0.998, 0.645)],
+    "magma": [(0.001, 0.000, 0.014), (0.040, 0.031, 0.134), (0.113, 0.065, 0.277), (0.212, 0.062, 0.419),
+              (0.317, 0.072, 0.485), (0.415, 0.110, 0.505), (0.513, 0.148, 0.508), (0.614, 0.182, 0.499),
+              (0.716, 0.215, 0.475), (0.817, 0.256, 0.436), (0.904, 0.320, 0.388), (0.961, 0.418, 0.360),
+              (0.987, 0.536, 0.382), (0.996, 0.654, 0.446), (0.997, 0.770, 0.535), (0.992, 0.884, 0.640),
+              (0.987, 0.991, 0.750)],
 }
 
 

@@ -20,7 +20,9 @@ def show_outputs(outputs, input_node) -> None:
         display.SetVisibility2DFill(False)
         display.SetVisibility2DOutline(True)
     colors_logic = slicer.modules.colors.logic()
-    for overlay in (outputs.confidence, outputs.uncertainty):
+    for overlay in (outputs.confidence, outputs.uncertainty, outputs.disagreement):
+        if overlay is None:  # a single network's run has no disagreement
+            continue
         legend = colors_logic.AddDefaultColorLegendDisplayNode(overlay)
         legend.SetTitleText(overlay.GetName())
         legend.SetVisibility(overlay is outputs.uncertainty)

@@ -179,6 +179,7 @@ def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None)
     ``measured_dice`` (``(C-1,)``, from a reference) a Measured Dice column follows the predicted one.
     """
     from CalibSegLib.input_check import input_check_lines
+    from CalibSegLib.quality.model import MEAN_DISAGREEMENT
 
     entries = list(summary["structures"].values())
 
@@ -195,6 +196,9 @@ def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None)
         columns[title] = [math.nan] + [number(entry, key) for entry in entries]
         if key == "predicted_dice" and measured_dice is not None:
             columns["Measured Dice"] = [math.nan] + [float(value) for value in measured_dice]
+    if any(MEAN_DISAGREEMENT in entry for entry in entries):  # an ensemble bundle's run
+        columns["Mean disagreement"] = [math.nan] + [float(entry.get(MEAN_DISAGREEMENT, math.nan))
+                                                     for entry in entries]
     return columns
 
 
@@ -208,6 +212,9 @@ SEGMENTATION_METRICS = (("dice", "Dice", ""), ("hd95", "HD95", "mm"), ("asd", "A
 # (key in CaseEvaluation.calibration / .confidence, label); over the reference foreground.
 CALIBRATION_METRICS = (("ece", "ECE"), ("cece", "CECE"), ("tace", "TACE"), ("brier", "Brier"), ("nll", "NLL"),
                        ("mce", "MCE"), ("error_auroc", "Error-detection AUROC"), ("aurc", "AURC"))
+# An ensemble bundle's further rows (a single network's metrics have no such keys).
+ENSEMBLE_METRICS = (("disagreement_auroc", "Error-detection AUROC of disagreement"),
+                    ("mean_foreground_disagreement", "Mean disagreement in the predicted foreground"))
 
 
 def metrics_rows(metrics: dict[str, float], class_names: Sequence[str]) -> list[tuple[str, float, str]]:
@@ -223,7 +230,7 @@ def metrics_rows(metrics: dict[str, float], class_names: Sequence[str]) -> list[
     for key, label, unit in SEGMENTATION_METRICS:
         rows += [(f"{label} {name}", metrics[f"{key}_{structure_key(name)}"], unit) for name in class_names[1:]]
         rows.append((f"{label} mean", metrics[f"{key}_mean"], unit))
-    rows += [(label, metrics[key], "") for key, label in CALIBRATION_METRICS]
+    rows += [(label, metrics[key], "") for key, label in CALIBRATION_METRICS + ENSEMBLE_METRICS if key in metrics]
     return rows
 
 

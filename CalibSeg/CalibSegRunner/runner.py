@@ -86,6 +86,7 @@ class CalibSegOutputs:
     metrics_table: object | None = None
     reliability_chart: object | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # the table's rows: label -> value
+    disagreement: object | None = None  # an ensemble bundle's: its members' disagreement (magma, [0, 1])
 
 
 def _checked_fraction(value: float | None, what: str) -> float | None:
@@ -224,6 +225,9 @@ class SegmentationRunner:
                                                      for name in metadata.class_names[1:]]
             quality = add_quality_table(scene, f"{base} CalibSeg quality", analysis.summary, measured)
             outputs = CalibSegOutputs(segmentation, confidence, uncertainty, quality, analysis.summary)
+            if prediction.disagreement is not None:
+                outputs.disagreement = add_overlay(scene, request.input_node, prediction.disagreement,
+                                                   f"{base} disagreement", "magma")
             if metrics is not None:
                 rows = metrics_rows(metrics, metadata.class_names)
                 outputs.metrics = {label: value for label, value, _ in rows}

@@ -23,8 +23,8 @@ from torch import nn
 
 from CalibSegLib import BUNDLE_SUFFIX, __version__
 from CalibSegLib.bundle.model import Bundle, build_declared_network, check_weights_fit
-from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, STORED_FLOAT_DTYPES, BundleError,
-                                       BundleMetadata, is_int, parse_metadata)
+from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, SINGLE_NETWORK_SCHEMA_VERSION,
+                                       STORED_FLOAT_DTYPES, BundleError, BundleMetadata, is_int, parse_metadata)
 from CalibSegLib.io import atomic_output
 
 __all__ = ["WEIGHTS_MEMBER", "save_bundle", "load_bundle"]
@@ -116,7 +116,8 @@ def save_bundle(
     weights = save_safetensors(tensors)
     metadata = dataclasses.replace(
         metadata,
-        schema_version=SCHEMA_VERSION,
+        # The oldest schema that can read it: an older CalibSeg keeps reading single networks.
+        schema_version=SCHEMA_VERSION if metadata.ensemble_size > 1 else SINGLE_NETWORK_SCHEMA_VERSION,
         library_version=__version__,
         weights_dtype=str(stored_dtype).removeprefix("torch."),
         weights_sha256=hashlib.sha256(weights).hexdigest(),

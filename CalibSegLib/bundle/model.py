@@ -42,7 +42,8 @@ class Bundle:
     path: Path | None = None
 
     def build_model(self) -> nn.Module:
-        """The network with the bundle's weights, in eval mode, on the CPU."""
+        """The network with the bundle's weights, in eval mode, on the CPU (an ensemble's members side by side,
+        one output of ``ensemble_size × num_classes`` channels)."""
         model = build_declared_network(self.metadata)
         model.load_state_dict(self.state_dict)
         return model.eval()
@@ -78,7 +79,8 @@ def _check_network_kwargs(value: Any, where: str = "network_kwargs", depth: int 
 
 
 def build_declared_network(metadata: BundleMetadata, device: str = "cpu") -> nn.Module:
-    """The declared network with random weights; :class:`BundleError` when it cannot be built.
+    """The declared network with random weights (for an ensemble, ``ensemble_size`` of them side by side,
+    :class:`~CalibSegLib.networks.MemberNetworks`); :class:`BundleError` when it cannot be built.
 
     It is first built on torch's meta device (shapes only, no memory) and refused when it has
     more than :data:`MAX_PARAMETERS` numbers; only then, unless ``device="meta"``, for real.
@@ -97,13 +99,17 @@ def build_declared_network(metadata: BundleMetadata, device: str = "cpu") -> nn.
             f"The bundle's network {metadata.network!r} cannot be built from its network_kwargs "
             f"({error.reason})."
         ) from None
-    count = sum(tensor.numel() for tensor in skeleton.state_dict().values())
+    members = metadata.ensemble_size
+    count = members * sum(tensor.numel() for tensor in skeleton.state_dict().values())
     if count > MAX_PARAMETERS:
         raise BundleError(
-            f"The bundle's network {metadata.network!r} would have {count:,} parameters, more than the "
-            f"{MAX_PARAMETERS:,} CalibSeg loads; check its network_kwargs."
+            f"The bundle's network {metadata.network!r}{f' × {members} members' if members > 1 else ''} would have "
+            f"{count:,} parameters, more than the {MAX_PARAMETERS:,} CalibSeg loads; check its network_kwargs."
         )
-    return skeleton if device == "meta" else networks.build_network(*declaration, **metadata.network_kwargs)
+    build = networks.build_network_on_meta if device == "meta" else networks.build_network
+    if members == 1:
+        return skeleton if device == "meta" else build(*declaration, **metadata.network_kwargs)
+    return networks.MemberNetworks([build(*declaration, **metadata.network_kwargs) for _ in range(members)])
 
 
 def check_weights_fit(

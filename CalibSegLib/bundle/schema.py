@@ -26,10 +26,15 @@ from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityMod
 from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.terminology import TerminologyError, parse_class_terminology
 
-__all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError",
-           "BundleMetadata", "check_schema_version", "parse_metadata", "is_int", "is_number"]
+__all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "SINGLE_NETWORK_SCHEMA_VERSION", "MAX_ENSEMBLE_SIZE",
+           "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError", "BundleMetadata", "check_schema_version",
+           "parse_metadata", "is_int", "is_number"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# Schema 3 added ensembles (ensemble_size > 1); a single network's bundle is written as schema 2, which every
+# CalibSeg since resampling by spacing reads.
+SINGLE_NETWORK_SCHEMA_VERSION = 2
+MAX_ENSEMBLE_SIZE = 16
 # Schema 1 bundles resized every slice to a fixed size instead of resampling by spacing; their
 # networks expect inputs this CalibSeg no longer produces.
 OLDEST_SCHEMA_VERSION = 2
@@ -70,7 +75,9 @@ class BundleMetadata:
     (:func:`CalibSegLib.terminology.parse_class_terminology`) and ``input_statistics`` what the
     training inputs looked like (:meth:`CalibSegLib.input_check.InputStatistics.to_dict`), None
     where absent; ``channel_names`` the input channels in the order the network takes them (a ``dataset.json``'s;
-    None: one channel, the image). The library version, weights dtype and checksum are filled in by :func:`save_bundle`.
+    None: one channel, the image); ``ensemble_size`` how many networks of the declared kind the weights hold (1:
+    one network; more: an ensemble whose probabilities are averaged, its members' weights ``members.<m>.…``) and
+    ``ensemble`` where they came from (the folds, their validation patients and temperatures; None for one network). The library version, weights dtype and checksum are filled in by :func:`save_bundle`.
     """
 
     network: str
@@ -92,6 +99,8 @@ class BundleMetadata:
     class_terminology: dict[str, Any] | None = None
     input_statistics: dict[str, Any] | None = None
     channel_names: list[str] | None = None
+    ensemble_size: int = 1
+    ensemble: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
     library_version: str = __version__
     weights_dtype: str = "float32"
@@ -160,7 +169,7 @@ class BundleMetadata:
         """
         if not isinstance(self.network, str) or not isinstance(self.network_kwargs, dict):
             raise BundleError("The bundle's network must be a name and its network_kwargs an object.")
-        for name in ("in_channels", "num_classes", "spatial_dims"):
+        for name in ("in_channels", "num_classes", "spatial_dims", "ensemble_size"):
             if not is_int(getattr(self, name)):
                 raise BundleError(f"The bundle's {name} must be an integer, got {getattr(self, name)!r}.")
         if (
@@ -172,6 +181,11 @@ class BundleMetadata:
                 f"The bundle declares in_channels={self.in_channels}, num_classes={self.num_classes}, "
                 f"spatial_dims={self.spatial_dims}; need >= 1, 2..{_MAX_CLASSES} and 2 or 3."
             )
+        if not 1 <= self.ensemble_size <= MAX_ENSEMBLE_SIZE:
+            raise BundleError(f"The bundle declares ensemble_size={self.ensemble_size}; an ensemble holds 1 to "
+                              f"{MAX_ENSEMBLE_SIZE} networks.")
+        if self.ensemble is not None and not isinstance(self.ensemble, dict):
+            raise BundleError(f"The bundle's ensemble must be an object, got {self.ensemble!r}.")
         if (
             not isinstance(self.class_names, (list, tuple))
             or not isinstance(self.class_colors, (list, tuple))

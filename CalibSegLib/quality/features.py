@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from scipy import ndimage
 
-from CalibSegLib.quality.model import BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MIRROR_AGREEMENT
+from CalibSegLib.quality.model import BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, MIRROR_AGREEMENT
 
 if TYPE_CHECKING:
     from CalibSegLib.inference import Prediction
@@ -54,10 +54,12 @@ def structure_features(
     Returns:
         C-1 entries, class 1 first: ``{"voxels", "mean_confidence", "mean_entropy",
         "low_confidence_fraction", "boundary_entropy_ratio", "boundary_low_confidence_ratio",
-        "expected_dice", "log_volume_ml", "mirror_agreement"}``, or None for a class predicted nowhere.
+        "expected_dice", "log_volume_ml", "mirror_agreement", "mean_disagreement"}``, or None for a class predicted
+        nowhere.
         ``expected_dice`` is left out when the prediction carries neither ``probability_sums`` nor
         ``probabilities``, ``log_volume_ml`` (natural log of the volume in mL) when ``spacing`` is None,
-        ``mirror_agreement`` when the prediction carries none (a bundle that does not mirror).
+        ``mirror_agreement`` when the prediction carries none (a bundle that does not mirror), ``mean_disagreement``
+        (the ensemble members' mean disagreement inside the structure) for a single network's prediction.
     """
     labels = prediction.labels
     counts = _class_sums(labels, None, num_classes)
@@ -94,6 +96,8 @@ def structure_features(
             values["expected_dice"] = float(2.0 * confidence[label] / (count + expected_counts[label]))
         if voxel_ml is not None:
             values["log_volume_ml"] = math.log(count * voxel_ml)
+        if prediction.disagreement is not None:
+            values[MEAN_DISAGREEMENT] = float(_class_sums(labels, prediction.disagreement, num_classes)[label] / count)
         if prediction.mirror_agreement is not None:
             # NaN: no pass drew the class on the network's grid, yet resampling left some voxels of it on the
             # input's: nothing agrees on it.

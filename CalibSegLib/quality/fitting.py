@@ -31,7 +31,7 @@ import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.quality.features import structure_features
-from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, FEATURES, INTERVAL_COVERAGE, MIRROR_AGREEMENT,
+from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, FEATURES, INTERVAL_COVERAGE, OPTIONAL_FEATURES,
                                        PARAMETER_BOUND, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
                                        QualityModel, QualityModelError, StructureQuality, evaluate_form)
 
@@ -164,8 +164,8 @@ def _structure_fit(observations: Sequence[Observation], index: int, name: str) -
     if np.ptp(y) == 0 and y[0] == 0:
         raise QualityModelError(f"The network's {name!r} overlaps the reference nowhere on the validation "
                                 "cases (Dice 0 on every one), so its Dice cannot be predicted; train longer.")
-    averaged = [*UNCERTAINTY_FEATURES, *([MIRROR_AGREEMENT] if all(MIRROR_AGREEMENT in row for row in features)
-                                          else [])]
+    averaged = [*UNCERTAINTY_FEATURES, *(feature for feature in OPTIONAL_FEATURES
+                                         if all(feature in row for row in features))]
     x = {feature: np.array([row[feature] for row in features], dtype=np.float64) for feature in averaged}
     residuals = _held_out_residuals(x, y, groups)
     with_size = {**x, SIZE_FEATURE: np.array([row[SIZE_FEATURE] for row in features], dtype=np.float64)}

@@ -15,7 +15,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
-           "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "FORMS", "AVERAGED",
+           "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "MEAN_DISAGREEMENT",
+           "OPTIONAL_FEATURES", "FORMS", "AVERAGED",
            "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "structure_key", "StructureQuality", "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
@@ -25,6 +26,10 @@ INTERVAL_COVERAGE = 0.8
 BOUNDARY_RING = 2  # face-neighbour steps around a structure counted by the boundary_* features
 # The agreement of the mirrored passes: only a bundle that mirrors has it (CalibSegLib.sliding_window.MirrorAgreement).
 MIRROR_AGREEMENT = "mirror_agreement"
+# The ensemble members' mean disagreement inside the structure: only an ensemble has it (CalibSegLib.inference).
+MEAN_DISAGREEMENT = "mean_disagreement"
+# Features some predictions lack: a fit averages one only where every observation has it.
+OPTIONAL_FEATURES: tuple[str, ...] = (MIRROR_AGREEMENT, MEAN_DISAGREEMENT)
 # Feature -> the direction Dice moves when the feature grows (+1 up, -1 down).
 FEATURES: dict[str, int] = {
     "mean_entropy": -1,
@@ -35,6 +40,7 @@ FEATURES: dict[str, int] = {
     "boundary_low_confidence_ratio": -1,
     "log_volume_ml": 1,
     MIRROR_AGREEMENT: 1,
+    MEAN_DISAGREEMENT: -1,
 }
 # What a structure's uncertainty says about its Dice: every quality model averages one linear fit per feature of these.
 UNCERTAINTY_FEATURES: tuple[str, ...] = ("mean_entropy", "mean_confidence", "low_confidence_fraction",

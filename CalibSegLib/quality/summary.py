@@ -30,6 +30,10 @@ Definitions (every number a reader sees is one of these):
   Dice between the pass's structure and the average's, over the whole volume on the network's grid
   (:class:`~CalibSegLib.sliding_window.MirrorAgreement`) — 1 when every view draws the same
   structure, lower where the average hides passes that disagree.
+- ``mean_disagreement`` (an ensemble's only, shown): the mean over the structure's voxels of the members'
+  disagreement (the mutual information between the prediction and the member, normalised by log C;
+  :func:`CalibSegLib.inference.ensemble_average`) — the part of the entropy that comes from the networks drawing the
+  structure differently rather than from an ambiguous image.
 - ``uncertain_slices``: slices along the bundle's slice axis ordered by their hot-spot
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
   slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is
@@ -47,8 +51,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, uncertain_slices
-from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, REVIEW_BELOW, StructureQuality,
-                                       structure_key)
+from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, REVIEW_BELOW,
+                                       StructureQuality, structure_key)
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
@@ -67,7 +71,8 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
         return {"volume_ml": 0.0, "mean_confidence": None, "mean_entropy": None, "low_confidence_fraction": None,
                 "predicted_dice": None, "predicted_dice_interval": None, "review": True}
     summary: dict[str, Any] = {"volume_ml": features["voxels"] * voxel_mm3 / 1000.0,
-                               **{key: features[key] for key in _SHOWN_FEATURES}}
+                               **{key: features[key] for key in (*_SHOWN_FEATURES, MEAN_DISAGREEMENT)
+                                  if key in features}}
     if model is None:
         return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
     missing = [feature for feature in model.inputs if feature not in features]
