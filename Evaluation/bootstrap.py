@@ -22,7 +22,8 @@ import numpy as np
 from scipy.stats import wilcoxon
 
 __all__ = ["BOOTSTRAP_RESAMPLES", "BOOTSTRAP_SEED", "INTERVAL_LEVEL", "resampled_spearman",
-           "spearman_interval", "group_draws", "mean_interval", "patient_values", "paired_difference"]
+           "spearman_interval", "group_draws", "mean_interval", "ratio_interval", "patient_values",
+           "paired_difference"]
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 2024
@@ -103,6 +104,23 @@ def mean_interval(values: np.ndarray, groups: np.ndarray, level: float = INTERVA
     with np.errstate(invalid="ignore", divide="ignore"):
         resampled = weights @ values[defined] / weights.sum(axis=1)
     return (mean, *_percentiles(resampled, level))
+
+
+def ratio_interval(numerator: np.ndarray, denominator: np.ndarray, groups: np.ndarray,
+                   level: float = INTERVAL_LEVEL, resamples: int = BOOTSTRAP_RESAMPLES,
+                   seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
+    """``Σ numerator / Σ denominator`` over rows ``(n,)`` (e.g. poor structures flagged / poor structures: a
+    recall) and its percentile bootstrap interval resampling whole ``groups`` (patients): ``(ratio, low, high)``;
+    NaN where the denominator sums to 0, NaN bounds with fewer than three groups."""
+    numerator, denominator = np.asarray(numerator, np.float64), np.asarray(denominator, np.float64)
+    total = denominator.sum()
+    ratio = float(numerator.sum() / total) if total > 0 else float("nan")
+    weights = group_draws(groups, resamples, seed)
+    if weights is None:
+        return ratio, float("nan"), float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        resampled = (weights @ numerator) / (weights @ denominator)
+    return (ratio, *_percentiles(resampled, level))
 
 
 def patient_values(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

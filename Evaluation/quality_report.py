@@ -36,7 +36,8 @@ from CalibSegLib.analysis import analyse_case
 from CalibSegLib.bundle import Bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import dice, error_detection_auroc
-from CalibSegLib.quality import REVIEW_BELOW, structure_key, summary_columns
+from CalibSegLib.quality import structure_key, summary_columns
+from CalibSegLib.quality.review_rule import GOOD_ABOVE, POOR_BELOW
 from Datasets.cases import Case
 from Evaluation.bootstrap import spearman_interval
 
@@ -44,10 +45,6 @@ __all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "POOR_BELOW", "GOOD_ABOVE", "qualit
            "quality_report"]
 
 ALL_STRUCTURES = "all structures"
-# What a structure's measured Dice makes it: poor below 0.80 (the issue's target for a review flag to catch), good
-# above 0.90 (where a flag is a false alarm). Fixed, so that a model's review threshold (its quality model's
-# review_below, chosen on out-of-fold patients: scripts/review_rule_table.py) is judged against the same classes.
-POOR_BELOW, GOOD_ABOVE = REVIEW_BELOW, 0.90
 NOISE_SEED = 2024
 
 

@@ -1,12 +1,12 @@
-"""The review rule's table (scripts/review_rule_table.py): flags counted among poor and good structures per
-threshold, structures predicted nowhere always flagged, and the rule's choice as written in docs/results.md."""
+"""The review rule (CalibSegLib.quality.review_rule): flags counted among poor and good structures per threshold,
+structures predicted nowhere always flagged, and the rule's choice as written in docs/results.md."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from scripts.review_rule_table import THRESHOLDS, choose, trade_off
+from CalibSegLib.quality.review_rule import THRESHOLDS, choose_review_threshold, trade_off
 
 
 def test_trade_off_counts_flags_among_poor_and_good_structures_by_hand():
@@ -19,11 +19,12 @@ def test_trade_off_counts_flags_among_poor_and_good_structures_by_hand():
     assert (at_085["poor_flagged"], at_085["good_flagged"]) == (3, 1)  # 0.84 caught; the good 0.83 flagged too
     assert (at_087["poor_flagged"], at_087["recall"], at_087["false_flag_share"]) == (4, 1.0, pytest.approx(1 / 3))
     assert at_087["flagged_share"] == pytest.approx(5 / 8)
-    # the rule: the smallest threshold reaching 80 % of the poor ones (4 of 4 from 0.87 on; 3 of 4 is 75 %)
-    assert choose(trade_off(predicted, measured))["review_below"] == 0.87
+    # the rule: the smallest threshold reaching 85 % of the poor ones (4 of 4 from 0.87 on; 3 of 4 is 75 %)
+    assert choose_review_threshold(trade_off(predicted, measured))["review_below"] == 0.87
+    assert choose_review_threshold(trade_off(predicted, measured), target_recall=0.75)["review_below"] == 0.85
 
 
 def test_the_rule_takes_the_largest_threshold_when_none_reaches_the_target():
     predicted, measured = np.array([0.99, 0.99, 0.50]), np.array([0.50, 0.60, 0.70])
-    chosen = choose(trade_off(predicted, measured))
+    chosen = choose_review_threshold(trade_off(predicted, measured))
     assert chosen["review_below"] == THRESHOLDS[-1] and chosen["recall"] == pytest.approx(1 / 3)

@@ -27,7 +27,9 @@ from CalibSegLib.temperature import apply_temperature, fit_temperature
 from Datasets.cases import Case, GridVolume
 
 __all__ = ["TEMPERATURE_FITS", "ValidationPass", "validation_pass", "volume_dice", "foreground_ece", "choose_mirroring",
-           "choose_temperature", "choose_largest_component", "fit_quality", "input_statistics", "make_choices"]
+           "mirrored", "mirroring_choice", "pooled",
+           "choose_temperature", "choose_largest_component", "fit_quality", "input_statistics", "or_neutral",
+           "make_choices"]
 
 # "none" ships T = 1: a fitted temperature is only worth shipping where it lowers the validation foreground ECE.
 TEMPERATURE_FITS: tuple[str, ...] = ("auto", "all", "foreground", "none")
@@ -92,14 +94,34 @@ def choose_mirroring(network: torch.nn.Module, metadata: BundleMetadata, volumes
                      ) -> tuple[tuple[BundleMetadata, ValidationPass], dict[str, Any]]:
     """Test-time mirroring over both in-plane axes (the window's last two) where it raises the validation Dice (it
     costs 4× the inference time): the metadata with the chosen sliding window and the validation pass it gives."""
+    mirrored_metadata = mirrored(metadata)
     plain = _passed(network, metadata, volumes, device, batch_size)
+    with_mirroring = _passed(network, mirrored_metadata, volumes, device, batch_size)
+    used, record = mirroring_choice(plain, with_mirroring, metadata.num_classes)
+    return ((mirrored_metadata, with_mirroring) if used else (metadata, plain)), record
+
+
+def mirrored(metadata: BundleMetadata) -> BundleMetadata:
+    """``metadata`` with test-time mirroring over both in-plane axes (the window's last two)."""
     in_plane = (metadata.spatial_dims - 2, metadata.spatial_dims - 1)
-    mirrored_metadata = replace(metadata, sliding_window=replace(metadata.sliding_window, mirror_axes=in_plane))
-    mirrored = _passed(network, mirrored_metadata, volumes, device, batch_size)
-    dice_plain = float(np.nanmean(volume_dice(plain, Postprocessing(), metadata.num_classes)))
-    dice_mirrored = float(np.nanmean(volume_dice(mirrored, Postprocessing(), metadata.num_classes)))
-    record = {"used": dice_mirrored > dice_plain, "val_dice_without": dice_plain, "val_dice_with": dice_mirrored}
-    return ((mirrored_metadata, mirrored) if record["used"] else (metadata, plain)), record
+    return replace(metadata, sliding_window=replace(metadata.sliding_window, mirror_axes=in_plane))
+
+
+def mirroring_choice(plain: ValidationPass, with_mirroring: ValidationPass, num_classes: int
+                     ) -> tuple[bool, dict[str, Any]]:
+    """Whether mirroring raises the mean validation Dice of the same volumes passed without and with it, and the
+    record of both."""
+    dice_plain = float(np.nanmean(volume_dice(plain, Postprocessing(), num_classes)))
+    dice_mirrored = float(np.nanmean(volume_dice(with_mirroring, Postprocessing(), num_classes)))
+    used = dice_mirrored > dice_plain
+    return used, {"used": used, "val_dice_without": dice_plain, "val_dice_with": dice_mirrored}
+
+
+def pooled(passes: Sequence[ValidationPass]) -> ValidationPass:
+    """Several networks' validation passes as one (each volume scored by the network that passed it): e.g. the
+    folds of a cross-validation, each on its own validation patients."""
+    return ValidationPass([logits for item in passes for logits in item.logits],
+                          [labels for item in passes for labels in item.labels])
 
 
 def _temperature_samples(validation: ValidationPass, foreground: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,7 +180,7 @@ def fit_quality(network: torch.nn.Module, metadata: BundleMetadata, cases: Seque
     return model, f"fitted on {len(cases)} validation volumes"
 
 
-def _or_neutral(name: str, choose: Callable[[], tuple[Setting, Any]], neutral: Setting,
+def or_neutral(name: str, choose: Callable[[], tuple[Setting, Any]], neutral: Setting,
                 choices: dict[str, Any]) -> Setting:
     """``choose()``'s setting, its record in ``choices[name]``; when it fails, ``neutral`` and ``"none: <why>"``
     (said on the console too): a failed choice must not lose the trained run."""
@@ -190,13 +212,13 @@ def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Se
     validation Dice and foreground ECE with the choices.
     """
     choices: dict[str, Any] = {}
-    mirrored = _or_neutral("mirroring", lambda: choose_mirroring(network, metadata, volumes, device, batch_size),
+    mirroring = or_neutral("mirroring", lambda: choose_mirroring(network, metadata, volumes, device, batch_size),
                            None, choices)
-    chosen, validation = mirrored or (metadata, _passed(network, metadata, volumes, device, batch_size))
+    chosen, validation = mirroring or (metadata, _passed(network, metadata, volumes, device, batch_size))
     num_classes = metadata.num_classes
-    temperature = _or_neutral("temperature", lambda: choose_temperature(validation, temperature_fit, seed), 1.0,
+    temperature = or_neutral("temperature", lambda: choose_temperature(validation, temperature_fit, seed), 1.0,
                               choices)
-    postprocessing = _or_neutral("postprocessing", lambda: choose_largest_component(validation, num_classes),
+    postprocessing = or_neutral("postprocessing", lambda: choose_largest_component(validation, num_classes),
                                  Postprocessing(), choices)
     final_dice = float(np.nanmean(volume_dice(validation, postprocessing, num_classes)))
     if isinstance(choices["postprocessing"], dict):
@@ -205,8 +227,8 @@ def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Se
                           "choices": choices}
     chosen = replace(chosen, temperature=temperature, postprocessing=postprocessing,
                      validation_metrics={**metadata.validation_metrics, **validation_metrics})
-    quality = _or_neutral("quality_model", lambda: fit_quality(network, chosen, cases, device, batch_size), None,
+    quality = or_neutral("quality_model", lambda: fit_quality(network, chosen, cases, device, batch_size), None,
                           choices)
-    statistics = _or_neutral("input_statistics", lambda: input_statistics(chosen, training_cases), None, choices)
+    statistics = or_neutral("input_statistics", lambda: input_statistics(chosen, training_cases), None, choices)
     return replace(chosen, quality_model=quality.to_dict() if quality is not None else None,
                    input_statistics=statistics), choices

@@ -8,9 +8,9 @@ The fold networks (the bundle's method, folds of its training patients) predict 
 patients (:func:`Training.fit_quality.fold_observations`); each structure's predicted Dice there comes from
 a quality model fitted without that patient (:func:`CalibSegLib.quality.held_out_predictions`). For every
 threshold of :data:`THRESHOLDS` the table counts the structures it flags (predicted Dice below it, or
-predicted nowhere) among the poor ones (measured Dice below :data:`POOR_BELOW`) and among the good ones
-(above :data:`GOOD_ABOVE`); the chosen threshold is the smallest that flags :data:`TARGET_RECALL` of the
-poor ones (the largest when none does). Research only: it reads ACDC from ``--data``.
+predicted nowhere) among the poor ones and among the good ones; the rule itself
+(:mod:`CalibSegLib.quality.review_rule`, which ``calibseg-ensemble`` applies too) picks the smallest that flags
+its target share of the poor ones. Research only: it reads ACDC from ``--data``.
 """
 
 from __future__ import annotations
@@ -25,35 +25,11 @@ from CalibSegLib.bundle import load_bundle
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import held_out_predictions
-from Evaluation.quality_report import GOOD_ABOVE, POOR_BELOW
+from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, THRESHOLDS,
+                                             choose_review_threshold, trade_off)
 from Training.fit_quality import fold_observations
 
-__all__ = ["THRESHOLDS", "TARGET_RECALL", "trade_off", "choose", "main"]
-
-THRESHOLDS: tuple[float, ...] = tuple(round(0.80 + 0.01 * step, 2) for step in range(16))  # 0.80 ... 0.95
-TARGET_RECALL = 0.80
-
-
-def trade_off(predicted: np.ndarray, measured: np.ndarray) -> list[dict[str, Any]]:
-    """One row per threshold of :data:`THRESHOLDS` over ``predicted`` and ``measured`` Dice (same shape; NaN
-    predicted = predicted nowhere, always flagged): counts and shares of poor and good structures flagged."""
-    predicted, measured = predicted.ravel(), measured.ravel()
-    poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
-    rows = []
-    for threshold in THRESHOLDS:
-        flagged = np.isnan(predicted) | (np.nan_to_num(predicted, nan=0.0) < threshold)
-        rows.append({"review_below": threshold, "poor": int(poor.sum()), "poor_flagged": int((flagged & poor).sum()),
-                     "recall": float((flagged & poor).sum() / max(poor.sum(), 1)), "good": int(good.sum()),
-                     "good_flagged": int((flagged & good).sum()),
-                     "false_flag_share": float((flagged & good).sum() / max(good.sum(), 1)),
-                     "flagged_share": float(flagged.mean())})
-    return rows
-
-
-def choose(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The rule's row: the smallest threshold whose recall reaches :data:`TARGET_RECALL`, else the largest."""
-    return next((row for row in rows if row["recall"] >= TARGET_RECALL), rows[-1])
-
+__all__ = ["main"]
 
 def _markdown(rows: Sequence[dict[str, Any]], chosen: dict[str, Any]) -> list[str]:
     lines = ["| review below | poor flagged / poor | recall | good flagged / good | false-flag share | all flagged |",
@@ -79,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     predicted = held_out_predictions(observations, metadata.class_names)
     measured = np.array([item.dice for item in observations])
     rows = trade_off(predicted, measured)
-    chosen = choose(rows)
+    chosen = choose_review_threshold(rows)
     at_rule = THRESHOLDS.index(chosen["review_below"])
     per_structure = {name: trade_off(predicted[:, index], measured[:, index])[at_rule]
                      for index, name in enumerate(metadata.class_names[1:])}

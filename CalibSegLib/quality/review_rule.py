@@ -1,0 +1,55 @@
+"""The review rule: which predicted-Dice threshold a model flags structures below, chosen on out-of-fold patients.
+
+A structure is flagged when its predicted Dice is below the model's ``review_below`` or it is predicted nowhere
+(:mod:`CalibSegLib.quality.summary`). ``review_below`` is chosen on observations no prediction has seen: out-of-fold
+patients, each structure's predicted Dice from a quality model fitted without that patient
+(:func:`CalibSegLib.quality.held_out_predictions`). For every threshold of :data:`THRESHOLDS`,
+:func:`trade_off` counts the poor structures (measured Dice below :data:`POOR_BELOW`) and the good ones (above
+:data:`GOOD_ABOVE`) it flags; :func:`choose_review_threshold` takes the smallest threshold that flags
+:data:`TARGET_RECALL` of the poor ones (the largest when none does): the fewest false flags at that recall.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from CalibSegLib.quality.model import REVIEW_BELOW
+
+__all__ = ["POOR_BELOW", "GOOD_ABOVE", "THRESHOLDS", "TARGET_RECALL", "flagged", "trade_off",
+           "choose_review_threshold"]
+
+# A structure below this measured Dice needs a person's look, whatever threshold a model's flag uses.
+POOR_BELOW = REVIEW_BELOW
+GOOD_ABOVE = 0.90  # a structure above this needs none: flagging it is a false alarm
+THRESHOLDS: tuple[float, ...] = tuple(round(0.80 + 0.01 * step, 2) for step in range(16))  # 0.80 ... 0.95
+TARGET_RECALL = 0.85  # of the poor structures, flagged
+
+
+def flagged(predicted: np.ndarray, review_below: float) -> np.ndarray:
+    """Which structures the flag marks: predicted Dice below ``review_below``, or NaN (predicted nowhere)."""
+    predicted = np.asarray(predicted, np.float64)
+    return np.isnan(predicted) | (np.nan_to_num(predicted, nan=0.0) < review_below)
+
+
+def trade_off(predicted: np.ndarray, measured: np.ndarray) -> list[dict[str, Any]]:
+    """One row per threshold of :data:`THRESHOLDS` over ``predicted`` and ``measured`` Dice (same shape; NaN
+    predicted = predicted nowhere, always flagged): counts and shares of poor and good structures flagged."""
+    predicted, measured = np.ravel(predicted), np.ravel(measured)
+    poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
+    rows = []
+    for threshold in THRESHOLDS:
+        marked = flagged(predicted, threshold)
+        rows.append({"review_below": threshold, "poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
+                     "recall": float((marked & poor).sum() / max(poor.sum(), 1)), "good": int(good.sum()),
+                     "good_flagged": int((marked & good).sum()),
+                     "false_flag_share": float((marked & good).sum() / max(good.sum(), 1)),
+                     "flagged_share": float(marked.mean())})
+    return rows
+
+
+def choose_review_threshold(rows: Sequence[dict[str, Any]], target_recall: float = TARGET_RECALL) -> dict[str, Any]:
+    """The rule's row of :func:`trade_off`: the smallest threshold whose recall reaches ``target_recall``, else the
+    largest."""
+    return next((row for row in rows if row["recall"] >= target_recall), rows[-1])
