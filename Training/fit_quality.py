@@ -3,6 +3,7 @@
     calibseg-fit-quality --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
     calibseg-fit-quality --bundle acdc_crac --fold-bundles runs/folds/crac_f*/model.calibseg --out X.calibseg
     calibseg-fit-quality --bundle acdc_crac --keep-fit --review-below 0.85   # the fit kept, another threshold
+    calibseg-fit-quality --bundle runs/ce_dice-cv/ensemble.calibseg --folds runs/ce_dice-cv   # an ensemble's
 
 The quality model (:mod:`CalibSegLib.quality.fitting`: per structure, the mean of one linear fit per uncertainty
 feature) is fitted on predicted volumes whose Dice is measured against their reference:
@@ -12,6 +13,11 @@ feature) is fitted on predicted volumes whose Dice is measured against their ref
   (networks trained with the bundle's method on folds of its training patients, e.g.
   ``calibseg-train --split Datasets/splits/acdc_folds/fold<k>.json``): many more patients than one validation
   split, which is how the shipped models' quality models were fitted (docs/results.md, "The quality check").
+
+An ensemble bundle (``calibseg-ensemble``) has no validation patients of its own: ``--folds`` refits its quality model
+and review threshold as ``calibseg-ensemble`` fitted them, on the out-of-fold predictions of its cross-validation's
+fold networks under the ensemble's settings, the threshold chosen by the review rule
+(:func:`Training.ensemble.out_of_fold_quality`).
 
 The data is read from ``--data`` or the folder of the dataset the bundle records
 (:func:`Datasets.cases.data_folder`). The bundle is then rewritten atomically (``--out``: elsewhere; a shipped
@@ -34,8 +40,9 @@ from CalibSegLib.quality import (REVIEW_BELOW, Observation, QualityModel, Qualit
                                  fit_from_observations, observe_cases)
 from Datasets.cases import Case, DataError
 from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
+from Training.ensemble import out_of_fold_quality, read_folds
 
-__all__ = ["refit_bundle", "set_review_below", "fold_observations", "describe", "main"]
+__all__ = ["refit_bundle", "refit_from_folds", "set_review_below", "fold_observations", "describe", "main"]
 
 
 def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None,
@@ -73,6 +80,29 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
     observed += observe_cases(Predictor(loaded, device=device, batch_size=batch_size), cases)
     model = fit_from_observations(observed, metadata.class_names, review_below=review_below, validation=record)
     return rewrite_bundle(loaded, dataclasses.replace(metadata, quality_model=model.to_dict()), out), model
+
+
+def refit_from_folds(bundle: str | Path, cross_validation: str | Path, data: str | Path | None = None,
+                     out: str | Path | None = None, device: str = "auto", batch_size: int = 16
+                     ) -> tuple[Path, QualityModel]:
+    """Fit the quality model and review threshold of ensemble ``bundle`` on the out-of-fold predictions of the
+    fold networks in ``cross_validation`` (:func:`Training.ensemble.out_of_fold_quality`) and save the bundle as
+    :func:`refit_bundle` does.
+
+    Raises:
+        BundleError, DataError, QualityModelError: unreadable bundle or folds, folds that are not the bundle's
+            members, too few out-of-fold volumes (one sentence each).
+    """
+    path = resolve_bundle_path(bundle)
+    out = rewrite_destination(path, out)
+    loaded = load_bundle(path)
+    folds = read_folds(cross_validation, data)
+    members = [member.get("weights_sha256") for member in (loaded.metadata.ensemble or {}).get("members", [])]
+    if members != [fold.bundle.metadata.weights_sha256 for fold in folds]:
+        raise DataError(f"The folds of {cross_validation} are not the members of {path.name}; pass the "
+                        "cross-validation folder its ensemble was built from.")
+    model, _ = out_of_fold_quality(folds, loaded.metadata, device, batch_size)
+    return rewrite_bundle(loaded, dataclasses.replace(loaded.metadata, quality_model=model.to_dict()), out), model
 
 
 def set_review_below(bundle: str | Path, review_below: float, out: str | Path | None = None) -> tuple[Path, QualityModel]:
@@ -150,6 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fold-bundles", nargs="+", default=(), metavar="BUNDLE",
                         help="fold networks (same method and classes) whose out-of-fold predictions of their own "
                              "validation patients join the fit")
+    parser.add_argument("--folds", type=Path, default=None, metavar="CROSS_VALIDATION",
+                        help="an ensemble bundle's cross-validation folder: fit on its folds' out-of-fold predictions "
+                             "and choose the review threshold by the review rule (--review-below is then ignored)")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset the bundle records)")
     parser.add_argument("--out", type=Path, default=None,
@@ -168,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"--review-below must be a Dice in [0, 1], got {arguments.review_below}.")
         if arguments.keep_fit:
             written, model = set_review_below(arguments.bundle, arguments.review_below, arguments.out)
+        elif arguments.folds is not None:
+            written, model = refit_from_folds(arguments.bundle, arguments.folds, arguments.data, arguments.out,
+                                              arguments.device, arguments.batch_size)
         else:
             written, model = refit_bundle(arguments.bundle, arguments.data, arguments.out, arguments.device,
                                           arguments.batch_size, arguments.fold_bundles, arguments.review_below)
