@@ -75,9 +75,9 @@ def _phantom(shape=(6, 48, 40), seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return image, labels
 
 
-def _bundle(work_dir: Path, **overrides) -> Path:
-    """A tiny untrained UNet bundle of :data:`NUM_CLASSES` classes (``class 1`` ...), the same weights every
-    time; ``overrides`` replace metadata fields (e.g. ``quality_model``)."""
+def _bundle(work_dir: Path, seed: int = 0, **overrides) -> Path:
+    """A tiny untrained UNet bundle of :data:`NUM_CLASSES` classes (``class 1`` ...), the same weights for the same
+    ``seed``; ``overrides`` replace metadata fields (e.g. ``quality_model``)."""
     import torch
 
     from CalibSegLib.bundle import BundleMetadata, save_bundle
@@ -92,8 +92,9 @@ def _bundle(work_dir: Path, **overrides) -> Path:
                                              for index in range(1, NUM_CLASSES)],
         "sliding_window": SlidingWindow(patch_size=(32, 32)), **overrides})
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         network = build_network(metadata.network, metadata.in_channels, NUM_CLASSES, 2, **metadata.network_kwargs)
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
     return save_bundle(Path(work_dir) / ("tiny_quality.calibseg" if overrides else "tiny.calibseg"), network, metadata)
 
 
@@ -228,6 +229,43 @@ def check_segments_match_the_predicted_labels(scene, work_dir: Path) -> None:
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation,
                                                           _segment_id(outputs.segmentation, label), volume)
         np.testing.assert_array_equal(mask > 0, labels == label)
+
+
+def _ensemble_bundle(work_dir: Path) -> Path:
+    """Two tiny untrained UNets (seeds 0 and 1) as one ensemble bundle, with a temperature of 1.5."""
+    import dataclasses
+
+    from CalibSegLib.bundle import load_bundle, save_bundle
+
+    members = [load_bundle(_bundle(Path(work_dir) / f"member{seed}", seed=seed)) for seed in (0, 1)]
+    state = {f"members.{index}.{name}": tensor for index, member in enumerate(members)
+             for name, tensor in member.state_dict.items()}
+    metadata = dataclasses.replace(members[0].metadata, ensemble_size=2, temperature=1.5)
+    return save_bundle(Path(work_dir) / "tiny_ensemble.calibseg", state, metadata)
+
+
+def check_an_ensemble_adds_its_disagreement_overlay(scene, work_dir: Path) -> None:
+    """An ensemble bundle's run adds a disagreement volume equal to CalibSegLib's, with its own colour table, in the
+    calling thread and from the child process alike; a single network's run adds none."""
+    import slicer
+
+    from CalibSegLib.inference import Predictor
+
+    image, _ = _phantom()
+    volume = make_volume_node(scene, image)
+    bundle_path = _ensemble_bundle(work_dir)
+    runner = SegmentationRunner()
+    outputs = runner.run(volume, bundle_path)
+    expected = Predictor(bundle_path, device="cpu").predict(image, tuple(reversed(SPACING_XYZ))).disagreement
+    assert expected.max() > 0, "the phantom's members should disagree somewhere"
+    np.testing.assert_allclose(slicer.util.arrayFromVolume(outputs.disagreement), expected, atol=1e-6)
+    color_node = scene.GetNodeByID(outputs.disagreement.GetDisplayNode().GetColorNodeID())
+    assert color_node.GetName() == "CalibSeg magma"
+    job = InferenceJob(runner, runner.prepare(volume, bundle_path)).start()
+    assert job.wait(timeout=120)
+    np.testing.assert_array_equal(slicer.util.arrayFromVolume(job.finish().disagreement),
+                                  slicer.util.arrayFromVolume(outputs.disagreement))
+    assert runner.run(volume, _bundle(work_dir)).disagreement is None
 
 
 def check_a_multichannel_bundle_reads_one_volume_per_channel(scene, work_dir: Path) -> None:
