@@ -33,7 +33,7 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -55,7 +55,7 @@ __all__ = [
     "ProbabilitySink",
     "confidence_maps",
     "ensemble_average",
-    "member_probabilities",
+    "member_logits",
     "normalised_entropy",
     "volume_chunk_probabilities",
 ]
@@ -95,12 +95,9 @@ class Prediction:
     disagreement: np.ndarray | None = None
 
 
-def member_probabilities(logits: torch.Tensor, temperature: float | Sequence[float], members: int) -> torch.Tensor:
-    """``(n, M × C, *spatial)`` logits of ``members`` networks side by side → their probabilities at
-    ``temperature`` (one, or one per class), each member softmaxed over its own C classes: ``(n, M × C, *spatial)``."""
-    shape = logits.shape
-    per_member = logits.reshape(shape[0] * members, shape[1] // members, *shape[2:])
-    return torch.softmax(apply_temperature(per_member, temperature), dim=1).reshape(shape)
+def member_logits(logits: torch.Tensor, members: int, dim: int = 1) -> tuple[torch.Tensor, ...]:
+    """The ``members`` networks' own logits (views) of their side-by-side ``M × C`` channels along ``dim``."""
+    return logits.chunk(members, dim=dim)
 
 
 def normalised_entropy(probabilities: torch.Tensor, dim: int = 1) -> torch.Tensor:
@@ -108,16 +105,22 @@ def normalised_entropy(probabilities: torch.Tensor, dim: int = 1) -> torch.Tenso
     return -torch.special.xlogy(probabilities, probabilities).sum(dim=dim) / math.log(probabilities.shape[dim])
 
 
-def ensemble_average(probabilities: torch.Tensor, members: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(n, M × C, *spatial)`` member probabilities → their average ``(n, C, *spatial)`` and the members'
-    disagreement ``(n, *spatial)``: entropy of the average minus the members' mean entropy (the mutual information
-    between the prediction and the member), normalised by log C and clamped to [0, 1]; None for one member."""
+def ensemble_average(member_probabilities: Iterable[torch.Tensor], members: int
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each of ``members`` networks' ``(n, C, *spatial)`` probabilities, one after the other (so only a running sum
+    is held, whatever M) → their average ``(n, C, *spatial)`` and the members' disagreement ``(n, *spatial)``:
+    entropy of the average minus the members' mean entropy (the mutual information between the prediction and the
+    member), normalised by log C and clamped to [0, 1]; one member is its own average, with no disagreement."""
+    total = entropies = None
+    for probabilities in member_probabilities:
+        total = probabilities if total is None else total + probabilities
+        if members > 1:
+            entropy = normalised_entropy(probabilities)
+            entropies = entropy if entropies is None else entropies + entropy
     if members == 1:
-        return probabilities, None
-    stacked = probabilities.unflatten(1, (members, probabilities.shape[1] // members))
-    average = stacked.mean(dim=1)
-    disagreement = normalised_entropy(average) - normalised_entropy(stacked, dim=2).mean(dim=1)
-    return average, disagreement.clamp(0.0, 1.0)
+        return total, None
+    average = total / members
+    return average, (normalised_entropy(average) - entropies / members).clamp(0.0, 1.0)
 
 
 def confidence_maps(probabilities: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -210,11 +213,13 @@ class Predictor:
         return self.network_logits(resample_slices(batch, grid), agreement)
 
     def input_grid_probabilities(self, logits: torch.Tensor, temperature: float | Sequence[float],
-                                 shape: Sequence[int]) -> torch.Tensor:
-        """``(n, M × C, y', x')`` model-grid logits of the bundle's M networks (M = 1: one network) →
-        ``(n, M × C, *shape)`` member probabilities at ``temperature`` on the input's in-plane grid. Probabilities
-        (not logits) are resampled: bilinear weights keep each member's summing to 1."""
-        return resample_slices(member_probabilities(logits, temperature, self.members), shape)
+                                 shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(n, M × C, y', x')`` model-grid logits of the bundle's M networks (M = 1: one network) → their mean
+        ``(n, C, *shape)`` probabilities at ``temperature`` on the input's in-plane grid and, for an ensemble, their
+        disagreement ``(n, *shape)`` (:func:`ensemble_average`). Probabilities (not logits) are resampled, each
+        member's: bilinear weights keep them summing to 1."""
+        return ensemble_average((resample_slices(torch.softmax(apply_temperature(member, temperature), dim=1), shape)
+                                 for member in member_logits(logits, self.members)), self.members)
 
     def predict(
         self,
@@ -308,8 +313,8 @@ class Predictor:
                                for source, intensity in zip(sources, intensities)], axis=1)
             logits = self.slice_logits(slices, plane_spacing, agreement)
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
-                probabilities = self.input_grid_probabilities(logits, temperature, in_plane_shape)
-                _write_batch(prediction, axis, batch, *ensemble_average(probabilities, self.members), sink)
+                probabilities, disagreement = self.input_grid_probabilities(logits, temperature, in_plane_shape)
+                _write_batch(prediction, axis, batch, probabilities, disagreement, sink)
             if progress is not None and batch.stop < count:
                 progress(batch.stop / count)
         return self._finish(predictions, agreement, progress)
@@ -372,18 +377,19 @@ class Predictor:
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
-                probabilities = volume_chunk_probabilities(logits, temperature, image.shape, batch, self.members)
-                _write_batch(prediction, 0, batch, *ensemble_average(probabilities, self.members), sink)
+                probabilities, disagreement = ensemble_average(
+                    (volume_chunk_probabilities(member, temperature, image.shape, batch)
+                     for member in member_logits(logits, self.members, dim=0)), self.members)
+                _write_batch(prediction, 0, batch, probabilities, disagreement, sink)
             if progress is not None and batch.stop < count:
                 progress(0.5 + 0.5 * batch.stop / count)
         return self._finish(predictions, agreement, progress)
 
 
 def volume_chunk_probabilities(logits: torch.Tensor, temperature: float | Sequence[float], shape: Sequence[int],
-                               slices: slice, members: int = 1) -> torch.Tensor:
+                               slices: slice) -> torch.Tensor:
     """Probabilities at ``temperature`` of the input slices ``slices`` of a ``shape`` (z, y, x) input, from a 3D
-    network's ``(C, z', y', x')`` logits on the model's grid (``(M × C, z', y', x')`` for ``members`` networks side
-    by side): ``(n, C, y, x)`` (``(n, M × C, y, x)``, each member's summing to 1).
+    network's ``(C, z', y', x')`` logits on the model's grid: ``(n, C, y, x)``.
 
     The model slices the chunk needs are softmaxed, resampled in-plane (:func:`resample_slices`) and interpolated
     linearly along z with ``align_corners=False`` edges (the trilinear resampling of the whole volume, one chunk
@@ -395,8 +401,8 @@ def volume_chunk_probabilities(logits: torch.Tensor, temperature: float | Sequen
     below = positions.floor().long()
     above = (below + 1).clamp(max=depth - 1)
     first, last = int(below.min()), int(above.max()) + 1
-    needed = member_probabilities(logits[:, first:last].movedim(1, 0), temperature, members)
-    planes = resample_slices(needed, shape[1:])  # (m, M × C, y, x)
+    needed = apply_temperature(logits[:, first:last].movedim(1, 0), temperature)
+    planes = resample_slices(torch.softmax(needed, dim=1), shape[1:])  # (m, C, y, x)
     weight = (positions - below).to(planes.dtype).view(-1, 1, 1, 1).to(planes.device)
     return planes[below - first] * (1 - weight) + planes[above - first] * weight
 

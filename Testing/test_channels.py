@@ -139,7 +139,9 @@ def test_bundles_without_channel_normalization_predict_as_before():
     predicted = predictor.predict(image, spacing, keep_probabilities=True).probabilities
     intensity = intensity_range(image, "percentile", 99.0)
     logits = predictor.slice_logits(scale_intensity(image, intensity), spacing[1:])
-    by_hand = predictor.input_grid_probabilities(logits, predictor.metadata.temperature, image.shape[1:])
+    by_hand, disagreement = predictor.input_grid_probabilities(logits, predictor.metadata.temperature,
+                                                               image.shape[1:])
+    assert disagreement is None  # one network
     np.testing.assert_array_equal(predicted, by_hand.transpose(0, 1).numpy())
     np.testing.assert_array_equal(predicted, predictor.predict(image[None], spacing, keep_probabilities=True)
                                   .probabilities)  # (1, z, y, x) is the same one channel
