@@ -69,6 +69,7 @@ __all__ = [
     "load_cases",
     "GridVolume",
     "to_model_grid",
+    "patient_of_case",
 ]
 
 # The ACDC HDF5 files carry no spacing; ACDC's in-plane spacing is about 1.4–1.7 mm and its
@@ -157,6 +158,13 @@ def _strip_extension(name: str) -> str | None:
     return None
 
 
+def patient_of_case(case_id: str) -> str:
+    """The patient a case belongs to: ``<patient>`` of a ``<patient>_frameNN`` case (ACDC's end-diastole and
+    end-systole), else the case itself."""
+    frame = _FRAME_CASE.match(case_id)
+    return frame.group(1) if frame else case_id
+
+
 def _find_pairs(folder: Path) -> list[CaseFile]:
     found = []
     for image_path in sorted(folder.iterdir()):
@@ -165,9 +173,7 @@ def _find_pairs(folder: Path) -> list[CaseFile]:
             continue
         case = stem[: -len("_image")]
         extension = image_path.name[len(stem):]
-        frame = _FRAME_CASE.match(case)
-        patient = frame.group(1) if frame else case
-        found.append(CaseFile(case, patient, image_path, folder / f"{case}_label{extension}", "image"))
+        found.append(CaseFile(case, patient_of_case(case), image_path, folder / f"{case}_label{extension}", "image"))
     return found
 
 

@@ -29,7 +29,7 @@ from Datasets.cases import DataError
 from Evaluation.bootstrap import BOOTSTRAP_RESAMPLES, INTERVAL_LEVEL, mean_interval, paired_difference, patient_values
 from Evaluation.summary import CASES_NAME, METRICS, SUMMARY_NAME, VARIANTS, EvaluationSummary
 
-__all__ = ["CROSSVAL_DIR", "OUT_OF_FOLD_CASES_NAME", "OutOfFold", "read_out_of_fold", "cross_validation_summary",
+__all__ = ["CROSSVAL_DIR", "OUT_OF_FOLD_CASES_NAME", "CaseResults", "read_out_of_fold", "cross_validation_summary",
            "paired_comparisons", "write_cross_validation", "summary_lines"]
 
 CROSSVAL_DIR = "crossval"  # in a cross-validation's folder, beside its fold_K folders
@@ -37,9 +37,10 @@ OUT_OF_FOLD_CASES_NAME = "out_of_fold_cases.csv"
 
 
 @dataclass
-class OutOfFold:
-    """One method's out-of-fold results: ``rows[variant]`` one metric row per volume (``per_case.csv``'s columns,
-    floats), ``patients[i]`` and ``folds[i]`` the patient and fold of row i (the same order in every variant)."""
+class CaseResults:
+    """One method's metric rows per volume, e.g. its out-of-fold results: ``rows[variant]`` one row per volume
+    (``per_case.csv``'s columns, floats), ``patients[i]`` and ``folds[i]`` the patient and fold of row i (the same
+    order in every variant; fold 0 throughout for one test set)."""
 
     label: str
     cases: list[str]
@@ -63,7 +64,7 @@ def _read_rows(path: Path) -> dict[str, dict[str, dict[str, float]]]:
     return rows
 
 
-def read_out_of_fold(folders: Sequence[str | Path], label: str) -> OutOfFold:
+def read_out_of_fold(folders: Sequence[str | Path], label: str) -> CaseResults:
     """The out-of-fold results of a cross-validation from its folds' out-of-fold folders (fold k's at index k).
 
     Raises:
@@ -93,7 +94,7 @@ def read_out_of_fold(folders: Sequence[str | Path], label: str) -> OutOfFold:
     if twice:
         raise DataError(f"{len(twice)} patient(s) (first: {twice[0]}) are predicted out of fold by two folds, so "
                         "these folds are not one cross-validation's; give the fold folders of one.")
-    return OutOfFold(label, cases, patients, folds, rows)
+    return CaseResults(label, cases, patients, folds, rows)
 
 
 def _interval(values: np.ndarray, groups: Sequence[str]) -> dict[str, float]:
@@ -101,9 +102,9 @@ def _interval(values: np.ndarray, groups: Sequence[str]) -> dict[str, float]:
     return {"mean": mean, "low": low, "high": high, "count": int(np.count_nonzero(~np.isnan(values)))}
 
 
-def cross_validation_summary(results: OutOfFold, columns: Sequence[str] = ()) -> dict[str, Any]:
-    """Per variant and metric (:data:`METRICS` and ``columns``): the out-of-fold mean over all volumes with its
-    patient-level interval, and per fold the mean over that fold's volumes (``{"mean", "low", "high", "count",
+def cross_validation_summary(results: CaseResults, columns: Sequence[str] = ()) -> dict[str, Any]:
+    """Per variant and metric (:data:`METRICS` and ``columns``): the mean over all volumes (out of fold, or of a
+    test set) with its patient-level interval, and per fold the mean over that fold's volumes (``{"mean", "low", "high", "count",
     "folds": [mean per fold]}``); with the patients, volumes and folds counted."""
     keys = [metric.key for metric in METRICS] + [column for column in columns if column not in
                                                   {metric.key for metric in METRICS}]
@@ -124,7 +125,7 @@ def cross_validation_summary(results: OutOfFold, columns: Sequence[str] = ()) ->
             "variants": variants}
 
 
-def _aligned(results: Sequence[OutOfFold]) -> list[list[int]]:
+def _aligned(results: Sequence[CaseResults]) -> list[list[int]]:
     """Per method, the row indices of the volumes every method predicted, in one common order.
 
     Raises:
@@ -137,7 +138,7 @@ def _aligned(results: Sequence[OutOfFold]) -> list[list[int]]:
     return [[result.cases.index(case) for case in shared] for result in results]
 
 
-def paired_comparisons(results: Sequence[OutOfFold], variant: str, columns: Sequence[str] = ()) -> dict[str, Any]:
+def paired_comparisons(results: Sequence[CaseResults], variant: str, columns: Sequence[str] = ()) -> dict[str, Any]:
     """Two or more methods on the out-of-fold volumes they share, for one ``variant``: per metric
     (:data:`METRICS` and ``columns``) every pair's difference (first minus second, with its interval and Wilcoxon
     p), each method's mean Friedman rank over patients (1 = best) and, with three or more methods, Friedman's
@@ -164,7 +165,7 @@ def paired_comparisons(results: Sequence[OutOfFold], variant: str, columns: Sequ
     return comparison
 
 
-def write_cross_validation(results: OutOfFold, out_dir: str | Path, columns: Sequence[str] = ()) -> dict[str, Any]:
+def write_cross_validation(results: CaseResults, out_dir: str | Path, columns: Sequence[str] = ()) -> dict[str, Any]:
     """Write ``summary.json`` (:func:`cross_validation_summary`) and ``out_of_fold_cases.csv`` (every volume's row,
     with its patient and fold) into ``out_dir``, each atomically; returns the summary."""
     out_dir = Path(out_dir)

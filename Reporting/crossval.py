@@ -13,19 +13,21 @@ which ``python -m Reporting.readme_tables`` writes docs/results.md's out-of-fold
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from CalibSegLib.io import os_error_sentence, write_json_atomic
-from Datasets.cases import DataError
-from Evaluation.crossval import (CROSSVAL_DIR, OutOfFold, paired_comparisons, read_out_of_fold,
-                                 write_cross_validation)
-from Evaluation.summary import METRICS
-from Reporting.formatting import markdown_table, number_cell
+from Datasets.cases import DataError, patient_of_case
+from Evaluation.crossval import (CROSSVAL_DIR, CaseResults, cross_validation_summary, paired_comparisons,
+                                 read_out_of_fold, write_cross_validation)
+from Evaluation.summary import METRICS, VARIANTS
+from Reporting.formatting import markdown_table, number_cell, p_value_cell
 from Training.out_of_fold import complete_out_of_fold, out_of_fold_dir
 from Training.records import RunSummary
 
-__all__ = ["collect_cross_validation", "crossval_record", "crossval_tables", "main"]
+__all__ = ["collect_cross_validation", "crossval_record", "crossval_tables", "shipped_results",
+           "shipped_comparison_table", "main"]
 
 # (variant, label) in the order the tables show them: the papers' protocol first.
 _VARIANTS = (("uncalibrated", "T = 1"), ("scaled", "fitted T"))
@@ -41,7 +43,7 @@ def _folds(folder: Path) -> list[Path]:
 
 
 def collect_cross_validation(folders: Sequence[str | Path], data: str | Path | None = None, device: str = "auto"
-                             ) -> list[OutOfFold]:
+                             ) -> list[CaseResults]:
     """Each cross-validation folder's out-of-fold results (its missing records evaluated first), labelled by its
     method, or by its folder's name where two folders share a method."""
     results = []
@@ -58,7 +60,7 @@ def collect_cross_validation(folders: Sequence[str | Path], data: str | Path | N
     return results
 
 
-def crossval_record(results: Sequence[OutOfFold], folders: Sequence[str | Path]) -> dict[str, Any]:
+def crossval_record(results: Sequence[CaseResults], folders: Sequence[str | Path]) -> dict[str, Any]:
     """Every method's summary (written into its folder's ``crossval/``) and, with two or more, their comparisons."""
     summaries = {result.label: write_cross_validation(result, Path(folder) / CROSSVAL_DIR)
                  for result, folder in zip(results, folders)}
@@ -80,17 +82,19 @@ def _columns() -> list[tuple[str, str, str]]:
     return columns + [("scaled", metric.key, metric.label) for metric in METRICS[5:8]]
 
 
-def crossval_tables(record: dict[str, Any]) -> list[str]:
-    """Markdown: each method's out-of-fold means with their intervals, then (two or more methods) the paired
-    differences with their intervals and Wilcoxon p, and the mean Friedman ranks."""
+def crossval_tables(record: dict[str, Any], description: str | None = None) -> list[str]:
+    """Markdown: each method's means with their intervals, then (two or more methods) the paired differences with
+    their intervals and Wilcoxon p, and the mean Friedman ranks. ``description`` says whose volumes they are
+    (default: a cross-validation's out-of-fold ones)."""
     summaries = record["methods"]
     first = next(iter(summaries.values()))
     columns = _columns()
-    lines = [f"Out of fold: every one of {first['patients']} patients ({first['volumes']} volumes) predicted by the "
-             f"fold network of {first['folds']} that did not train on it; means over the volumes with "
-             f"{first['interval']['level']:.0%} intervals from {first['interval']['resamples']} bootstrap "
-             "resamples of whole patients. Fitted T: each fold's own temperature, fitted on its validation patients.",
-             ""]
+    description = description or (
+        f"Out of fold: every one of {first['patients']} patients ({first['volumes']} volumes) predicted by the fold "
+        f"network of {first['folds']} that did not train on it. Fitted T: each fold's own temperature, fitted on its "
+        "validation patients.")
+    lines = [f"{description} Means over the volumes with {first['interval']['level']:.0%} intervals from "
+             f"{first['interval']['resamples']} bootstrap resamples of whole patients.", ""]
     rows = [[f"`{label}`", *(_interval_cell(summary["variants"][variant][key], 2 if key == "hd95_mean" else 3)
                              for variant, key, _ in columns)] for label, summary in summaries.items()]
     lines += markdown_table(["method", *(header for _, _, header in columns)], rows)
@@ -112,17 +116,44 @@ def crossval_tables(record: dict[str, Any]) -> list[str]:
                 digits = 2 if key == "hd95_mean" else 3
                 cells.append(f"{number_cell(entry['difference'], digits, signed=True)} "
                              f"[{number_cell(entry['low'], digits, signed=True)}, "
-                             f"{number_cell(entry['high'], digits, signed=True)}], p {number_cell(entry['wilcoxon_p'])}")
+                             f"{number_cell(entry['high'], digits, signed=True)}], p {p_value_cell(entry['wilcoxon_p'])}")
             rows.append([pair.replace(" - ", " − "), *cells])
         lines += markdown_table(["methods", *headers], rows)
         if len(comparison["methods"]) >= 3:
             ranks = [[f"`{method}`", *(number_cell(comparison["metrics"][key]["mean_rank"][method])
                                        for key in keys)] for method in comparison["methods"]]
             lines += ["", f"Mean Friedman rank over patients at {label} (1 = best); Friedman's test p: " + ", ".join(
-                f"{header} {number_cell(comparison['metrics'][key]['friedman_p'], 3)}"
+                f"{header} {p_value_cell(comparison['metrics'][key]['friedman_p'])}"
                 for header, key in zip(headers, keys)), ""]
             lines += markdown_table(["method", *headers], ranks)
     return lines
+
+
+def shipped_results(paths: Sequence[Path]) -> list[CaseResults]:
+    """The shipped models' test rows (``<name>.metrics.json``, :mod:`Reporting.ship`), each case's patient from the
+    file's ``case_patients`` or, in files written before it, from the case's name
+    (:func:`Datasets.cases.patient_of_case`)."""
+    results = []
+    for path in sorted(paths):
+        metrics = json.loads(Path(path).read_text())
+        cases = list(metrics["cases"])
+        patients = metrics.get("case_patients") or {case: patient_of_case(case) for case in cases}
+        results.append(CaseResults(metrics["model"], cases, [patients[case] for case in cases], [0] * len(cases),
+                                   {variant: [metrics["per_case"][variant][case] for case in cases]
+                                    for variant in VARIANTS}))
+    return results
+
+
+def shipped_comparison_table(paths: list[Path]) -> list[str]:
+    """docs/results.md's ``shipped_comparison`` block: the shipped models on their test patients, every mean and
+    every paired difference with its patient-level interval (the block :mod:`Reporting.readme_tables` writes)."""
+    results = shipped_results(paths)
+    record = {"methods": {result.label: cross_validation_summary(result) for result in results},
+              "comparisons": {variant: paired_comparisons(results, variant) for variant, _ in _VARIANTS}}
+    first = next(iter(record["methods"].values()))
+    return crossval_tables(record, f"The shipped models on the {first['patients']} test patients of acdc.json "
+                                   f"({first['volumes']} volumes), from their metrics files. Fitted T: each "
+                                   "bundle's own, fitted on its validation patients.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

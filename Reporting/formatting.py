@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["markdown_table", "format_value", "number_cell"]
+__all__ = ["markdown_table", "format_value", "number_cell", "p_value_cell"]
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -28,3 +28,10 @@ def number_cell(value: float, digits: int = 2, signed: bool = False) -> str:
     if value != value:  # NaN
         return "n/a"
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def p_value_cell(p_value: float) -> str:
+    """A test's p: three decimals, ``< 0.001`` below that, NaN (no test possible) as n/a."""
+    if p_value != p_value:  # NaN
+        return "n/a"
+    return "< 0.001" if p_value < 0.001 else f"{p_value:.3f}"

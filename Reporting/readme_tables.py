@@ -17,6 +17,8 @@ Records (each written by the tool that measured it):
 
 - ``shipped_models``: ``CalibSegLib/pretrained/<name>.metrics.json`` (``Reporting/ship.py``) and
   the ``bundle.json`` inside ``<name>.calibseg`` beside it;
+- ``shipped_comparison`` (docs/results.md): their test rows (``per_case``), every mean and paired difference with its
+  patient-level interval (:func:`Reporting.crossval.shipped_comparison_table`);
 - ``shipped_quality`` (README) and ``shipped_quality_report`` (docs/results.md): the ``quality``
   report in those metrics files — here, not in ``calibseg-results``'s block, because
   ``calibseg-fit-quality`` changes a shipped model's quality model without a new training run;
@@ -48,6 +50,7 @@ from CalibSegLib import BUNDLE_SUFFIX
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
+from Reporting.crossval import shipped_comparison_table
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
            "RESULTS_PAGE", "PERFORMANCE_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json", "shipped_models_table",
@@ -263,13 +266,14 @@ TABLES: dict[str, Table] = {
     "shipped_quality": Table(SHIPPED_METRICS, shipped_quality_table),
     "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
     "shipped_quality_report": Table(SHIPPED_METRICS, shipped_quality_report),
+    "shipped_comparison": Table(SHIPPED_METRICS, shipped_comparison_table),
     **{f"benchmark_{name}": _benchmark(name)
        for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
     README: {name: TABLES[name] for name in ("quick_start", "shipped_models", "shipped_quality")},
-    RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report",)},
+    RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report", "shipped_comparison")},
     PERFORMANCE_PAGE: {name: table for name, table in TABLES.items() if name.startswith("benchmark_")},
 }
 

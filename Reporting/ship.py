@@ -65,6 +65,7 @@ def _shipped_metrics(shipped: Bundle, name: str, source_run: str, cases: list, s
                                      for variant in VARIANTS},
         "quality": summary.quality,
         "per_case": _per_case(evaluation.per_case),
+        "case_patients": evaluation.summary.case_patients,
     }
 
 

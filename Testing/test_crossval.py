@@ -18,7 +18,7 @@ from Datasets.splits import load_split
 from Datasets.splits.folds import SHIPPED_FOLDS, default_folds_for, fold_split, load_folds, make_folds
 from Datasets.splits.make_splits import group_of
 from Evaluation.bootstrap import group_draws, mean_interval, paired_difference, ratio_interval
-from Evaluation.crossval import OutOfFold, cross_validation_summary, paired_comparisons
+from Evaluation.crossval import CaseResults, cross_validation_summary, paired_comparisons
 from Evaluation.summary import VARIANTS
 from Reporting import crossval as crossval_cli
 from Training import ensemble as ensemble_cli
@@ -124,10 +124,10 @@ def test_ratio_interval_counts_whole_patients():
     assert ratio == 0.75 and (low, high) == pytest.approx(tuple(np.percentile(by_hand, [2.5, 97.5])))
 
 
-def _out_of_fold(label: str, dice: np.ndarray, ece: np.ndarray) -> OutOfFold:
+def _out_of_fold(label: str, dice: np.ndarray, ece: np.ndarray) -> CaseResults:
     cases = [f"p{index // 2}_{index % 2}" for index in range(len(dice))]
     rows = [{"dice_mean": float(d), "ece": float(e)} for d, e in zip(dice, ece)]
-    return OutOfFold(label, cases, [case.split("_")[0] for case in cases], [index % 3 for index in range(len(dice))],
+    return CaseResults(label, cases, [case.split("_")[0] for case in cases], [index % 3 for index in range(len(dice))],
                      {variant: rows for variant in VARIANTS})
 
 
