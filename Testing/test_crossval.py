@@ -171,6 +171,10 @@ def test_fold_all_predicts_every_labelled_patient_once_out_of_fold(cross_validat
     for fold in range(5):
         summary = json.loads((cross_validation / f"fold_{fold}" / "out_of_fold" / "summary.json").read_text())
         assert sorted(summary["patients"]) == sorted(folds["folds"][fold])
+        records = cross_validation / f"fold_{fold}" / "out_of_fold"
+        observations = json.loads((records / "observations.json").read_text())
+        assert sorted({item["patient"] for item in observations}) == sorted(folds["folds"][fold])
+        assert all(len(item["dice"]) == 3 and len(item["features"]) == 3 for item in observations)
         assert set(summary["case_patients"].values()) == set(folds["folds"][fold])
         bundle = load_bundle(cross_validation / f"fold_{fold}" / "model.calibseg")
         assert bundle.metadata.data["val"] == folds["folds"][fold] and bundle.metadata.data["fold"] == fold
