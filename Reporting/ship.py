@@ -1,6 +1,7 @@
 """Ship trained runs as ready-to-use models: float16 bundles plus the metrics of that very file.
 
     calibseg-ship --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
+    calibseg-ship --runs runs/cv/ce_dice runs/cv/crac --prefix acdc     # cross-validations: their ensembles
     calibseg-ship --rerecord acdc_ce_dice --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg   # metadata changed
 
 For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
@@ -14,6 +15,11 @@ The float16 file's evaluation (summary.json, per_case.csv, reliability diagrams)
 the run folder's ``evaluation/``, so the results page (``calibseg-results``) reports the shipped
 model itself. Everything is written under temporary names and renamed only when the evaluation
 succeeded, so a failed ship leaves any earlier model and evaluation in place.
+
+A cross-validation folder (``calibseg-train --fold all``) ships its ensemble (``calibseg-ensemble``'s
+``ensemble.calibseg``), and its metrics JSON also records what was measured out of fold: the ensemble's out-of-fold
+choices and quality check (``ensemble.json``) and the folds' out-of-fold summary with its intervals
+(``crossval/summary.json``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ from Datasets.cases import DataError, data_folder, find_cases, load_cases, recor
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.evaluate import evaluate_bundle
 from Evaluation.quality_report import DEGRADATIONS
-from Evaluation.summary import EVALUATION_DIR, VARIANTS
+from Evaluation.crossval import CROSSVAL_DIR
+from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, VARIANTS
+from Training.ensemble import ENSEMBLE_NAME, ENSEMBLE_RECORD
 from Training.records import BUNDLE_NAME
 
 __all__ = ["ship_run", "rerecord", "main"]
@@ -75,15 +83,31 @@ def _test_cases(bundle: Bundle, data: str | Path | None) -> list:
     return load_cases(files, bundle.metadata.num_classes)
 
 
+def _out_of_fold_record(cross_validation: Path) -> dict:
+    """What a cross-validation measured out of fold: ``ensemble.json`` and ``crossval/summary.json``.
+
+    Raises:
+        ValueError: either is missing (one sentence saying which command writes it).
+    """
+    ensemble, summary = cross_validation / ENSEMBLE_RECORD, cross_validation / CROSSVAL_DIR / SUMMARY_NAME
+    for path, command in ((ensemble, "calibseg-ensemble"), (summary, "calibseg-crossval")):
+        if not path.is_file():
+            raise ValueError(f"{path} is missing; run {command} {cross_validation} before shipping its ensemble.")
+    return {"ensemble": json.loads(ensemble.read_text()), "summary": json.loads(summary.read_text())}
+
+
 def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | Path | None = None,
              device: str = "auto") -> tuple[Path, Path]:
-    """Ship one run as ``<out_dir>/<prefix>_<method>.calibseg`` (float16) with its metrics JSON; returns both paths.
+    """Ship one run (or a cross-validation folder's ensemble) as ``<out_dir>/<prefix>_<method>.calibseg``
+    (float16) with its metrics JSON; returns both paths.
 
     Raises:
         BundleError, DataError, ValueError: unreadable run, data or split (one sentence each).
     """
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    bundle = load_bundle(run_dir / BUNDLE_NAME)
+    ensemble = (run_dir / ENSEMBLE_NAME).is_file()
+    out_of_fold = _out_of_fold_record(run_dir) if ensemble else None
+    bundle = load_bundle(run_dir / (ENSEMBLE_NAME if ensemble else BUNDLE_NAME))
     name = f"{prefix}_{bundle.metadata.training.get('method', run_dir.name)}"
     cases = _test_cases(bundle, data)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,6 +115,8 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
         staged = save_bundle(Path(staging) / bundle_path.name, bundle.state_dict, bundle.metadata, half=True)
         metrics = _shipped_metrics(load_bundle(staged), name, str(run_dir), cases, Path(staging), device)
+        if out_of_fold is not None:
+            metrics["out_of_fold"] = out_of_fold
         os.replace(staged, bundle_path)
         _replace_folder(Path(staging) / "evaluation", run_dir / EVALUATION_DIR)
     write_json_atomic(metrics_path, metrics)
@@ -114,11 +140,14 @@ def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = 
     replacement = load_bundle(bundle if bundle is not None else bundle_path)
     if replacement.metadata.weights_sha256 != shipped.metadata.weights_sha256:
         raise ValueError(f"{bundle} holds other weights than the shipped {name}; ship a new run with --runs instead.")
-    source_run = json.loads(metrics_path.read_text()).get("source_run", "")
+    previous = json.loads(metrics_path.read_text())
+    source_run = previous.get("source_run", "")
     cases = _test_cases(replacement, data)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
         staged = save_bundle(Path(staging) / bundle_path.name, replacement.state_dict, replacement.metadata, half=True)
         metrics = _shipped_metrics(load_bundle(staged), name, source_run, cases, Path(staging), device)
+        if "out_of_fold" in previous:  # what the folds measured does not change with the metadata
+            metrics["out_of_fold"] = previous["out_of_fold"]
         os.replace(staged, bundle_path)
     write_json_atomic(metrics_path, metrics)
     return bundle_path, metrics_path

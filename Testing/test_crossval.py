@@ -5,6 +5,7 @@ the folds (``calibseg-ensemble``) with its quality check fitted out of fold."""
 from __future__ import annotations
 
 import json
+import shutil
 import math
 from pathlib import Path
 
@@ -245,3 +246,26 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
         case.image, case.spacing, keep_probabilities=True).probabilities for fold in folds]
     np.testing.assert_allclose(averaged.probabilities, np.mean(members, axis=0), atol=1e-5)
     assert averaged.disagreement is not None and averaged.disagreement.shape == case.image.shape
+
+
+def test_shipping_a_cross_validation_ships_its_ensemble_with_what_the_folds_measured(cross_validation,
+                                                                                      sample_acdc_dir, tmp_path):
+    from Reporting import ship as ship_cli
+
+    folder = tmp_path / "ce_dice-cv"
+    shutil.copytree(cross_validation, folder)
+    models = tmp_path / "models"
+    with pytest.raises(SystemExit) as caught:  # no ensemble.json yet: one sentence, nothing shipped
+        (folder / "ensemble.calibseg").write_bytes(b"")
+        ship_cli.main(["--runs", str(folder), "--prefix", "tiny", "--out", str(models)])
+    assert_one_sentence(str(caught.value.code), "^error: ", "ensemble.json is missing", "run calibseg-ensemble")
+    assert not models.exists() or not list(models.iterdir())
+    assert ensemble_cli.main([str(folder), "--device", "cpu"]) == 0
+    assert ship_cli.main(["--runs", str(folder), "--prefix", "tiny", "--out", str(models),
+                          "--data", str(sample_acdc_dir)]) == 0
+    shipped = load_bundle(models / "tiny_ce_dice.calibseg")
+    assert shipped.metadata.ensemble_size == 5 and shipped.metadata.weights_dtype == "float16"
+    recorded = json.loads((models / "tiny_ce_dice.metrics.json").read_text())
+    assert recorded["out_of_fold"]["summary"]["patients"] == 8
+    assert recorded["out_of_fold"]["ensemble"]["choices"]["volumes"] == 16
+    assert sorted(recorded["case_patients"].values()) == sorted(2 * load_split(SPLITS / "acdc_sample.json")["test"])
