@@ -118,6 +118,16 @@ def test_finished_run_records_its_validation_choices_in_run_json_and_bundle(samp
     assert metadata.temperature == pytest.approx(chosen["temperature"])
 
 
+def test_mirroring_off_leaves_test_time_mirroring_untried(sample_cases, tmp_path, monkeypatch):
+    from Training import choices
+
+    monkeypatch.setattr(choices, "choose_mirroring", lambda *arguments: pytest.fail("mirroring was tried"))
+    result = tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1, mirroring="off").fit()
+    metadata = load_bundle(result.bundle_path).metadata
+    assert metadata.sliding_window.mirror_axes == () and metadata.training["mirroring"] == "off"
+    assert RunSummary.read(tmp_path).choices["mirroring"].startswith("off: not tried")
+
+
 def test_a_failed_end_of_run_choice_falls_back_and_never_loses_the_run(sample_cases, tmp_path, monkeypatch, capsys):
     from CalibSegLib.quality import QualityModelError
     from Training import choices

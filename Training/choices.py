@@ -26,11 +26,13 @@ from CalibSegLib.quality import QualityModel, fit_quality_model
 from CalibSegLib.temperature import apply_temperature, fit_temperature
 from Datasets.cases import Case, GridVolume
 
-__all__ = ["TEMPERATURE_FITS", "ValidationPass", "validation_pass", "volume_dice", "foreground_ece", "choose_mirroring",
+__all__ = ["MIRRORING", "TEMPERATURE_FITS", "ValidationPass", "validation_pass", "volume_dice", "foreground_ece", "choose_mirroring",
            "mirrored", "mirroring_choice", "pooled",
            "choose_temperature", "choose_largest_component", "fit_quality", "input_statistics", "or_neutral",
            "make_choices"]
 
+# "auto": mirror at test time where it raises the validation Dice; "off": never (the papers' protocol).
+MIRRORING: tuple[str, ...] = ("auto", "off")
 # "none" ships T = 1: a fitted temperature is only worth shipping where it lowers the validation foreground ECE.
 TEMPERATURE_FITS: tuple[str, ...] = ("auto", "all", "foreground", "none")
 # Temperature scaling fits one number: a million validation voxels pin it down to well under 1 %.
@@ -203,18 +205,24 @@ def input_statistics(metadata: BundleMetadata, cases: Sequence[Case]) -> tuple[d
 
 def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Sequence[GridVolume],
                  cases: Sequence[Case], training_cases: Sequence[Case], device: torch.device, batch_size: int,
-                 temperature_fit: str = "auto", seed: int = 0) -> tuple[BundleMetadata, dict[str, Any]]:
+                 temperature_fit: str = "auto", seed: int = 0, mirroring: str = "auto"
+                 ) -> tuple[BundleMetadata, dict[str, Any]]:
     """Every end-of-run choice for ``network`` (the best weights) on the validation ``volumes`` (model grid) and
     ``cases`` (as read), and the input statistics of ``training_cases``: the metadata to write into the bundle
-    and the ``choices`` record for ``run.json``.
+    and the ``choices`` record for ``run.json``; ``mirroring`` (:data:`MIRRORING`) ``"off"`` leaves test-time
+    mirroring untried.
 
     ``metadata`` describes the network without any choice made; its ``validation_metrics`` gets the final
     validation Dice and foreground ECE with the choices.
     """
     choices: dict[str, Any] = {}
-    mirroring = or_neutral("mirroring", lambda: choose_mirroring(network, metadata, volumes, device, batch_size),
-                           None, choices)
-    chosen, validation = mirroring or (metadata, _passed(network, metadata, volumes, device, batch_size))
+    mirrored_choice = None
+    if mirroring == "off":
+        choices["mirroring"] = "off: not tried (--mirroring off)"
+    else:
+        mirrored_choice = or_neutral("mirroring", lambda: choose_mirroring(network, metadata, volumes, device,
+                                                                           batch_size), None, choices)
+    chosen, validation = mirrored_choice or (metadata, _passed(network, metadata, volumes, device, batch_size))
     num_classes = metadata.num_classes
     temperature = or_neutral("temperature", lambda: choose_temperature(validation, temperature_fit, seed), 1.0,
                               choices)

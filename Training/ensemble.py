@@ -13,7 +13,7 @@ What the ensemble applies is chosen on the pooled out-of-fold predictions, each 
 network that did not train on it, with the rules the trainer uses on one validation split
 (:mod:`Training.choices`):
 
-- test-time mirroring where it raises the out-of-fold Dice;
+- test-time mirroring where it raises the out-of-fold Dice (never for folds trained with ``--mirroring off``);
 - **one temperature**, applied to every member before the average, fitted on the out-of-fold voxels (all,
   foreground or none, whichever gives the lowest out-of-fold foreground ECE). Not each fold's own temperature:
   that one was fitted on 13 patients, the pooled one on all of them, and it is one number a reader can check;
@@ -150,10 +150,14 @@ def out_of_fold_choices(folds: Sequence[FoldRun], device: str = "auto", batch_si
                                                                   mirror_axes=()))
     num_classes = base.num_classes
     plain = _passes(folds, base, device, batch_size)
-    with_mirroring = _passes(folds, mirrored(base), device, batch_size)
-    used, mirroring = mirroring_choice(plain, with_mirroring, num_classes)
-    chosen, validation = (mirrored(base), with_mirroring) if used else (base, plain)
-    del plain, with_mirroring
+    if any(fold.bundle.metadata.training.get("mirroring") == "off" for fold in folds):
+        chosen, validation, mirroring = base, plain, {"used": False, "why": "the folds were trained with "
+                                                                           "--mirroring off"}
+    else:
+        with_mirroring = _passes(folds, mirrored(base), device, batch_size)
+        used, mirroring = mirroring_choice(plain, with_mirroring, num_classes)
+        chosen, validation = (mirrored(base), with_mirroring) if used else (base, plain)
+        del plain, with_mirroring
     temperature, temperature_record = choose_temperature(validation, temperature_fit, seed)
     postprocessing, postprocessing_record = choose_largest_component(validation, num_classes)
     dice = float(np.nanmean(volume_dice(validation, postprocessing, num_classes)))

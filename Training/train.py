@@ -55,7 +55,7 @@ from Evaluation.evaluate import evaluate_bundle, print_summary
 from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
-from Training.choices import TEMPERATURE_FITS
+from Training.choices import MIRRORING, TEMPERATURE_FITS
 from Training.plan import Plan, channel_normalization, make_plan
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.out_of_fold import complete_out_of_fold, evaluate_out_of_fold, out_of_fold_dir
@@ -170,6 +170,9 @@ def _parser() -> argparse.ArgumentParser:
                              "median; 1.5 for ACDC); with --spatial-dims 3: S or Z Y X")
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
+    parser.add_argument("--mirroring", choices=MIRRORING, default="auto",
+                        help="test-time mirroring: auto (used where it raises the validation Dice, default) or off "
+                             "(never: the papers' protocol)")
     parser.add_argument("--temperature-fit", choices=TEMPERATURE_FITS, default="auto",
                         help="validation voxels the temperature is fitted on (none: T = 1); auto: all, foreground "
                              "or none, whichever gives the lowest validation foreground ECE")
@@ -257,6 +260,7 @@ def parse_config(arguments: argparse.Namespace, class_names: Sequence[str] | Non
         augment=not arguments.no_augment,
         compile=schedule.compile if arguments.compile is None else arguments.compile,
         temperature_fit=arguments.temperature_fit,
+        mirroring=arguments.mirroring,
         device=arguments.device,
         amp=arguments.amp,
         seed=arguments.seed,

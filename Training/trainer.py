@@ -68,6 +68,7 @@ class TrainConfig:
     augment: bool = True
     compile: bool = False  # torch.compile the training forward/backward (CPU: 1.6× faster steps)
     temperature_fit: str = "auto"  # voxels the temperature is fitted on: all, foreground, or the better
+    mirroring: str = "auto"  # test-time mirroring: chosen on validation ("auto") or never ("off")
     device: str = "auto"
     amp: bool | None = None  # bfloat16 autocast; None: on CUDA, not on a CPU (slower there without bf16 units)
     seed: int = 0
@@ -434,6 +435,7 @@ class Trainer:
             "patch_size": list(self.config.patch_size),
             "foreground_share": self.config.foreground_share,
             "augment": self.config.augment,
+            "mirroring": self.config.mirroring,
             "optimizer": "adam",
             "lr": self.config.lr,
             "lr_schedule": self.config.lr_schedule,
@@ -471,7 +473,8 @@ class Trainer:
         best = dict(self.history[self.best_epoch]) if self.best_epoch >= 0 else {}
         metadata, choices = make_choices(self.model, self._metadata(validation_metrics={"best_epoch": best}),
                                          self.val_volumes, self.val_cases, self.train_cases, self.device,
-                                         self.config.batch_size, self.config.temperature_fit, self.config.seed)
+                                         self.config.batch_size, self.config.temperature_fit, self.config.seed,
+                                         self.config.mirroring)
         path = save_bundle(self.run_dir / BUNDLE_NAME, self.model.state_dict(), metadata)
         if self.writer is not None:
             self.writer.close()
