@@ -116,11 +116,11 @@ def _vector(header: Dataset, keyword: str) -> np.ndarray:
 
 
 def _stack_problem(headers: Sequence[Dataset]) -> str | None:
-    """Why single-frame images of one size and orientation, sorted along their normal, are no evenly spaced stack,
-    or None."""
+    """Why single-frame images of one size and orientation are no evenly spaced stack, or None."""
     orientation = _vector(headers[0], "ImageOrientationPatient")
     normal = np.cross(orientation[:3], orientation[3:])
     positions = np.array([_vector(header, "ImagePositionPatient") for header in headers])
+    positions = positions[np.argsort(positions @ normal, kind="stable")]
     along = positions @ normal
     steps = np.diff(along)
     tolerance = max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * float(np.max(steps, initial=0.0)))

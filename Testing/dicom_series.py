@@ -38,8 +38,8 @@ def _file_meta(sop_class: str, sop_instance: str) -> FileMetaDataset:
 
 def write_series(folder: str | Path, volume: np.ndarray, geometry: ImageGeometry, modality: str = "MR",
                  slope: float | Sequence[float] = 1.0, intercept: float = 0.0, series_number: int = 3,
-                 description: str = "SA stack", study_uid: str | None = None) -> list[Path]:
-    """Write ``volume (z, y, x)`` on ``geometry`` as one series of single-frame files ``slice_<k>.dcm``.
+                 description: str = "SA stack", study_uid: str | None = None, prefix: str = "slice") -> list[Path]:
+    """Write ``volume (z, y, x)`` on ``geometry`` as one series of single-frame files ``<prefix>_<k>.dcm``.
 
     ``slope``: one Rescale Slope for every slice or one per slice. Returns the files, slice 0 first.
     """
@@ -73,7 +73,7 @@ def write_series(folder: str | Path, volume: np.ndarray, geometry: ImageGeometry
         if modality == "CT":
             header.RescaleType = "HU"
         header.PixelData = np.rint((plane - intercept) / slopes[index]).astype("<i2").tobytes()
-        path = folder / f"slice_{index:03d}.dcm"
+        path = folder / f"{prefix}_{index:03d}.dcm"
         header.save_as(path, enforce_file_format=True)
         files.append(path)
     return files
