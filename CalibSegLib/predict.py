@@ -87,7 +87,7 @@ from CalibSegLib.io import (
     write_image,
     write_json_atomic,
 )
-from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path, shipped_name
+from CalibSegLib.pretrained import bundle_label, pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 from CalibSegLib.report import REPORT_NAME, ReportCase, report_case, write_report
 
@@ -163,12 +163,6 @@ def _read_case(predictor: Predictor, case: CaseInput) -> tuple[np.ndarray, Any]:
     return read_series(case.series) if case.series is not None else read_channels(list(case.files))
 
 
-def bundle_label(predictor: Predictor) -> str:
-    """How outputs name the predictor's bundle: a shipped model's name, else its file's name."""
-    path = predictor.bundle.path
-    return (shipped_name(path) or path.name) if path is not None else "bundle"
-
-
 def predict_files(
     predictor: Predictor,
     image_path: str | Path | Sequence[str | Path] | CaseInput,
@@ -228,7 +222,7 @@ def predict_files(
     prediction = analysis.prediction
     datasets = {}
     if dicom_seg:
-        source, label = series_headers(case.series), bundle_label(predictor)
+        source, label = series_headers(case.series), bundle_label(predictor.bundle.path)
         datasets = {"dicom_seg": segmentation_dataset(prediction.labels, source, predictor.metadata, label,
                                                       analysis.summary),
                     "dicom_confidence": confidence_dataset(prediction.confidence, source, predictor.metadata, label)}
@@ -371,7 +365,7 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
     with atomic_output(table) as temporary:
         temporary.write_text(buffer.getvalue())
     if page is not None:
-        write_report(page, report_cases, predictor.metadata, bundle_label(predictor), "calibseg-predict")
+        write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path), "calibseg-predict")
     return rows, table
 
 
@@ -489,7 +483,7 @@ def _predict_case(arguments: argparse.Namespace) -> int:
     finally:
         progress.close()
     if page is not None:
-        outputs["report"] = write_report(page, report_cases, predictor.metadata, bundle_label(predictor),
+        outputs["report"] = write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path),
                                          "calibseg-predict")
     summary = json.loads(outputs["summary"].read_text())
     metrics = json.loads(outputs["metrics"].read_text()) if "metrics" in outputs else None
