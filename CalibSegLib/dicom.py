@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,7 @@ _MINIMUM_TOLERANCE_MM = 0.01
 # Row and column direction cosines of one orientation agree to this much.
 _ORIENTATION_TOLERANCE = 1e-3
 _MEDIA_DIRECTORY = "1.2.840.10008.1.3.10"  # DICOMDIR: an index of the files, not an object to segment
+_ITK_PREFIX = re.compile(r"ITK ERROR: \w+\(0x[0-9a-fA-F]+\):")  # the reader's class and address, no help to a user
 _GEOMETRY = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
 
 
@@ -268,9 +270,10 @@ def read_series(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
     try:
         image = reader.Execute()
     except RuntimeError as error:
-        reason = (str(error).strip().splitlines() or ["unknown error"])[-1].replace("sitk::ERROR:", "").strip()
-        raise ValueError(f"Cannot read the pixel data of the DICOM {series.label} ({reason}); export it again "
-                         "uncompressed or in a common transfer syntax.") from None
+        reason = (str(error).strip().splitlines() or ["unknown error"])[-1]
+        reason = _ITK_PREFIX.sub("", reason.replace("sitk::ERROR:", "")).strip().rstrip(".")
+        raise ValueError(f"Cannot read the pixel data of the DICOM {series.label} ({reason}: a file cut short, or a "
+                         "compression GDCM cannot decode); export the series again.") from None
     array = sitk.GetArrayFromImage(image)
     if not np.isfinite(array).all():
         raise ValueError(f"The DICOM {series.label} holds NaN or infinite values after its rescale; check its "
