@@ -63,14 +63,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 import numpy as np
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.analysis import analyse_case
 from CalibSegLib.dicom import DicomSeries, choose_series, find_series, read_series, series_case_names, series_headers
-from CalibSegLib.dicom_seg import confidence_dataset, segmentation_dataset
 from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import input_check_lines
 from CalibSegLib.io import (
@@ -89,7 +88,13 @@ from CalibSegLib.io import (
 )
 from CalibSegLib.pretrained import bundle_label, pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
-from CalibSegLib.report import REPORT_NAME, ReportCase, report_case, write_report
+
+if TYPE_CHECKING:
+    from CalibSegLib.report import ReportCase
+
+# The Slicer module imports this module (batch_row) without highdicom or matplotlib, which only the DICOM outputs
+# (CalibSegLib.dicom_seg) and the report page (CalibSegLib.report) need: those are imported where they are made.
+REPORT_NAME = "report.html"  # CalibSegLib.report.REPORT_NAME, checked by Testing/test_report.py
 
 __all__ = ["BATCH_TABLE", "CaseInput", "case_name", "case_input", "predict_files", "folder_images", "folder_cases",
            "folder_inputs", "batch_row", "predict_folder", "summary_lines", "ProgressReport", "main"]
@@ -222,6 +227,8 @@ def predict_files(
     prediction = analysis.prediction
     datasets = {}
     if dicom_seg:
+        from CalibSegLib.dicom_seg import confidence_dataset, segmentation_dataset
+
         source, label = series_headers(case.series), bundle_label(predictor.bundle.path)
         datasets = {"dicom_seg": segmentation_dataset(prediction.labels, source, predictor.metadata, label,
                                                       analysis.summary),
@@ -235,6 +242,8 @@ def predict_files(
         for name, dataset in datasets.items():
             dataset.save_as(output_set.stage(outputs[name]), enforce_file_format=True)
     if report_cases is not None:
+        from CalibSegLib.report import report_case
+
         report_cases.append(report_case(stem, image, geometry.spacing, analysis, predictor.metadata))
     return outputs
 
@@ -356,6 +365,8 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
         if error is not None:
             rows.append(batch_row(case.name, f"error: {error}"))
             if report_cases is not None:
+                from CalibSegLib.report import ReportCase
+
                 report_cases.append(ReportCase(case.name, error=error))
     columns = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
@@ -365,6 +376,8 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
     with atomic_output(table) as temporary:
         temporary.write_text(buffer.getvalue())
     if page is not None:
+        from CalibSegLib.report import write_report
+
         write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path), "calibseg-predict")
     return rows, table
 
@@ -483,6 +496,8 @@ def _predict_case(arguments: argparse.Namespace) -> int:
     finally:
         progress.close()
     if page is not None:
+        from CalibSegLib.report import write_report
+
         outputs["report"] = write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path),
                                          "calibseg-predict")
     summary = json.loads(outputs["summary"].read_text())

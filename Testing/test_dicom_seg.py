@@ -130,3 +130,14 @@ def test_a_class_without_terminology_gets_the_generic_tissue_code(tmp_path):
 ])
 def test_segment_text(entry, text):
     assert segment_text(entry) == text
+
+
+def test_the_slicer_modules_imports_need_neither_highdicom_nor_the_report(repo_root):
+    """The Slicer module imports CalibSegLib.predict (batch_row) where highdicom is not installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys, CalibSegLib.predict, CalibSegLib.analysis_process; "
+            "print(sorted({'highdicom', 'CalibSegLib.dicom_seg', 'CalibSegLib.report'} & set(sys.modules)))")
+    printed = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True)
+    assert printed.stdout.strip() == "[]"

@@ -71,6 +71,12 @@ def _summary(dice: dict[str, float | None], suitable: bool | None = True, model:
             "quality_model": {"review_below": 0.8} if model else None}
 
 
+def test_predict_names_the_page_as_the_report_module_does():
+    from CalibSegLib import predict
+
+    assert predict.REPORT_NAME == REPORT_NAME
+
+
 def test_cases_go_failed_then_unsuitable_then_by_lowest_predicted_dice():
     cases = [ReportCase("good", _summary({"a": 0.95, "b": 0.9})),
              ReportCase("no model", _summary({"a": 0.5, "b": 0.9}, model=False)),
