@@ -13,11 +13,12 @@ that ends with what to do:
   number of steps), uneven spacing, or slices shifted in-plane from one to the next (a tilted gantry).
 
 Positions are compared along the slice normal, the cross product of ImageOrientationPatient's row and column
-directions, to within :data:`POSITION_TOLERANCE` of a step. The images of a volume are sorted along that normal,
-and SimpleITK's ``ImageSeriesReader`` (GDCM) reads them in that order: geometry from the files (the first slice's
-position, the pixel spacing, the row, column and stacking directions), and each file's Rescale Slope and
-Intercept applied, so a CT is in Hounsfield units. The voxels are read as float32, since the slope may differ
-from slice to slice (an integer type taken from the first slice would drop the fractions of the others).
+directions, to within :data:`POSITION_TOLERANCE` of a step. The images of a volume are sorted along that
+normal, and SimpleITK's ``ImageSeriesReader`` (GDCM) reads them in that order: geometry from the files (the
+first slice's position, the pixel spacing, the row, column and stacking directions), and each file's Rescale
+Slope and Intercept applied, so a CT is in Hounsfield units. The voxels are read as float32, since the slope
+may differ from slice to slice (an integer type taken from the first slice would drop the fractions of the
+others).
 
 Arrays are ``(z, y, x)``: z along the sorted slices, y down the rows, x along them; the
 :class:`~CalibSegLib.io.ImageGeometry` holds spacing ``(z, y, x)`` in mm and origin and direction in DICOM's
@@ -54,7 +55,8 @@ _MINIMUM_TOLERANCE_MM = 0.01
 # Row and column direction cosines of one orientation agree to this much.
 _ORIENTATION_TOLERANCE = 1e-3
 _MEDIA_DIRECTORY = "1.2.840.10008.1.3.10"  # DICOMDIR: an index of the files, not an object to segment
-_ITK_PREFIX = re.compile(r"ITK ERROR: \w+\(0x[0-9a-fA-F]+\):")  # the reader's class and address, no help to a user
+# ITK names the reader's class and its address in memory, no help to a user.
+_ITK_PREFIX = re.compile(r"ITK ERROR: \w+\(0x[0-9a-fA-F]+\):")
 _GEOMETRY = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
 
 
@@ -128,14 +130,15 @@ def _stack_problem(headers: Sequence[Dataset]) -> str | None:
     tolerance = max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * float(np.max(steps, initial=0.0)))
     distinct = 1 + int(np.sum(steps > tolerance))
     if distinct < len(headers):
-        return (f"holds {len(headers)} images at {distinct} slice position(s) (several images at one position: "
-                "the time points of a cine, echoes or repeats); export one image per position, e.g. one time "
-                "point, as a series of its own")
+        return (f"holds {len(headers)} images at {distinct} slice position(s) (several images at one "
+                "position: the time points of a cine, echoes or repeats); export one image per position, "
+                "e.g. one time point, as a series of its own")
     pixel = float(min(_vector(headers[0], "PixelSpacing")))
     in_plane = positions - positions[0] - np.outer(along - along[0], normal)
-    if float(np.max(np.linalg.norm(in_plane, axis=1))) > max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * pixel):
-        return ("has slices shifted in-plane from one to the next (a tilted CT gantry or a sheared stack), which a "
-                "voxel grid cannot hold; resample it onto an orthogonal grid first")
+    shift = float(np.max(np.linalg.norm(in_plane, axis=1)))
+    if shift > max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * pixel):
+        return ("has slices shifted in-plane from one to the next (a tilted CT gantry or a sheared stack), "
+                "which a voxel grid cannot hold; resample it onto an orthogonal grid first")
     step = float(np.min(steps))
     tolerance = max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * step)
     if float(np.max(steps)) - step <= tolerance:
@@ -170,8 +173,8 @@ def _image_problem(headers: Sequence[Dataset]) -> str | None:
         return "is one image, not a stack of slices; give a series of two or more slices"
     sizes = sorted({(int(header.Rows), int(header.Columns)) for header in headers})
     if len(sizes) > 1:
-        return (f"holds images of {len(sizes)} sizes ({', '.join(f'{rows}×{columns}' for rows, columns in sizes)}); "
-                "export one size per series")
+        listed = ", ".join(f"{rows}×{columns}" for rows, columns in sizes)
+        return f"holds images of {len(sizes)} sizes ({listed}); export one size per series"
     spacings = {tuple(np.round(_vector(header, "PixelSpacing"), 4)) for header in headers}
     if len(spacings) > 1:
         return f"holds images of {len(spacings)} pixel spacings; export one spacing per series"
@@ -194,20 +197,21 @@ def _series(uid: str, entries: list[tuple[Path, Dataset]]) -> DicomSeries:
     number = headers[0].get("SeriesNumber")
     description = str(headers[0].get("SeriesDescription", "") or "").strip()
     if not all(name.endswith("Image Storage") for name in kinds):
-        others = ", ".join(f"{count} {name}" for name, count in kinds.items() if not name.endswith("Image Storage"))
-        problem = (f"holds objects that are not images ({others}); give a folder of an image series, or choose "
-                   "an image series with --series-uid")
+        others = ", ".join(f"{count} {name}" for name, count in kinds.items()
+                           if not name.endswith("Image Storage"))
+        problem = (f"holds objects that are not images ({others}); give a folder of an image series, or "
+                   "choose an image series with --series-uid")
     else:
         problem = _image_problem(headers)
         if problem is None:
             files, headers = _sorted_along_normal(files, headers)
-    return DicomSeries(uid, tuple(files), int(number) if number not in (None, "") else None, description, kind,
-                       problem)
+    number = int(number) if number not in (None, "") else None
+    return DicomSeries(uid, tuple(files), number, description, kind, problem)
 
 
 def find_series(folder: str | Path) -> list[DicomSeries]:
-    """Every series of the DICOM files under ``folder``, in the order their first file sorts (none when it holds
-    no DICOM file).
+    """Every series of the DICOM files under ``folder``, in the order their first file sorts (none when it
+    holds no DICOM file).
 
     Raises:
         ValueError: ``folder`` is no folder, or holds a DICOM file that cannot be read.
@@ -231,12 +235,12 @@ def choose_series(series: Sequence[DicomSeries], folder: str | Path, series_uid:
     """The series of ``folder`` to segment: the one ``series_uid`` names, else its only image series.
 
     Raises:
-        ValueError: no series; ``series_uid`` names none of them; several image series and no ``series_uid`` (the
-            sentence lists them).
+        ValueError: no series; ``series_uid`` names none of them; several image series and no
+            ``series_uid`` (the sentence lists them).
     """
     if not series:
-        raise ValueError(f"{folder} holds no DICOM file (none starts with the DICM marker); give a folder of one "
-                         "DICOM series or an image file.")
+        raise ValueError(f"{folder} holds no DICOM file (none starts with the DICM marker); give a folder of "
+                         "one DICOM series or an image file.")
     listed = "; ".join(entry.label for entry in series)
     if series_uid is not None:
         chosen = [entry for entry in series if entry.uid == series_uid]
@@ -245,8 +249,9 @@ def choose_series(series: Sequence[DicomSeries], folder: str | Path, series_uid:
         return chosen[0]
     images = [entry for entry in series if entry.is_image]
     if len(images) > 1:
-        raise ValueError(f"{folder} holds {len(images)} image series ({'; '.join(entry.label for entry in images)}); "
-                         "choose one with --series-uid.")
+        labels = "; ".join(entry.label for entry in images)
+        raise ValueError(f"{folder} holds {len(images)} image series ({labels}); choose one with "
+                         "--series-uid.")
     return (images or list(series))[0]
 
 
@@ -259,8 +264,8 @@ def read_series(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
     """The ``(z, y, x)`` float32 volume of an image series (each file's rescale applied) and its grid.
 
     Raises:
-        ValueError: the series is no volume (its :attr:`DicomSeries.problem`), its pixel data cannot be decoded,
-            or it holds NaN/infinite values.
+        ValueError: the series is no volume (its :attr:`DicomSeries.problem`), its pixel data cannot be
+            decoded, or it holds NaN/infinite values.
     """
     if series.problem is not None:
         raise ValueError(f"The DICOM {series.label} {series.problem}.")
@@ -272,23 +277,24 @@ def read_series(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
     except RuntimeError as error:
         reason = (str(error).strip().splitlines() or ["unknown error"])[-1]
         reason = _ITK_PREFIX.sub("", reason.replace("sitk::ERROR:", "")).strip().rstrip(".")
-        raise ValueError(f"Cannot read the pixel data of the DICOM {series.label} ({reason}: a file cut short, or a "
-                         "compression GDCM cannot decode); export the series again.") from None
+        raise ValueError(f"Cannot read the pixel data of the DICOM {series.label} ({reason}: a file cut "
+                         "short, or a compression GDCM cannot decode); export the series again.") from None
     array = sitk.GetArrayFromImage(image)
     if not np.isfinite(array).all():
-        raise ValueError(f"The DICOM {series.label} holds NaN or infinite values after its rescale; check its "
-                         "Rescale Slope and Intercept.")
+        raise ValueError(f"The DICOM {series.label} holds NaN or infinite values after its rescale; check "
+                         "its Rescale Slope and Intercept.")
     geometry = ImageGeometry.from_sitk(image)
     if not all(math.isfinite(value) and value > 0 for value in geometry.spacing):
-        raise ValueError(f"The DICOM {series.label} gives a voxel spacing of "
-                         f"{' × '.join(f'{value:g}' for value in geometry.spacing)} mm, which is not positive; "
-                         "check its Pixel Spacing.")
+        spacing = " × ".join(f"{value:g}" for value in geometry.spacing)
+        raise ValueError(f"The DICOM {series.label} gives a voxel spacing of {spacing} mm, which is not "
+                         "positive; check its Pixel Spacing.")
     return array, geometry
 
 
 def read_dicom_folder(folder: str | Path, series_uid: str | None = None
                       ) -> tuple[np.ndarray, ImageGeometry, DicomSeries]:
-    """The volume of the one image series in ``folder`` (or the one ``series_uid`` names), its grid and the series.
+    """The volume of the one image series in ``folder`` (or the one ``series_uid`` names), its grid and the
+    series.
 
     Raises:
         ValueError: see :func:`find_series`, :func:`choose_series` and :func:`read_series`.
@@ -298,9 +304,9 @@ def read_dicom_folder(folder: str | Path, series_uid: str | None = None
 
 
 def series_case_names(series: Sequence[DicomSeries], root: str | Path) -> list[str]:
-    """A case name per series of the folder ``root``: the folder holding its files when that folder holds no other
-    series (``root``'s own name for files directly in it), else that name and ``_series<number>``; a name that
-    would still repeat ends in the last digits of the series' UID."""
+    """A case name per series of the folder ``root``: the folder holding its files when that folder holds no
+    other series (``root``'s own name for files directly in it), else that name and ``_series<number>``; a
+    name that would still repeat ends in the last digits of the series' UID."""
     root = Path(root)
     folders = [Path(os.path.commonpath([str(path.parent) for path in entry.files])) for entry in series]
     shared = Counter(folders)

@@ -53,14 +53,16 @@ def _code(concept: CodedConcept) -> hd.sr.CodedConcept:
 def _equipment(metadata: BundleMetadata, bundle_name: str) -> dict[str, Any]:
     """The equipment attributes both objects share: who made them, with which bundle."""
     return {"manufacturer": ALGORITHM_NAME, "manufacturer_model_name": bundle_name[:_LONG_STRING],
-            "software_versions": __version__, "device_serial_number": (metadata.weights_sha256 or "unknown")[:16]}
+            "software_versions": __version__,
+            "device_serial_number": (metadata.weights_sha256 or "unknown")[:16]}
 
 
 def _algorithm(metadata: BundleMetadata, bundle_name: str) -> hd.AlgorithmIdentificationSequence:
     parameters = {"bundle": bundle_name, "method": str(metadata.training.get("method", "unknown")),
                   "weights_sha256": metadata.weights_sha256 or "unknown"}
-    return hd.AlgorithmIdentificationSequence(name=ALGORITHM_NAME, family=codes.cid7162.ArtificialIntelligence,
-                                              version=__version__, parameters=parameters)
+    return hd.AlgorithmIdentificationSequence(
+        name=ALGORITHM_NAME, family=codes.cid7162.ArtificialIntelligence, version=__version__,
+        parameters=parameters)
 
 
 def segment_text(entry: dict[str, Any]) -> str:
@@ -76,7 +78,8 @@ def segment_text(entry: dict[str, Any]) -> str:
 
 
 def _segment(number: int, name: str, color: Sequence[float], terminology: TerminologyEntry | None,
-             algorithm: hd.AlgorithmIdentificationSequence, entry: dict[str, Any] | None) -> hd.seg.SegmentDescription:
+             algorithm: hd.AlgorithmIdentificationSequence, entry: dict[str, Any] | None
+             ) -> hd.seg.SegmentDescription:
     """The description of class ``number``: its codes (see the module docstring), colour and quality text."""
     category = terminology.category if terminology else GENERIC_TISSUE
     kind = terminology.type if terminology else GENERIC_TISSUE
@@ -86,12 +89,14 @@ def _segment(number: int, name: str, color: Sequence[float], terminology: Termin
         segment_number=number, segment_label=name[:_LONG_STRING], segmented_property_category=_code(category),
         segmented_property_type=_code(kind), algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
         algorithm_identification=algorithm, tracking_id=name[:_LONG_STRING], tracking_uid=hd.UID(),
-        anatomic_regions=[_code(region)] if region else None, display_color=hd.color.CIELabColor.from_rgb(*rgb))
+        anatomic_regions=[_code(region)] if region else None,
+        display_color=hd.color.CIELabColor.from_rgb(*rgb))
     if terminology and terminology.type_modifier:
         description.SegmentedPropertyTypeCodeSequence[0].SegmentedPropertyTypeModifierCodeSequence = [
             _code(terminology.type_modifier)]
     if terminology and terminology.region_modifier:
-        description.AnatomicRegionSequence[0].AnatomicRegionModifierSequence = [_code(terminology.region_modifier)]
+        region_item = description.AnatomicRegionSequence[0]
+        region_item.AnatomicRegionModifierSequence = [_code(terminology.region_modifier)]
     if entry is not None:
         description.SegmentDescription = segment_text(entry)[:_LONG_STRING]
     return description
@@ -99,10 +104,12 @@ def _segment(number: int, name: str, color: Sequence[float], terminology: Termin
 
 def segmentation_dataset(labels: np.ndarray, source: Sequence[Dataset], metadata: BundleMetadata,
                          bundle_name: str, summary: dict[str, Any] | None = None) -> hd.seg.Segmentation:
-    """A binary DICOM Segmentation of ``labels`` ``(z, y, x)`` (class indices), one segment per foreground class.
+    """A binary DICOM Segmentation of ``labels`` ``(z, y, x)`` (class indices), one segment per foreground
+    class.
 
-    ``source``: the headers of the series' images in the volume's z order (:func:`CalibSegLib.dicom.series_headers`);
-    ``summary``: the case's quality summary, whose structures give each Segment Description.
+    ``source``: the headers of the series' images in the volume's z order
+    (:func:`CalibSegLib.dicom.series_headers`); ``summary``: the case's quality summary, whose structures give
+    each Segment Description.
     """
     algorithm = _algorithm(metadata, bundle_name)
     terminology = parse_class_terminology(metadata.class_terminology or {}, metadata.class_names)
@@ -124,8 +131,8 @@ def segmentation_dataset(labels: np.ndarray, source: Sequence[Dataset], metadata
 
 def confidence_dataset(confidence: np.ndarray, source: Sequence[Dataset], metadata: BundleMetadata,
                        bundle_name: str) -> hd.pm.ParametricMap:
-    """A DICOM Parametric Map of ``confidence`` ``(z, y, x)`` in [0, 1] on the source series' grid (16-bit stored
-    values, see the module docstring)."""
+    """A DICOM Parametric Map of ``confidence`` ``(z, y, x)`` in [0, 1] on the source series' grid (16-bit
+    stored values, see the module docstring)."""
     stored = np.rint(np.clip(confidence, 0.0, 1.0) * CONFIDENCE_SCALE).astype(np.uint16)
     mapping = hd.pm.RealWorldValueMapping(
         lut_label="CONFIDENCE", lut_explanation="maximum class probability", unit=codes.UCUM.NoUnits,

@@ -31,17 +31,18 @@ case together (:func:`folder_cases`, :func:`predict_folder`), and
 sentence), the case's review flag and per structure the volume, predicted Dice and review flag. A case
 that fails is reported in its row and does not stop the others; the command then exits with status 2.
 
-**DICOM.** A folder given as ``--image`` is read as DICOM (:mod:`CalibSegLib.dicom`): its one image series, or the
-one ``--series-uid`` names; a broken series (missing slices, mixed orientations, uneven spacing, not images) is one
-sentence and nothing is written. With ``--image-dir`` every image series under the folder is a case too (objects
-that are not images, such as Segmentations written earlier, are skipped and counted). ``--dicom-seg`` adds
-``<stem>_seg.dcm``, a DICOM Segmentation of the labels, and ``<stem>_confidence.dcm``, a Parametric Map of the
-confidence, both referencing the source series (:mod:`CalibSegLib.dicom_seg`); it refuses an input that is no
-DICOM series. The NIfTI outputs are written as for any input.
+**DICOM.** A folder given as ``--image`` is read as DICOM (:mod:`CalibSegLib.dicom`): its one image series, or
+the one ``--series-uid`` names; a broken series (missing slices, mixed orientations, uneven spacing, not
+images) is one sentence and nothing is written. With ``--image-dir`` every image series under the folder is a
+case too (objects that are not images, such as Segmentations written earlier, are skipped and counted).
+``--dicom-seg`` adds ``<stem>_seg.dcm``, a DICOM Segmentation of the labels, and ``<stem>_confidence.dcm``, a
+Parametric Map of the confidence, both referencing the source series (:mod:`CalibSegLib.dicom_seg`); it
+refuses an input that is no DICOM series. The NIfTI outputs are written as for any input.
 
-**Report.** ``--report`` adds ``report.html`` (:mod:`CalibSegLib.report`): one self-contained page over the case
-(or the folder's cases, worst first) with each case's input check, per structure volume, predicted Dice and review
-flag (with ``--reference`` the measured Dice and HD95 beside them) and pictures of its worst slices.
+**Report.** ``--report`` adds ``report.html`` (:mod:`CalibSegLib.report`): one self-contained page over the
+case (or the folder's cases, worst first) with each case's input check, per structure volume, predicted Dice
+and review flag (with ``--reference`` the measured Dice and HD95 beside them) and pictures of its worst
+slices.
 
 While it runs it shows a progress bar on a terminal (tqdm, when installed) or a line at every
 quarter otherwise (logs, CI); at the end it prints a short summary of the case
@@ -69,7 +70,14 @@ import numpy as np
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.analysis import analyse_case
-from CalibSegLib.dicom import DicomSeries, choose_series, find_series, read_series, series_case_names, series_headers
+from CalibSegLib.dicom import (
+    DicomSeries,
+    choose_series,
+    find_series,
+    read_series,
+    series_case_names,
+    series_headers,
+)
 from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import input_check_lines
 from CalibSegLib.io import (
@@ -92,12 +100,14 @@ from CalibSegLib.quality import review_text, structure_key, summary_columns
 if TYPE_CHECKING:
     from CalibSegLib.report import ReportCase
 
-# The Slicer module imports this module (batch_row) without highdicom or matplotlib, which only the DICOM outputs
-# (CalibSegLib.dicom_seg) and the report page (CalibSegLib.report) need: those are imported where they are made.
+# The Slicer module imports this module (batch_row) without highdicom or matplotlib, which only the DICOM
+# outputs (CalibSegLib.dicom_seg) and the report page (CalibSegLib.report) need: those are imported where they
+# are made.
 REPORT_NAME = "report.html"  # CalibSegLib.report.REPORT_NAME, checked by Testing/test_report.py
 
-__all__ = ["BATCH_TABLE", "CaseInput", "case_name", "case_input", "predict_files", "folder_images", "folder_cases",
-           "folder_inputs", "batch_row", "predict_folder", "summary_lines", "ProgressReport", "main"]
+__all__ = ["BATCH_TABLE", "CaseInput", "case_name", "case_input", "predict_files", "folder_images",
+           "folder_cases", "folder_inputs", "batch_row", "predict_folder", "summary_lines", "ProgressReport",
+           "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
@@ -132,22 +142,24 @@ class CaseInput:
 
 
 def case_input(image_paths: str | Path | Sequence[str | Path], series_uid: str | None = None) -> CaseInput:
-    """The case of ``--image``: image files (one per channel), or one folder of DICOM files whose image series (or
-    the one ``series_uid`` names) is the case, named after the folder.
+    """The case of ``--image``: image files (one per channel), or one folder of DICOM files whose image series
+    (or the one ``series_uid`` names) is the case, named after the folder.
 
     Raises:
-        ValueError: a folder beside other images, ``series_uid`` without a folder, or a folder whose series cannot
-            be chosen (:func:`CalibSegLib.dicom.choose_series`).
+        ValueError: a folder beside other images, ``series_uid`` without a folder, or a folder whose series
+            cannot be chosen (:func:`CalibSegLib.dicom.choose_series`).
     """
-    paths = [Path(image_paths)] if isinstance(image_paths, (str, Path)) else [Path(path) for path in image_paths]
+    paths = [Path(image_paths)] if isinstance(image_paths, (str, Path)) else list(map(Path, image_paths))
     folders = [path for path in paths if path.is_dir()]
     if folders and len(paths) > 1:
-        raise ValueError(f"{folders[0]} is a DICOM folder, and a DICOM series is one channel; give one --image "
-                         "folder alone, or one image file per channel.")
+        raise ValueError(f"{folders[0]} is a DICOM folder, and a DICOM series is one channel; give one "
+                         "--image folder alone, or one image file per channel.")
     if folders:
-        return CaseInput(folders[0].name, series=choose_series(find_series(folders[0]), folders[0], series_uid))
+        series = choose_series(find_series(folders[0]), folders[0], series_uid)
+        return CaseInput(folders[0].name, series=series)
     if series_uid is not None:
-        raise ValueError("--series-uid chooses a series of a DICOM folder; give --image the folder that holds it.")
+        raise ValueError("--series-uid chooses a series of a DICOM folder; give --image the folder that "
+                         "holds it.")
     return CaseInput(case_name(paths), tuple(paths))
 
 
@@ -155,8 +167,8 @@ def _read_case(predictor: Predictor, case: CaseInput) -> tuple[np.ndarray, Any]:
     """The ``(z, y, x)`` or ``(K, z, y, x)`` image of ``case`` for ``predictor``'s bundle, and its grid.
 
     Raises:
-        ValueError: another number of channels than the bundle has, channels on different grids, or an image or
-            series that cannot be read.
+        ValueError: another number of channels than the bundle has, channels on different grids, or an
+            image or series that cannot be read.
     """
     expected = predictor.metadata.in_channels
     given = 1 if case.series is not None else len(case.files)
@@ -178,8 +190,8 @@ def predict_files(
     dicom_seg: bool = False,
     report_cases: list[ReportCase] | None = None,
 ) -> dict[str, Path]:
-    """Predict the image at ``image_path`` (one path per channel of the bundle, in its order, a DICOM folder or a
-    :class:`CaseInput`) and write its maps (and metrics) into ``out_dir``, named after the case.
+    """Predict the image at ``image_path`` (one path per channel of the bundle, in its order, a DICOM folder
+    or a :class:`CaseInput`) and write its maps (and metrics) into ``out_dir``, named after the case.
 
     ``dicom_seg``: also write the DICOM Segmentation and confidence Parametric Map of a DICOM series;
     ``report_cases``: a list that gets the case for the report page (:func:`CalibSegLib.report.report_case`).
@@ -191,8 +203,8 @@ def predict_files(
     Raises:
         ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
             unreadable image/reference, another number of images than the bundle has channels, channels on
-            different grids, ``dicom_seg`` for an input that is no DICOM series, a reference not on the image's
-            grid or with labels the model does not have, an image the predictor refuses, or non-finite
+            different grids, ``dicom_seg`` for an input that is no DICOM series, a reference not on the
+            image's grid or with labels the model does not have, an image the predictor refuses, or non-finite
             probabilities. Nothing is written then, and earlier outputs of the same case stay as they were.
     """
     case = image_path if isinstance(image_path, CaseInput) else case_input(image_path)
@@ -206,10 +218,11 @@ def predict_files(
     }
     if dicom_seg:
         if case.series is None:
-            raise ValueError(f"--dicom-seg writes a DICOM Segmentation that references the series it was predicted "
-                             f"from, and {case.shown} is no DICOM series; give --image a DICOM folder, or leave out "
-                             "--dicom-seg.")
-        outputs |= {name: check_output_file(out_dir / f"{stem}{ending}") for name, ending in DICOM_OUTPUTS.items()}
+            raise ValueError(f"--dicom-seg writes a DICOM Segmentation that references the series it was "
+                             f"predicted from, and {case.shown} is no DICOM series; give --image a DICOM "
+                             "folder, or leave out --dicom-seg.")
+        for name, ending in DICOM_OUTPUTS.items():
+            outputs[name] = check_output_file(out_dir / f"{stem}{ending}")
     image, geometry = _read_case(predictor, case)
     reference = None
     if reference_path is not None:
@@ -229,10 +242,11 @@ def predict_files(
     if dicom_seg:
         from CalibSegLib.dicom_seg import confidence_dataset, segmentation_dataset
 
-        source, label = series_headers(case.series), bundle_label(predictor.bundle.path)
-        datasets = {"dicom_seg": segmentation_dataset(prediction.labels, source, predictor.metadata, label,
+        source, label, metadata = series_headers(case.series), bundle_label(predictor.bundle.path), \
+            predictor.metadata
+        datasets = {"dicom_seg": segmentation_dataset(prediction.labels, source, metadata, label,
                                                       analysis.summary),
-                    "dicom_confidence": confidence_dataset(prediction.confidence, source, predictor.metadata, label)}
+                    "dicom_confidence": confidence_dataset(prediction.confidence, source, metadata, label)}
     with OutputSet() as output_set:
         if analysis.metrics is not None:
             write_json_atomic(output_set.stage(outputs["metrics"]), analysis.metrics)
@@ -249,9 +263,9 @@ def predict_files(
 
 
 def _listed_images(folder: Path) -> list[Path]:
-    """The image files directly in ``folder`` (:data:`~CalibSegLib.io.IMAGE_SUFFIXES`, hidden ones left out)."""
-    return sorted(path for path in folder.iterdir()
-                  if path.is_file() and not path.name.startswith(".") and path.name.lower().endswith(IMAGE_SUFFIXES))
+    """The image files directly in ``folder`` (:data:`~CalibSegLib.io.IMAGE_SUFFIXES`), not hidden ones."""
+    return sorted(path for path in folder.iterdir() if path.is_file() and not path.name.startswith(".")
+                  and path.name.lower().endswith(IMAGE_SUFFIXES))
 
 
 def folder_images(folder: str | Path) -> list[Path]:
@@ -286,13 +300,13 @@ def folder_cases(folder: str | Path) -> list[list[Path]]:
 
 
 def folder_inputs(folder: str | Path) -> tuple[list[CaseInput], list[DicomSeries]]:
-    """The cases of ``--image-dir``: those of its image files (:func:`folder_cases`), then every DICOM image series
-    under it (subfolders included), named by :func:`CalibSegLib.dicom.series_case_names`; and the DICOM series
-    that are no images (Segmentations, reports, ...), which are not cases.
+    """The cases of ``--image-dir``: those of its image files (:func:`folder_cases`), then every DICOM image
+    series under it (subfolders included), named by :func:`CalibSegLib.dicom.series_case_names`; and the DICOM
+    series that are no images (Segmentations, reports, ...), which are not cases.
 
     Raises:
-        ValueError: the folder does not exist, holds neither an image file nor a DICOM image series, or holds a
-            DICOM file that cannot be read.
+        ValueError: the folder does not exist, holds neither an image file nor a DICOM image series, or
+            holds a DICOM file that cannot be read.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -300,10 +314,11 @@ def folder_inputs(folder: str | Path) -> tuple[list[CaseInput], list[DicomSeries
     cases = [CaseInput(case_name(paths), tuple(paths)) for paths in _channel_cases(_listed_images(folder))]
     every_series = find_series(folder)
     images = [series for series in every_series if series.is_image]
-    cases += [CaseInput(name, series=series) for name, series in zip(series_case_names(images, folder), images)]
+    names = series_case_names(images, folder)
+    cases += [CaseInput(name, series=series) for name, series in zip(names, images)]
     if not cases:
-        raise ValueError(f"{folder} holds no image ({', '.join(IMAGE_SUFFIXES)}) and no DICOM image series; pass "
-                         "--image-dir with a folder of images or DICOM series.")
+        raise ValueError(f"{folder} holds no image ({', '.join(IMAGE_SUFFIXES)}) and no DICOM image series; "
+                         "pass --image-dir with a folder of images or DICOM series.")
     return cases, [series for series in every_series if not series.is_image]
 
 
@@ -337,8 +352,8 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
     cases, others = folder_inputs(image_dir)
     files = [case.shown for case in cases if case.series is None]
     if dicom_seg and files:
-        raise ValueError(f"--dicom-seg needs DICOM series, and {image_dir} holds image files too ({files[0]}, ...); "
-                         "segment those without --dicom-seg.")
+        raise ValueError(f"--dicom-seg needs DICOM series, and {image_dir} holds image files too "
+                         f"({files[0]}, ...); segment those without --dicom-seg.")
     out_dir = check_output_folder(out_dir)
     table = check_output_file(Path(out_dir) / BATCH_TABLE)
     page = check_output_file(Path(out_dir) / REPORT_NAME) if report else None
@@ -378,7 +393,8 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
     if page is not None:
         from CalibSegLib.report import write_report
 
-        write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path), "calibseg-predict")
+        write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path),
+                     "calibseg-predict")
     return rows, table
 
 
@@ -460,17 +476,18 @@ def _parser() -> argparse.ArgumentParser:
                              + (", ".join(pretrained_models()) or "none shipped"))
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", type=Path, action="append",
-                        help="3D image (NIfTI, NRRD, MHA) or a folder of one DICOM series; for a bundle of several "
-                             "channels one --image file per channel, in the bundle's order")
-    source.add_argument("--image-dir", type=Path, help=f"a folder of 3D images and DICOM series: each one a case "
-                                                      f"(<case>_0000 ... _000K files one case of several channels), "
-                                                      f"and {BATCH_TABLE}")
-    parser.add_argument("--series-uid", help="with an --image DICOM folder of several series: the one to segment")
+                        help="3D image (NIfTI, NRRD, MHA) or a folder of one DICOM series; for a bundle of "
+                             "several channels one --image file per channel, in the bundle's order")
+    source.add_argument("--image-dir", type=Path,
+                        help=f"a folder of 3D images and DICOM series: each one a case (<case>_0000 ... "
+                             f"_000K files one case of several channels), and {BATCH_TABLE}")
+    parser.add_argument("--series-uid",
+                        help="with an --image DICOM folder of several series: the one to segment")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
     parser.add_argument("--reference", type=Path, help="reference label image on the same grid, for metrics")
     parser.add_argument("--dicom-seg", action="store_true",
-                        help="also write <case>_seg.dcm (DICOM Segmentation) and <case>_confidence.dcm (DICOM "
-                             "Parametric Map), referencing the source series (DICOM input only)")
+                        help="also write <case>_seg.dcm (DICOM Segmentation) and <case>_confidence.dcm "
+                             "(DICOM Parametric Map), referencing the source series (DICOM input only)")
     parser.add_argument("--report", action="store_true",
                         help=f"also write {REPORT_NAME}: one page over the cases, worst first, with pictures")
     parser.add_argument(
@@ -498,7 +515,8 @@ def _predict_case(arguments: argparse.Namespace) -> int:
     if page is not None:
         from CalibSegLib.report import write_report
 
-        outputs["report"] = write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path),
+        outputs["report"] = write_report(page, report_cases, predictor.metadata,
+                                         bundle_label(predictor.bundle.path),
                                          "calibseg-predict")
     summary = json.loads(outputs["summary"].read_text())
     metrics = json.loads(outputs["metrics"].read_text()) if "metrics" in outputs else None
@@ -513,8 +531,8 @@ def _predict_folder(arguments: argparse.Namespace) -> int:
     if arguments.reference is not None:
         raise ValueError("--reference names one case's reference; use it with --image, not --image-dir.")
     if arguments.series_uid is not None:
-        raise ValueError("--series-uid chooses a series of one --image folder; with --image-dir every series is a "
-                         "case.")
+        raise ValueError("--series-uid chooses a series of one --image folder; with --image-dir every series "
+                         "is a case.")
     folder_inputs(arguments.image_dir)
     check_output_folder(arguments.out_dir)
     predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,

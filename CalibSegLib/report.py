@@ -1,14 +1,14 @@
 """The QC report page: one self-contained ``report.html`` over finished cases, worst first.
 
-``calibseg-predict --report`` writes it for one image or a folder of cases and ``calibseg-evaluate --report`` for
-a test set (with the pooled reliability diagram). The page needs nothing but itself: its pictures are PNG data
-URIs, its style is inline CSS, it has no script and names no other file or address; printed (or saved as PDF)
-every case starts its own block, kept on one page where it fits, with the colours as on screen.
+``calibseg-predict --report`` writes it for one image or a folder of cases and ``calibseg-evaluate --report``
+for a test set (with the pooled reliability diagram). The page needs nothing but itself: its pictures are PNG
+data URIs, its style is inline CSS, it has no script and names no other file or address; printed (or saved as
+PDF) every case starts its own block, kept on one page where it fits, with the colours as on screen.
 
-**Order.** Cases that could not be segmented come first, with their error's sentence. Then the segmented cases,
-worst first: those whose input the input check calls unsuitable (their predicted Dice is not to be read), then
-by their lowest predicted structure Dice (a structure predicted nowhere counts as 0), cases without a predicted
-Dice (a bundle without a quality model) last; ties by name.
+**Order.** Cases that could not be segmented come first, with their error's sentence. Then the segmented
+cases, worst first: those whose input the input check calls unsuitable (their predicted Dice is not to be
+read), then by their lowest predicted structure Dice (a structure predicted nowhere counts as 0), cases
+without a predicted Dice (a bundle without a quality model) last; ties by name.
 
 **A case.** Its input check's sentence, its review sentence, per structure the volume (mL), the predicted Dice
 with its interval and the review flag (with a reference the measured Dice and HD95 beside them, and the case's
@@ -41,7 +41,8 @@ __all__ = ["REPORT_NAME", "ReportCase", "report_case", "lowest_predicted_dice", 
 
 REPORT_NAME = "report.html"
 _STYLE = """
-body { font: 14px/1.4 system-ui, sans-serif; color: #1d1d1f; margin: 24px auto; max-width: 1000px; padding: 0 16px; }
+body { font: 14px/1.4 system-ui, sans-serif; color: #1d1d1f; margin: 24px auto; max-width: 1000px;
+  padding: 0 16px; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 0 0 6px; }
 .meta, .note { color: #555; } .legend, .case, .failed, .test-set { border: 1px solid #ccc; border-radius: 6px;
   padding: 10px 14px; margin: 14px 0; break-inside: avoid; page-break-inside: avoid; }
@@ -57,7 +58,8 @@ table { border-collapse: collapse; margin: 6px 0; } th, td { padding: 3px 10px; 
 figure img { display: block; border: 1px solid #999; } figcaption { font-size: 12px; color: #555; }
 * { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
 @page { size: A4; margin: 12mm; }
-@media print { body { margin: 0; max-width: none; font-size: 11px; } figure img { width: 150px; height: auto; } }
+@media print { body { margin: 0; max-width: none; font-size: 11px; }
+  figure img { width: 150px; height: auto; } }
 """
 
 
@@ -84,8 +86,8 @@ def report_case(name: str, image: np.ndarray, spacing: Sequence[float], analysis
 
 
 def lowest_predicted_dice(summary: dict[str, Any]) -> float | None:
-    """The case's lowest predicted structure Dice (0 for a structure predicted nowhere); None without a quality
-    model."""
+    """The case's lowest predicted structure Dice (0 for a structure predicted nowhere); None without a
+    quality model."""
     if summary.get("quality_model") is None:
         return None
     values = [0.0 if entry["mean_confidence"] is None else entry["predicted_dice"]
@@ -126,17 +128,21 @@ def _image(png: bytes, alt: str, width: int | None = None) -> str:
     return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{_text(alt)}"{size}>'
 
 
+def _rgb(color: Sequence[float]) -> str:
+    """A CSS colour of RGB in [0, 1]: ``rgb(230, 77, 64)``."""
+    return f"rgb({', '.join(str(round(255 * float(value))) for value in color[:3])})"
+
+
 def _legend(metadata: BundleMetadata, hot_spot_level: float) -> str:
-    swatches = "".join(
-        f'<span class="swatch" style="border-color: rgb({", ".join(str(round(255 * c)) for c in color[:3])})">'
-        f"</span>{_text(name)}" for name, color in zip(metadata.class_names[1:], metadata.class_colors[1:]))
-    stops = ", ".join(f"rgb({', '.join(str(round(255 * c)) for c in color)})" for color in hot_spot_colors(8))
+    swatches = "".join(f'<span class="swatch" style="border-color: {_rgb(color)}"></span>{_text(name)}'
+                       for name, color in zip(metadata.class_names[1:], metadata.class_colors[1:]))
+    stops = ", ".join(_rgb(color) for color in hot_spot_colors(8))
     return (f'<section class="legend"><b>Legend.</b> Outlines: predicted structures{swatches}.<br>'
-            f"Uncertainty hot spots (normalised entropy, shown from {hot_spot_level:.1f}): {hot_spot_level:.1f}"
-            f'<span class="scale" style="background: linear-gradient(to right, {stops})"></span>1.0. '
-            '<span class="flag review">REVIEW</span>: predicted Dice below the model\'s review threshold, or the '
-            'structure predicted nowhere; <span class="flag unsuitable">INPUT UNSUITABLE</span>: the image is '
-            "unlike the model's training images, read none of its numbers.</section>")
+            f"Uncertainty hot spots (normalised entropy, shown from {hot_spot_level:.1f}): "
+            f'{hot_spot_level:.1f}<span class="scale" style="background: linear-gradient(to right, {stops})">'
+            '</span>1.0. <span class="flag review">REVIEW</span>: predicted Dice below the model\'s review '
+            'threshold, or the structure predicted nowhere; <span class="flag unsuitable">INPUT UNSUITABLE'
+            "</span>: the image is unlike the model's training images, read none of its numbers.</section>")
 
 
 def _structure_table(summary: dict[str, Any], metrics: dict[str, float] | None) -> str:
@@ -173,7 +179,7 @@ def _case_section(number: int, case: ReportCase) -> str:
     badges = ('<span class="flag unsuitable">INPUT UNSUITABLE</span> ' if suitable is False else "") + _flag(
         summary["review"])
     parts = [f'<section class="case" {anchor}><h2>{number}. {_text(case.name)} {badges}</h2>',
-             f'<p class="note">{"<br>".join(_text(line) for line in input_check_lines(summary["input_check"]))}</p>',
+             f'<p class="note">{"<br>".join(map(_text, input_check_lines(summary["input_check"])))}</p>',
              _structure_table(summary, case.metrics)]
     if case.metrics is not None:
         parts.append(f'<p>Measured over the reference foreground: ECE {_number(case.metrics.get("ece"), 3)}, '
@@ -189,7 +195,8 @@ def _case_section(number: int, case: ReportCase) -> str:
 
 def _overview(cases: Sequence[ReportCase]) -> str:
     measured = any(case.metrics is not None for case in cases)
-    head = ["#", "case", "input", "lowest predicted Dice", "flagged"] + (["measured mean Dice"] if measured else [])
+    head = ["#", "case", "input", "lowest predicted Dice", "flagged"] + (
+        ["measured mean Dice"] if measured else [])
     rows = []
     for number, case in enumerate(cases, start=1):
         link = f'<a href="#case-{number}">{_text(case.name)}</a>'
@@ -199,8 +206,9 @@ def _overview(cases: Sequence[ReportCase]) -> str:
             continue
         suitable = case.summary["input_check"].get("suitable")
         flagged = [name for name, entry in case.summary["structures"].items() if entry["review"]]
-        cells = [str(number), link, {True: "suitable", False: '<span class="flag unsuitable">UNSUITABLE</span>',
-                                     None: "not checked"}[suitable],
+        checked = {True: "suitable", False: '<span class="flag unsuitable">UNSUITABLE</span>',
+                   None: "not checked"}[suitable]
+        cells = [str(number), link, checked,
                  f'<td class="number">{_number(lowest_predicted_dice(case.summary))}</td>',
                  _text(", ".join(flagged) or "none")]
         if measured:
@@ -228,12 +236,14 @@ def report_html(cases: Sequence[ReportCase], metadata: BundleMetadata, bundle_na
              f"{_text(bundle_name)}, {len(cases)} case(s)</title><style>{_STYLE}</style></head><body>",
              f"<header><h1>CalibSeg quality report</h1><p class=\"meta\">Model {_text(bundle_name)} "
              f"({_text(metadata.training.get('method', 'unknown method'))}), {len(cases)} case(s): "
-             f"{len(ordered) - len(segmented)} not segmented, {unsuitable} with an unsuitable input, {flagged} "
-             f"with a structure to review. Made by {_text(command)} (CalibSeg {__version__}) on {created}.</p>"
+             f"{len(ordered) - len(segmented)} not segmented, {unsuitable} with an unsuitable input, "
+             f"{flagged} with a structure to review. Made by {_text(command)} (CalibSeg {__version__}) on "
+             f"{created}.</p>"
              "</header>", _legend(metadata, level)]
     if reliability_png is not None or test_set_lines:
         lines = "".join(f"<p>{_text(line)}</p>" for line in test_set_lines)
-        diagram = _image(reliability_png, "reliability diagram of the test set", 300) if reliability_png else ""
+        diagram = _image(reliability_png, "reliability diagram of the test set", 300) if reliability_png \
+            else ""
         parts.append(f'<section class="test-set"><h2>The test set</h2>{lines}{diagram}</section>')
     parts.append(_overview(ordered))
     parts += [_case_section(number, case) for number, case in enumerate(ordered, start=1)]
@@ -242,7 +252,8 @@ def report_html(cases: Sequence[ReportCase], metadata: BundleMetadata, bundle_na
 
 
 def write_report(path: str | Path, cases: Sequence[ReportCase], metadata: BundleMetadata, bundle_name: str,
-                 command: str, reliability_png: bytes | None = None, test_set_lines: Sequence[str] = ()) -> Path:
+                 command: str, reliability_png: bytes | None = None,
+                 test_set_lines: Sequence[str] = ()) -> Path:
     """Write :func:`report_html` to ``path`` atomically (temporary name, then rename)."""
     text = report_html(cases, metadata, bundle_name, command, reliability_png, test_set_lines)
     with atomic_output(path) as temporary:

@@ -1,12 +1,13 @@
 """Pictures of a case's worst slices: the image in grey, the uncertainty hot spots in colour, the predicted
 structures as outlines, as PNG bytes for the QC report (:mod:`CalibSegLib.report`).
 
-The layers are those of the Slicer module's slice views: the image windowed at its 1st and 99th percentile; the
-normalised entropy shown only where it is at least the hot-spot level, coloured with inferno from that level
-(dark purple) to 1 (light yellow) and blended at :data:`HOT_SPOT_OPACITY`; each structure's outline
+The layers are those of the Slicer module's slice views: the image windowed at its 1st and 99th percentile;
+the normalised entropy shown only where it is at least the hot-spot level, coloured with inferno from that
+level (dark purple) to 1 (light yellow) and blended at :data:`HOT_SPOT_OPACITY`; each structure's outline
 (:data:`OUTLINE_PX` pixels inside its border, drawn at the picture's resolution) in the bundle's colour. A
-picture is resampled to square pixels of the physical aspect (mm) and cropped around the predicted structures of
-the whole case (:data:`CROP_ZOOM` times their extent), so every picture of a case shows the same field of view.
+picture is resampled to square pixels of the physical aspect (mm) and cropped around the predicted structures
+of the whole case (:data:`CROP_ZOOM` times their extent), so every picture of a case shows the same field of
+view.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["HOT_SPOT_OPACITY", "PICTURE_PX", "CROP_ZOOM", "SlicePicture", "hot_s
 
 HOT_SPOT_OPACITY = 0.6
 PICTURE_PX = 220  # the longer side of a picture
-CROP_ZOOM = 2.0   # field of view: twice the extent of the predicted structures, so the tissue around them shows
+CROP_ZOOM = 2.0   # field of view: twice the predicted structures' extent, so the tissue around them shows
 OUTLINE_PX = 2
 _HOT_SPOT_MAP = "inferno"
 
@@ -46,8 +47,8 @@ def hot_spot_colors(count: int) -> np.ndarray:
 
 def picture_slices(summary: dict[str, Any], labels: np.ndarray, count: int) -> list[int]:
     """The ``count`` slices to show: the summary's most uncertain first, then those with the most predicted
-    structure voxels; the middle slice when nothing is predicted or uncertain. ``labels``: ``(z, y, x)`` with z the
-    slice axis."""
+    structure voxels; the middle slice when nothing is predicted or uncertain. ``labels``: ``(z, y, x)`` with
+    z the slice axis."""
     chosen = [int(index) for index in summary.get("uncertain_slices", [])][:count]
     foreground = (labels > 0).reshape(labels.shape[0], -1).sum(axis=1)
     for index in np.argsort(-foreground, kind="stable"):
@@ -59,8 +60,9 @@ def picture_slices(summary: dict[str, Any], labels: np.ndarray, count: int) -> l
 
 
 def _crop(labels: np.ndarray) -> tuple[slice, slice]:
-    """The in-plane ``(y, x)`` box around the predicted structures of every slice, :data:`CROP_ZOOM` times their
-    extent (square in voxels when they are square), inside the slice; the whole slice without structures."""
+    """The in-plane ``(y, x)`` box around the predicted structures of every slice, :data:`CROP_ZOOM` times
+    their extent (square in voxels when they are square), inside the slice; the whole slice without
+    structures."""
     found = np.argwhere((labels > 0).any(axis=0))
     if found.size == 0:
         return slice(None), slice(None)
@@ -86,7 +88,8 @@ def slice_picture(image: np.ndarray, labels: np.ndarray, entropy: np.ndarray, sp
     shape = np.maximum(np.rint(extent / extent.max() * size), 1).astype(int)
     zoom = shape / np.array(image.shape)
     low, high = window
-    grey = np.clip((ndimage.zoom(image.astype(np.float32), zoom, order=1) - low) / max(high - low, 1e-12), 0, 1)
+    resampled = ndimage.zoom(image.astype(np.float32), zoom, order=1)
+    grey = np.clip((resampled - low) / max(high - low, 1e-12), 0, 1)
     picture = np.repeat(grey[..., None], 3, axis=2)
     uncertainty = ndimage.zoom(entropy.astype(np.float32), zoom, order=1)
     hot = uncertainty >= hot_spot_level

@@ -29,9 +29,9 @@ current folder, never inside the installed package), each file atomically:
   deliberately degraded copies of them (:mod:`Evaluation.quality_report`; null without a model);
 - ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1), pooled
   over all volumes, with the pooled ECE in the title;
-- with ``--report``, ``report.html`` (:mod:`CalibSegLib.report`): the page ``calibseg-predict --report`` writes, over
-  the test volumes at the bundle's temperature, worst first, with each volume's measured Dice and HD95 beside the
-  predicted ones, and the test set's means and pooled reliability diagram at the top.
+- with ``--report``, ``report.html`` (:mod:`CalibSegLib.report`): the page ``calibseg-predict --report``
+  writes, over the test volumes at the bundle's temperature, worst first, with each volume's measured Dice and
+  HD95 beside the predicted ones, and the test set's means and pooled reliability diagram at the top.
 
 Variants: ``scaled`` uses the bundle's fitted temperature, ``uncalibrated`` T = 1 (after and
 before temperature scaling).
@@ -68,8 +68,8 @@ from Datasets.splits import recorded_split, select_patients
 from Evaluation.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
 from Evaluation.summary import CASES_NAME, EVALUATION_DIR, SUMMARY_NAME, EvaluationSummary, VariantSummary
 
-__all__ = ["EvaluationResult", "variant_bundles", "evaluate_bundle", "summary_lines", "print_summary", "seen_patients",
-           "main"]
+__all__ = ["EvaluationResult", "variant_bundles", "evaluate_bundle", "summary_lines", "print_summary",
+           "seen_patients", "main"]
 
 RELIABILITY_NAMES = {"scaled": "reliability.png", "uncalibrated": "reliability_uncalibrated.png"}
 
@@ -104,7 +104,8 @@ def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch
         analyses = analyse_variants(predictor, case.image, case.spacing, case.label.astype(np.int64),
                                     [variant_bundle.metadata for variant_bundle in variants.values()])
         if report_cases is not None:
-            report_cases.append(report_case(case.case_id, case.image, case.spacing, analyses[0], bundle.metadata))
+            report_cases.append(report_case(case.case_id, case.image, case.spacing, analyses[0],
+                                            bundle.metadata))
         for variant, analysis in zip(variants, analyses):
             rows, pooled = results[variant]
             pooled.merge(analysis.evaluation.statistics)
@@ -187,24 +188,27 @@ def summary_lines(summary: EvaluationSummary, split: str = "test") -> list[str]:
     lines = [f"{split}, {len(summary.cases)} volumes{of_patients} (means over the volumes): Dice "
              f"{scaled.value('dice_mean'):.3f}  HD95 {scaled.value('hd95_mean'):.2f} mm  "
              f"ASD {scaled.value('asd_mean'):.2f} mm"]
-    for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text(summary.temperature, labelled=False)}", scaled)):
+    fitted = f"T = {temperature_text(summary.temperature, labelled=False)}"
+    for label, metrics in (("T = 1   ", raw), (fitted, scaled)):
         pooled = metrics.pooled_calibration["ece"]
         lines.append(f"  {label}  ECE {metrics.value('ece'):.3f} (pooled {pooled:.3f})  CECE "
-                     f"{metrics.value('cece'):.3f}  TACE {metrics.value('tace'):.3f}  Brier {metrics.value('brier'):.3f}"
-                     f"  NLL {metrics.value('nll'):.3f}")
+                     f"{metrics.value('cece'):.3f}  TACE {metrics.value('tace'):.3f}  Brier "
+                     f"{metrics.value('brier'):.3f}  NLL {metrics.value('nll'):.3f}")
     if summary.quality:
         for label, report in ((split, summary.quality["clean"]), *summary.quality["degraded"].items()):
             pooled = report[ALL_STRUCTURES]
-            lines.append(f"  predicted Dice, {label}: ρ {pooled['spearman']:.2f}  MAE {pooled['mae']:.3f}  review "
-                         f"flag AUROC {pooled['review_auroc']:.2f} ({pooled['flagged_poor']} of {pooled['poor']} "
-                         f"poor flagged, {pooled['flagged']} flagged in all)")
+            lines.append(f"  predicted Dice, {label}: ρ {pooled['spearman']:.2f}  MAE {pooled['mae']:.3f}  "
+                         f"review flag AUROC {pooled['review_auroc']:.2f} ({pooled['flagged_poor']} of "
+                         f"{pooled['poor']} poor flagged, {pooled['flagged']} flagged in all)")
     undefined = int(scaled.value("hd95_mean", "undefined"))
     if undefined:
-        lines.append(f"  HD95 undefined in {undefined} volume(s) (a class in only one of prediction and reference)")
+        lines.append(f"  HD95 undefined in {undefined} volume(s) (a class in only one of prediction and "
+                     "reference)")
     return lines
 
 
-def print_summary(summary: EvaluationSummary, out_dir: Path, split: str = "test", report: bool = False) -> None:
+def print_summary(summary: EvaluationSummary, out_dir: Path, split: str = "test",
+                  report: bool = False) -> None:
     """A few lines: :func:`summary_lines` and where the files are (``report``: the report page too).
 
     ``split`` names the volumes evaluated (``--split``). Every number is the mean over them, except the
@@ -235,8 +239,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="also measure the quality check on degraded copies of the volumes (contrast inversion, "
                              f"gamma 3, noise): {len(DEGRADATIONS)} more predictions per volume")
     parser.add_argument("--report", action="store_true",
-                        help=f"also write {REPORT_NAME}: one page over the volumes, worst first, with pictures of "
-                             "their worst slices, and the reliability diagram")
+                        help=f"also write {REPORT_NAME}: one page over the volumes, worst first, with "
+                             "pictures of their worst slices, and the reliability diagram")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     return parser

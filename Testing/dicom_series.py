@@ -3,12 +3,13 @@
     from dicom_series import write_series
     files = write_series(tmp_path / "series", volume, geometry, modality="CT", intercept=-1024.0)
 
-Each slice is a classic single-frame image (MR or CT Image Storage, explicit VR little endian) with the patient,
-study, series, frame of reference and image plane attributes a scanner writes. Geometry follows the file format,
-independently of SimpleITK: ImagePositionPatient of slice k is ``origin + k · spacing_z · (third direction
-column)``, ImageOrientationPatient the first two direction columns (along a row, down a column) and PixelSpacing
-``(row spacing, column spacing) = (spacing_y, spacing_x)``. Stored values are ``round((value - intercept) /
-slope)`` as int16, so a volume of whole numbers with slope 1 comes back exactly.
+Each slice is a classic single-frame image (MR or CT Image Storage, explicit VR little endian) with the
+patient, study, series, frame of reference and image plane attributes a scanner writes. Geometry follows the
+file format, independently of SimpleITK: ImagePositionPatient of slice k is
+``origin + k · spacing_z · (third direction column)``, ImageOrientationPatient the first two direction columns
+(along a row, down a column) and PixelSpacing ``(row spacing, column spacing) = (spacing_y, spacing_x)``.
+Stored values are ``round((value - intercept) / slope)`` as int16, so a volume of whole numbers with slope 1
+comes back exactly.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def _file_meta(sop_class: str, sop_instance: str) -> FileMetaDataset:
 
 def write_series(folder: str | Path, volume: np.ndarray, geometry: ImageGeometry, modality: str = "MR",
                  slope: float | Sequence[float] = 1.0, intercept: float = 0.0, series_number: int = 3,
-                 description: str = "SA stack", study_uid: str | None = None, prefix: str = "slice") -> list[Path]:
+                 description: str = "SA stack", study_uid: str | None = None,
+                 prefix: str = "slice") -> list[Path]:
     """Write ``volume (z, y, x)`` on ``geometry`` as one series of single-frame files ``<prefix>_<k>.dcm``.
 
     ``slope``: one Rescale Slope for every slice or one per slice. Returns the files, slice 0 first.
@@ -54,7 +56,8 @@ def write_series(folder: str | Path, volume: np.ndarray, geometry: ImageGeometry
         header = Dataset()
         header.file_meta = _file_meta(SOP_CLASSES[modality], sop_instance)
         header.SOPClassUID, header.SOPInstanceUID = SOP_CLASSES[modality], sop_instance
-        header.PatientName, header.PatientID, header.PatientBirthDate, header.PatientSex = "Test^Case", "T1", "", "O"
+        header.PatientName, header.PatientID = "Test^Case", "T1"
+        header.PatientBirthDate, header.PatientSex = "", "O"
         header.StudyInstanceUID, header.StudyDate, header.StudyTime = study_uid, "20260101", "120000"
         header.StudyID, header.AccessionNumber, header.ReferringPhysicianName = "1", "A1", ""
         header.Modality, header.SeriesInstanceUID, header.SeriesNumber = modality, series_uid, series_number

@@ -1,7 +1,7 @@
-"""DICOM series in (``CalibSegLib.dicom``): series written with pydicom (``dicom_series.py``, geometry from the
-standard's formulas, not SimpleITK's) read back with their values and grid; an ACDC volume as a DICOM folder gives
-the labels of the same volume as NIfTI with the shipped model; several series listed or chosen; ``--image-dir``
-takes each series as a case."""
+"""DICOM series in (``CalibSegLib.dicom``): series written with pydicom (``dicom_series.py``, geometry from
+the standard's formulas, not SimpleITK's) read back with their values and grid; an ACDC volume as a DICOM
+folder gives the labels of the same volume as NIfTI with the shipped model; several series listed or chosen;
+``--image-dir`` takes each series as a case."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_files_out_of_order_are_stacked_along_the_slice_normal(tmp_path):
 
 def test_rescale_gives_hounsfield_units_and_every_slices_own_slope(tmp_path):
     hounsfield = np.random.default_rng(1).integers(-1024, 2000, size=(3, 16, 16)).astype(np.float32)
-    write_series(tmp_path / "ct", hounsfield, ImageGeometry((2.5, 0.7, 0.7)), modality="CT", intercept=-1024.0)
+    write_series(tmp_path / "ct", hounsfield, ImageGeometry((2.5, 0.7, 0.7)), modality="CT",
+                 intercept=-1024.0)
     np.testing.assert_array_equal(read_dicom_folder(tmp_path / "ct")[0], hounsfield)
     # Per-slice slopes, one of them fractional: the first slice's integer type must not drop the fractions.
     stored = np.random.default_rng(2).integers(0, 4000, size=(3, 16, 16))
@@ -60,7 +61,8 @@ def test_rescale_gives_hounsfield_units_and_every_slices_own_slope(tmp_path):
 
 
 def test_an_acdc_volume_as_dicom_gives_the_labels_of_the_same_volume_as_nifti(tmp_path):
-    """The issue's first 'done when': the shipped model on an ACDC volume, from a DICOM folder and from NIfTI."""
+    """The issue's first 'done when': the shipped model on an ACDC volume, from a DICOM folder and from
+    NIfTI."""
     image, _ = read_image(ACDC_IMAGE)
     volume = np.rint(image * 4095).astype(np.float32)  # 12-bit whole numbers, as an MR scanner stores them
     geometry = _oblique(spacing=(10.0, 1.5, 1.5))
@@ -73,7 +75,8 @@ def test_an_acdc_volume_as_dicom_gives_the_labels_of_the_same_volume_as_nifti(tm
     from_nifti, nifti_grid = read_image(tmp_path / "nifti" / "patient069_labels.nii.gz")
     np.testing.assert_array_equal(from_dicom, from_nifti)
     assert set(np.unique(from_dicom)) == {0, 1, 2, 3} and dicom_grid.matches(nifti_grid, tolerance=1e-4)
-    summaries = [json.loads((tmp_path / out / "patient069_summary.json").read_text()) for out in ("dicom", "nifti")]
+    summaries = [json.loads((tmp_path / out / "patient069_summary.json").read_text())
+                 for out in ("dicom", "nifti")]
     # Equal up to the slice spacing, which SimpleITK computes from positions written with 6 decimals.
     dicom_row, nifti_row = ({key: value for key, value in batch_row("patient069", "ok", summary).items()
                              if not isinstance(value, str)} for summary in summaries)
@@ -91,7 +94,8 @@ def test_several_series_are_listed_and_one_is_chosen_by_uid(tmp_path, capsys):
                  str(tmp_path / "out"), "--device", "cpu", "--batch-size", "2"]
     assert main(arguments) == 2
     error = capsys.readouterr().err
-    assert_one_sentence(error, "^error: .* holds 2 image series \\(series 3 'first' \\(3 MR Image Storage file",
+    assert_one_sentence(error,
+                        "^error: .* holds 2 image series \\(series 3 'first' \\(3 MR Image Storage file",
                         "series 4 'second'", "choose one with --series-uid")
     assert not (tmp_path / "out").exists()
     second = [series for series in find_series(folder) if series.description == "second"][0]
@@ -105,16 +109,19 @@ def test_image_dir_takes_every_series_as_a_case_and_skips_other_objects(tmp_path
     volume = np.random.default_rng(4).normal(300, 60, size=(3, 24, 20)).astype(np.float32)
     write_series(cases / "patientA", volume, ImageGeometry((5.0, 1.2, 0.9)))
     write_series(cases / "shared", volume, ImageGeometry((5.0, 1.2, 0.9)), series_number=5, prefix="five")
-    write_series(cases / "shared", volume[::-1], ImageGeometry((5.0, 1.2, 0.9)), series_number=6, prefix="six")
+    write_series(cases / "shared", volume[::-1], ImageGeometry((5.0, 1.2, 0.9)), series_number=6,
+                 prefix="six")
     write_image(cases / "plain.nii.gz", volume, ImageGeometry((5.0, 1.2, 0.9)))
     make_test_bundle(tmp_path / "model.calibseg")
     bundle = ["--bundle", str(tmp_path / "model.calibseg"), "--device", "cpu", "--batch-size", "2"]
+    # A Segmentation and a Parametric Map beside the series: not cases.
     assert main([*bundle, "--image", str(cases / "patientA"), "--out-dir", str(cases / "patientA"),
-                 "--dicom-seg"]) == 0  # a Segmentation and a Parametric Map now lie beside the series: no cases
+                 "--dicom-seg"]) == 0
     capsys.readouterr()
     assert main([*bundle, "--image-dir", str(cases), "--out-dir", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
-    assert "skipped: 2 DICOM series that are not images (series 902 'CalibSeg model.calibseg confidence'" in printed
+    assert ("skipped: 2 DICOM series that are not images (series 902 'CalibSeg model.calibseg confidence'"
+            in printed)
     table = (tmp_path / "out" / "predictions.csv").read_text().splitlines()
     assert [line.split(",")[:2] for line in table[1:]] == [
         ["plain", "ok"], ["patientA", "ok"], ["shared_series5", "ok"], ["shared_series6", "ok"]]

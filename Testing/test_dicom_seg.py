@@ -1,6 +1,7 @@
-"""DICOM out (``CalibSegLib.dicom_seg``): ``calibseg-predict --dicom-seg`` on a DICOM series writes a Segmentation
-that highdicom and pydicom read back with the voxels of the labels, the bundle's SNOMED CT codes and colours, the
-source series referenced and the algorithm identified, and a confidence Parametric Map on the same frames."""
+"""DICOM out (``CalibSegLib.dicom_seg``): ``calibseg-predict --dicom-seg`` on a DICOM series writes a
+Segmentation that highdicom and pydicom read back with the voxels of the labels, the bundle's SNOMED CT codes
+and colours, the source series referenced and the algorithm identified, and a confidence Parametric Map on the
+same frames."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ TERMINOLOGY = dict(ACDC_TERMINOLOGY, **{"left ventricle": dict(
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-    """A DICOM series predicted with --dicom-seg by a bundle carrying ACDC's classes and codes: (folder, out)."""
+    """A DICOM series predicted with --dicom-seg by a bundle carrying ACDC's classes and codes: (folder,
+    out)."""
     folder = tmp_path_factory.mktemp("seg")
     image = np.random.default_rng(5).normal(300, 80, size=(4, 30, 26)).astype(np.float32)
     image[:, 8:20, 6:18] += 400
@@ -80,7 +82,8 @@ def test_every_segment_carries_the_bundles_codes_colour_and_quality(written):
         assert "model.calibseg" in algorithm.AlgorithmParameters
         assert item.SegmentDescription == segment_text(summary["structures"][name])
     left = segments["left ventricle"]
-    assert left.SegmentedPropertyTypeCodeSequence[0].SegmentedPropertyTypeModifierCodeSequence[0].CodeValue == "7771000"
+    modifier = left.SegmentedPropertyTypeCodeSequence[0].SegmentedPropertyTypeModifierCodeSequence[0]
+    assert modifier.CodeValue == "7771000"
     assert left.AnatomicRegionSequence[0].CodeValue == "80891009"
     assert left.AnatomicRegionSequence[0].AnatomicRegionModifierSequence[0].CodeValue == "255503000"
     assert segments["myocardium"].AnatomicRegionSequence[0].CodeValue == "87878005"
@@ -96,10 +99,11 @@ def test_the_confidence_parametric_map_holds_the_confidence_on_the_source_frames
     assert parametric_map.ReferencedSeriesSequence[0].SeriesInstanceUID == series.uid
     mapping = parametric_map.SharedFunctionalGroupsSequence[0].RealWorldValueMappingSequence[0]
     stored = parametric_map.pixel_array.astype(np.float64)
-    # Each frame lies at a source slice's position (highdicom may order them otherwise) and holds its confidence.
-    sources = [tuple(float(value) for value in pydicom.dcmread(path, stop_before_pixels=True).ImagePositionPatient)
-               for path in series.files]
-    frames = [sources.index(tuple(float(value) for value in frame.PlanePositionSequence[0].ImagePositionPatient))
+    # Each frame lies at a source slice's position (highdicom may order them otherwise) and holds its
+    # confidence.
+    headers = [pydicom.dcmread(path, stop_before_pixels=True) for path in series.files]
+    sources = [tuple(float(value) for value in header.ImagePositionPatient) for header in headers]
+    frames = [sources.index(tuple(map(float, frame.PlanePositionSequence[0].ImagePositionPatient)))
               for frame in parametric_map.PerFrameFunctionalGroupsSequence]
     assert sorted(frames) == list(range(len(sources)))
     values = stored * float(mapping.RealWorldValueSlope) + float(mapping.RealWorldValueIntercept)
@@ -108,10 +112,11 @@ def test_the_confidence_parametric_map_holds_the_confidence_on_the_source_frames
 
 
 def test_a_class_without_terminology_gets_the_generic_tissue_code(tmp_path):
-    write_series(tmp_path / "series", np.rint(np.random.default_rng(6).normal(300, 80, size=(3, 24, 20))), GRID)
+    write_series(tmp_path / "series", np.rint(np.random.default_rng(6).normal(300, 80, size=(3, 24, 20))),
+                 GRID)
     make_test_bundle(tmp_path / "model.calibseg")  # classes "class 1" ... without codes
-    assert main(["--bundle", str(tmp_path / "model.calibseg"), "--image", str(tmp_path / "series"), "--out-dir",
-                 str(tmp_path / "out"), "--dicom-seg", "--device", "cpu", "--batch-size", "2"]) == 0
+    assert main(["--bundle", str(tmp_path / "model.calibseg"), "--image", str(tmp_path / "series"),
+                 "--out-dir", str(tmp_path / "out"), "--dicom-seg", "--device", "cpu"]) == 0
     raw = pydicom.dcmread(tmp_path / "out" / "series_seg.dcm")
     for item in raw.SegmentSequence:
         assert item.SegmentedPropertyTypeCodeSequence[0].CodeValue == "85756007"
@@ -119,7 +124,8 @@ def test_a_class_without_terminology_gets_the_generic_tissue_code(tmp_path):
 
 
 @pytest.mark.parametrize("entry, text", [
-    ({"predicted_dice": 0.912, "predicted_dice_interval": [0.85, 0.97], "review": False, "mean_confidence": 0.9},
+    ({"predicted_dice": 0.912, "predicted_dice_interval": [0.85, 0.97], "review": False,
+      "mean_confidence": 0.9},
      "predicted Dice 0.91 [0.85, 0.97], ok"),
     ({"predicted_dice": 0.62, "predicted_dice_interval": [0.5, 0.7], "review": True, "mean_confidence": 0.7},
      "predicted Dice 0.62 [0.50, 0.70], REVIEW"),
@@ -139,5 +145,6 @@ def test_the_slicer_modules_imports_need_neither_highdicom_nor_the_report(repo_r
 
     code = ("import sys, CalibSegLib.predict, CalibSegLib.analysis_process; "
             "print(sorted({'highdicom', 'CalibSegLib.dicom_seg', 'CalibSegLib.report'} & set(sys.modules)))")
-    printed = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True, check=True)
+    printed = subprocess.run([sys.executable, "-c", code], cwd=repo_root, capture_output=True, text=True,
+                             check=True)
     assert printed.stdout.strip() == "[]"

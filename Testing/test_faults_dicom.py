@@ -1,6 +1,6 @@
-"""Fault catalogue, DICOM input and output: each broken series, folder or flag is one sentence on stderr (exit 2)
-before any inference, and nothing is written; with ``--image-dir`` a broken series is one row and the others are
-segmented."""
+"""Fault catalogue, DICOM input and output: each broken series, folder or flag is one sentence on stderr (exit
+2) before any inference, and nothing is written; with ``--image-dir`` a broken series is one row and the
+others are segmented."""
 
 from __future__ import annotations
 
@@ -70,7 +70,8 @@ def _two_sizes(folder: Path) -> list[str]:
     _series(folder)
     small = write_series(folder / "tmp", np.zeros((1, 12, 10)), GRID)[0]
     header = pydicom.dcmread(folder / "slice_001.dcm")
-    edit_file(small, SeriesInstanceUID=header.SeriesInstanceUID, ImagePositionPatient=[-20.0, 4.0, 9.5 + 5 * SLICES])
+    edit_file(small, SeriesInstanceUID=header.SeriesInstanceUID,
+              ImagePositionPatient=[-20.0, 4.0, 9.5 + 5 * SLICES])
     shutil.move(small, folder / "slice_extra.dcm")
     shutil.rmtree(folder / "tmp")
     return []
@@ -135,8 +136,8 @@ def _unknown_uid(folder: Path) -> list[str]:
 
 # case → (make(folder) -> extra arguments, regexes of the sentence); the folder is --image
 BAD_DICOM_SERIES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
-    "a slice missing": (_missing_slice, ("has 1 slice\\(s\\) missing: its slices are 5 mm apart but 10 mm between "
-                                         "slices 2 and 3", "export the complete series")),
+    "a slice missing": (_missing_slice, ("has 1 slice\\(s\\) missing: its slices are 5 mm apart but 10 mm "
+                                         "between slices 2 and 3", "export the complete series")),
     "a slice in another orientation": (_two_orientations, ("holds images in 2 orientations", "localizer")),
     "uneven slice spacing": (_uneven_spacing, ("uneven slice spacing \\(steps from 5 to 7 mm",)),
     "cine time points in one series": (_cine_time_points, ("holds 10 images at 5 slice position\\(s\\)",
@@ -146,10 +147,11 @@ BAD_DICOM_SERIES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]]
     "one image": (_one_image, ("is one image, not a stack of slices",)),
     "no image position": (_no_position, ("lacks the position, orientation or pixel spacing",)),
     "multi-frame images": (_multi_frame, ("is a multi-frame \\(enhanced\\) object", "single-frame images")),
-    "a structured report, not images": (_not_images, ("holds objects that are not images \\(1 Comprehensive SR "
-                                                      "Storage\\)",)),
+    "a structured report, not images": (_not_images, ("holds objects that are not images \\(1 "
+                                                      "Comprehensive SR Storage\\)",)),
     "a slice file cut short": (_cut_short, ("Cannot read the pixel data of the DICOM series 3",
-                                            "\\(Cannot read requested file: a file cut short", "export the series again")),
+                                            "\\(Cannot read requested file: a file cut short",
+                                            "export the series again")),
     "no DICOM file in the folder": (_no_dicom, ("holds no DICOM file",)),
     "several image series": (_several_series, ("holds 2 image series", "choose one with --series-uid")),
     "an unknown --series-uid": (_unknown_uid, ("holds no series with UID 1.2.3.4; its series: series 3",)),
@@ -192,8 +194,8 @@ def test_broken_dicom_is_one_sentence_before_inference_and_writes_nothing(name, 
 BAD_DICOM_FLAGS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     "--dicom-seg with a NIfTI image": (
         lambda folder: ["--image", str(folder / "case.nii.gz"), "--dicom-seg"],
-        "--dicom-seg writes a DICOM Segmentation that references the series it was predicted from, and case.nii.gz "
-        "is no DICOM series; give --image a DICOM folder"),
+        "--dicom-seg writes a DICOM Segmentation that references the series it was predicted from, and "
+        "case.nii.gz is no DICOM series; give --image a DICOM folder"),
     "--dicom-seg with image files in --image-dir": (
         lambda folder: ["--image-dir", str(folder), "--dicom-seg"],
         "--dicom-seg needs DICOM series, and .* holds image files too \\(case.nii.gz, ...\\)"),
@@ -228,7 +230,8 @@ def test_a_broken_series_in_image_dir_is_its_row_and_the_others_are_segmented(bu
     _missing_slice(tmp_path / "cases" / "gap")
     assert _predict(bundle, "--image-dir", str(tmp_path / "cases"), "--out-dir", str(tmp_path / "out"),
                     "--dicom-seg", "--report") == 2
-    assert_one_sentence(capsys.readouterr().err, "^error: 1 of 2 cases failed \\(first: gap: The DICOM series 3",
+    assert_one_sentence(capsys.readouterr().err,
+                        "^error: 1 of 2 cases failed \\(first: gap: The DICOM series 3",
                         "slice\\(s\\) missing")
     with (tmp_path / "out" / "predictions.csv").open() as table:
         rows = list(csv.DictReader(table))

@@ -1,6 +1,6 @@
-"""The QC report page (``CalibSegLib.report``, ``slice_pictures``): the order of its cases, what each case shows,
-that it is one self-contained file, the pictures' layers pixel by pixel, and the page as headless Chromium renders
-it (skipped where Chromium is absent; ``.ci/run`` installs it)."""
+"""The QC report page (``CalibSegLib.report``, ``slice_pictures``): the order of its cases, what each case
+shows, that it is one self-contained file, the pictures' layers pixel by pixel, and the page as headless
+Chromium renders it (skipped where Chromium is absent; ``.ci/run`` installs it)."""
 
 from __future__ import annotations
 
@@ -90,7 +90,8 @@ def test_cases_go_failed_then_unsuitable_then_by_lowest_predicted_dice():
 
 
 def test_a_picture_shows_outlines_in_class_colours_and_hot_spots_in_inferno():
-    """Pixel by pixel against the layers computed here: grey image, inferno blended above the level, outlines."""
+    """Pixel by pixel against the layers computed here: grey image, inferno blended above the level,
+    outlines."""
     image = np.tile(np.linspace(0, 100, 40, dtype=np.float32), (40, 1))
     labels = np.zeros((40, 40), np.uint8)
     labels[10:30, 10:30] = 1
@@ -101,12 +102,14 @@ def test_a_picture_shows_outlines_in_class_colours_and_hot_spots_in_inferno():
     assert picture.shape == (40, 40, 3) and picture.dtype == np.uint8
     assert tuple(picture[10, 20]) == (255, 0, 0) and tuple(picture[11, 20]) == (255, 0, 0)  # 2 px inside
     grey = round(255 * image[20, 20] / 100)
-    assert tuple(picture[20, 20]) == (grey,) * 3 and tuple(picture[12, 20]) == (round(255 * image[12, 20] / 100),) * 3
+    assert tuple(picture[20, 20]) == (grey,) * 3
+    assert tuple(picture[12, 20]) == (round(255 * image[12, 20] / 100),) * 3
     expected = (1 - HOT_SPOT_OPACITY) * image[3, 32] / 100 + HOT_SPOT_OPACITY * np.array(
         colormaps["inferno"]((0.7 - 0.4) / 0.6)[:3])
     np.testing.assert_allclose(picture[3, 32], np.round(255 * expected), atol=1)
     # Anisotropic pixels keep their physical aspect: 40 × 40 voxels of 2 × 1 mm are twice as tall as wide.
-    assert slice_picture(image, labels, entropy, (2.0, 1.0), (0, 100), colors, 0.4, size=40).shape == (40, 20, 3)
+    tall = slice_picture(image, labels, entropy, (2.0, 1.0), (0, 100), colors, 0.4, size=40)
+    assert tall.shape == (40, 20, 3)
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +155,11 @@ def test_a_failed_case_comes_first_with_its_sentence(tmp_path):
     make_test_bundle(tmp_path / "model.calibseg")
     rng = np.random.default_rng(7)
     for name in ("a", "b"):
-        write_image(tmp_path / "cases" / f"{name}.nii.gz", rng.normal(300, 60, (3, 24, 20)).astype(np.float32),
-                    ImageGeometry((5.0, 1.2, 0.9)))
+        image = rng.normal(300, 60, (3, 24, 20)).astype(np.float32)
+        write_image(tmp_path / "cases" / f"{name}.nii.gz", image, ImageGeometry((5.0, 1.2, 0.9)))
     (tmp_path / "cases" / "broken.nii.gz").write_bytes(b"not an image")
-    assert main(["--bundle", str(tmp_path / "model.calibseg"), "--image-dir", str(tmp_path / "cases"), "--out-dir",
-                 str(tmp_path / "out"), "--report", "--device", "cpu", "--batch-size", "2"]) == 2
+    assert main(["--bundle", str(tmp_path / "model.calibseg"), "--image-dir", str(tmp_path / "cases"),
+                 "--out-dir", str(tmp_path / "out"), "--report", "--device", "cpu", "--batch-size", "2"]) == 2
     text = (tmp_path / "out" / REPORT_NAME).read_text()
     page = _Page(text)
     assert [classes for _, classes in page.sections] == ["failed", "case", "case"]
@@ -173,18 +176,20 @@ def test_evaluate_report_shows_measured_beside_predicted_and_the_reliability_dia
     for patient in ("p1", "p2"):
         label = np.zeros((3, 24, 20), np.uint8)
         label[:, 4:12, 3:9], label[:, 12:20, 9:15], label[:, 5:9, 14:18] = 1, 2, 3
-        write_image(tmp_path / "data" / f"{patient}_image.nii.gz", rng.normal(300, 60, label.shape).astype(np.float32),
-                    ImageGeometry((5.0, 1.2, 0.9)))
+        image = rng.normal(300, 60, label.shape).astype(np.float32)
+        write_image(tmp_path / "data" / f"{patient}_image.nii.gz", image, ImageGeometry((5.0, 1.2, 0.9)))
         write_image(tmp_path / "data" / f"{patient}_label.nii.gz", label, ImageGeometry((5.0, 1.2, 0.9)))
     bundle = load_bundle(make_test_bundle(tmp_path / "model.calibseg"))
     cases = load_cases(find_cases(tmp_path / "data"), 4)
     evaluate_bundle(bundle, cases, tmp_path / "evaluation", device="cpu", batch_size=2, report=True)
     text = (tmp_path / "evaluation" / REPORT_NAME).read_text()
     page = _Page(text)
-    assert page.headings[0] == "The test set" and "test, 2 volumes of 2 patients (means over the volumes)" in text
+    assert page.headings[0] == "The test set"
+    assert "test, 2 volumes of 2 patients (means over the volumes)" in text
     assert page.images[0] == "data:image/png;base64," + base64.b64encode(
         (tmp_path / "evaluation" / "reliability.png").read_bytes()).decode()
-    assert "<th>measured Dice</th><th>HD95 (mm)</th>" in text and "Measured over the reference foreground: ECE" in text
+    assert "<th>measured Dice</th><th>HD95 (mm)</th>" in text
+    assert "Measured over the reference foreground: ECE" in text
     rows = (tmp_path / "evaluation" / "per_case.csv").read_text()
     assert "report.html" not in rows and len(page.sections) == 2
 

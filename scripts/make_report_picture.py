@@ -2,16 +2,15 @@
 
     .venv/bin/python -m scripts.make_report_picture [--model acdc_ce_dice] [--keep FOLDER]
 
-(from the repository root: it uses the test suite's DICOM writer and Chromium helper, ``Testing/dicom_series.py``
-and ``Testing/chromium.py``; needs Debian's ``chromium``).
+(from the repository root: it uses the test suite's DICOM writer and Chromium helper,
+``Testing/dicom_series.py`` and ``Testing/chromium.py``; needs Debian's ``chromium``).
 
 The six volumes of the shipped sample's patients that are test patients of ``Datasets/splits/acdc.json``
-(patient041, 068 and 069, end-diastole and end-systole; the shipped models never saw them) are written as DICOM
-series, one folder each, at 12 bits with ACDC's assumed spacing; ``calibseg-predict --image-dir ... --dicom-seg
---report`` segments them with ``--model``, and headless Chromium renders the page's top (the legend, the cases
-worst first and the worst case) in a 1000 × 1080 window, written scaled to 800 pixels wide to
-``docs/images/report.png``. ``--keep`` keeps the series and
-outputs in FOLDER (else a temporary folder).
+(patient041, 068 and 069, end-diastole and end-systole; the shipped models never saw them) are written as
+DICOM series, one folder each, at 12 bits with ACDC's assumed spacing; ``calibseg-predict --image-dir ...
+--dicom-seg --report`` segments them with ``--model``, and headless Chromium renders the page's top (the
+legend, the cases worst first and the worst case) in a 1000 × 1080 window, written scaled to 800 pixels wide
+to ``docs/images/report.png``. ``--keep`` keeps the series and outputs in FOLDER (else a temporary folder).
 """
 
 from __future__ import annotations
