@@ -5,6 +5,7 @@
     calibseg-predict --bundle acdc_crac --image case.nii.gz --out-dir out/
     calibseg-predict --bundle acdc_crac --image-dir cases/ --out-dir out/     # every image of a folder
     calibseg-predict --bundle brats.calibseg --image a_0000.nii.gz --image a_0001.nii.gz ... --out-dir out/
+    calibseg-predict --bundle acdc_crac --image dicom/series/ --out-dir out/ --dicom-seg --report
 
 ``--bundle`` is a bundle file or the name of a shipped model (:mod:`CalibSegLib.pretrained`).
 
@@ -31,6 +32,19 @@ case together (:func:`folder_cases`, :func:`predict_folder`), and
 sentence), the case's review flag and per structure the volume, predicted Dice and review flag. A case
 that fails is reported in its row and does not stop the others; the command then exits with status 2.
 
+**DICOM.** A folder given as ``--image`` is read as DICOM (:mod:`CalibSegLib.dicom`): its one image series, or
+the one ``--series-uid`` names; a broken series (missing slices, mixed orientations, uneven spacing, not
+images) is one sentence and nothing is written. With ``--image-dir`` every image series under the folder is a
+case too (objects that are not images, such as Segmentations written earlier, are skipped and counted).
+``--dicom-seg`` adds ``<stem>_seg.dcm``, a DICOM Segmentation of the labels, and ``<stem>_confidence.dcm``, a
+Parametric Map of the confidence, both referencing the source series (:mod:`CalibSegLib.dicom_seg`); it
+refuses an input that is no DICOM series. The NIfTI outputs are written as for any input.
+
+**Report.** ``--report`` adds ``report.html`` (:mod:`CalibSegLib.report`): one self-contained page over the
+case (or the folder's cases, worst first) with each case's input check, per structure volume, predicted Dice
+and review flag (with ``--reference`` the measured Dice and HD95 beside them) and pictures of its worst
+slices.
+
 While it runs it shows a progress bar on a terminal (tqdm, when installed) or a line at every
 quarter otherwise (logs, CI); at the end it prints a short summary of the case
 (:func:`summary_lines`: each structure's volume in mL, mean confidence and predicted Dice, the
@@ -49,13 +63,22 @@ import io
 import json
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 import numpy as np
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.analysis import analyse_case
+from CalibSegLib.dicom import (
+    DicomSeries,
+    choose_series,
+    find_series,
+    read_series,
+    series_case_names,
+    series_headers,
+)
 from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import input_check_lines
 from CalibSegLib.io import (
@@ -72,15 +95,26 @@ from CalibSegLib.io import (
     write_image,
     write_json_atomic,
 )
-from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
+from CalibSegLib.pretrained import bundle_label, pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 
-__all__ = ["BATCH_TABLE", "case_name", "predict_files", "folder_images", "folder_cases", "batch_row",
-           "predict_folder", "summary_lines", "ProgressReport", "main"]
+if TYPE_CHECKING:
+    from CalibSegLib.report import ReportCase
+
+# The Slicer module imports this module (batch_row) without highdicom or matplotlib, which only the DICOM
+# outputs (CalibSegLib.dicom_seg) and the report page (CalibSegLib.report) need: those are imported where they
+# are made.
+REPORT_NAME = "report.html"  # CalibSegLib.report.REPORT_NAME, checked by Testing/test_report.py
+
+__all__ = ["BATCH_TABLE", "CaseInput", "case_name", "case_input", "predict_files", "folder_images",
+           "folder_cases", "folder_inputs", "batch_row", "predict_folder", "summary_lines", "ProgressReport",
+           "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 ENSEMBLE_MAPS: tuple[str, ...] = ("disagreement",)  # an ensemble bundle's further map
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
+# --dicom-seg: output name → file ending
+DICOM_OUTPUTS: dict[str, str] = {"dicom_seg": "_seg.dcm", "dicom_confidence": "_confidence.dcm"}
 BATCH_TABLE = "predictions.csv"
 
 
@@ -94,50 +128,90 @@ def case_name(image_paths: Sequence[Path]) -> str:
     return stems[0]
 
 
-def _shown(image_paths: Sequence[Path]) -> str:
-    """How progress names a case: its file, or its name when it is several files."""
-    return image_paths[0].name if len(image_paths) == 1 else case_name(image_paths)
+@dataclass(frozen=True)
+class CaseInput:
+    """One case to segment: its name (its outputs' stem) and either its image files (one per channel) or one
+    DICOM series."""
+
+    name: str
+    files: tuple[Path, ...] = ()
+    series: DicomSeries | None = None
+
+    @property
+    def shown(self) -> str:
+        """How progress names the case: its file, or its name when it is several files or a series."""
+        return self.files[0].name if len(self.files) == 1 else self.name
 
 
-def _read_case(predictor: Predictor, image_paths: Sequence[Path]) -> tuple[np.ndarray, Any]:
-    """The ``(z, y, x)`` or ``(K, z, y, x)`` image of one file per channel of ``predictor``'s bundle, and its grid.
+def case_input(image_paths: str | Path | Sequence[str | Path], series_uid: str | None = None) -> CaseInput:
+    """The case of ``--image``: image files (one per channel), or one folder of DICOM files whose image series
+    (or the one ``series_uid`` names) is the case, named after the folder.
 
     Raises:
-        ValueError: another number of files than the bundle has channels, or channels on different grids.
+        ValueError: a folder beside other images, ``series_uid`` without a folder, or a folder whose series
+            cannot be chosen (:func:`CalibSegLib.dicom.choose_series`).
+    """
+    paths = [Path(image_paths)] if isinstance(image_paths, (str, Path)) else list(map(Path, image_paths))
+    folders = [path for path in paths if path.is_dir()]
+    if folders and len(paths) > 1:
+        raise ValueError(f"{folders[0]} is a DICOM folder, and a DICOM series is one channel; give one "
+                         "--image folder alone, or one image file per channel.")
+    if folders:
+        series = choose_series(find_series(folders[0]), folders[0], series_uid)
+        return CaseInput(folders[0].name, series=series)
+    if series_uid is not None:
+        raise ValueError("--series-uid chooses a series of a DICOM folder; give --image the folder that "
+                         "holds it.")
+    return CaseInput(case_name(paths), tuple(paths))
+
+
+def _read_case(predictor: Predictor, case: CaseInput) -> tuple[np.ndarray, Any]:
+    """The ``(z, y, x)`` or ``(K, z, y, x)`` image of ``case`` for ``predictor``'s bundle, and its grid.
+
+    Raises:
+        ValueError: another number of channels than the bundle has, channels on different grids, or an
+            image or series that cannot be read.
     """
     expected = predictor.metadata.in_channels
-    if len(image_paths) != expected:
+    given = 1 if case.series is not None else len(case.files)
+    if given != expected:
         names = ", ".join(predictor.metadata.channel_names or ["image"])
+        source = "a DICOM series (one channel) was" if case.series is not None else f"{given} image(s) were"
         raise ValueError(f"The bundle takes {expected} channel(s) ({names}), one --image each in that order, but "
-                         f"{len(image_paths)} image(s) were given.")
-    return read_channels(list(image_paths))
+                         f"{source} given.")
+    return read_series(case.series) if case.series is not None else read_channels(list(case.files))
 
 
 def predict_files(
     predictor: Predictor,
-    image_path: str | Path | Sequence[str | Path],
+    image_path: str | Path | Sequence[str | Path] | CaseInput,
     out_dir: str | Path,
     reference_path: str | Path | None = None,
     progress: Callable[[float], None] | None = None,
     cancel: threading.Event | None = None,
+    dicom_seg: bool = False,
+    report_cases: list[ReportCase] | None = None,
 ) -> dict[str, Path]:
-    """Predict the image at ``image_path`` (or one path per channel of the bundle, in its order) and write its maps
-    (and metrics) into ``out_dir``, named after the case (:func:`case_name`).
+    """Predict the image at ``image_path`` (one path per channel of the bundle, in its order, a DICOM folder
+    or a :class:`CaseInput`) and write its maps (and metrics) into ``out_dir``, named after the case.
+
+    ``dicom_seg``: also write the DICOM Segmentation and confidence Parametric Map of a DICOM series;
+    ``report_cases``: a list that gets the case for the report page (:func:`CalibSegLib.report.report_case`).
 
     Returns:
-        ``{["metrics",] "summary", "labels", "confidence", "entropy"[, "disagreement"]}`` → written paths (the
-        last for an ensemble bundle).
+        ``{["metrics",] "summary", "labels", "confidence", "entropy"[, "disagreement"][, "dicom_seg",
+        "dicom_confidence"]}`` → written paths (the disagreement for an ensemble bundle).
 
     Raises:
         ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
             unreadable image/reference, another number of images than the bundle has channels, channels on
-            different grids, a reference not on the image's grid or with labels the
-            model does not have, an image the predictor refuses, or non-finite probabilities.
-            Nothing is written then, and earlier outputs of the same case stay as they were.
+            different grids, ``dicom_seg`` for an input that is no DICOM series, a reference not on the
+            image's grid or with labels the model does not have, an image the predictor refuses, or non-finite
+            probabilities. Nothing is written then, and earlier outputs of the same case stay as they were.
     """
-    paths = [Path(image_path)] if isinstance(image_path, (str, Path)) else [Path(path) for path in image_path]
+    case = image_path if isinstance(image_path, CaseInput) else case_input(image_path)
     out_dir = Path(out_dir)
-    stem = case_name(paths)
+    stem = case.name
     maps = OUTPUT_MAPS + (ENSEMBLE_MAPS if predictor.members > 1 else ())
     names = (("metrics",) if reference_path is not None else ()) + ("summary",) + maps
     # Checked before the image is even read: a bad --out-dir must not cost an inference.
@@ -145,7 +219,14 @@ def predict_files(
         name: check_output_file(out_dir / f"{stem}_{name}{'.json' if name in JSON_OUTPUTS else '.nii.gz'}")
         for name in names
     }
-    image, geometry = _read_case(predictor, paths)
+    if dicom_seg:
+        if case.series is None:
+            raise ValueError(f"--dicom-seg writes a DICOM Segmentation that references the series it was "
+                             f"predicted from, and {case.shown} is no DICOM series; give --image a DICOM "
+                             "folder, or leave out --dicom-seg.")
+        for name, ending in DICOM_OUTPUTS.items():
+            outputs[name] = check_output_file(out_dir / f"{stem}{ending}")
+    image, geometry = _read_case(predictor, case)
     reference = None
     if reference_path is not None:
         reference, reference_geometry = read_image(reference_path)
@@ -160,13 +241,34 @@ def predict_files(
         reference = reference.astype(np.int64)
     analysis = analyse_case(predictor, image, geometry.spacing, reference, progress=progress, cancel=cancel)
     prediction = analysis.prediction
+    datasets = {}
+    if dicom_seg:
+        from CalibSegLib.dicom_seg import confidence_dataset, segmentation_dataset
+
+        source, label, metadata = series_headers(case.series), bundle_label(predictor.bundle.path), \
+            predictor.metadata
+        datasets = {"dicom_seg": segmentation_dataset(prediction.labels, source, metadata, label,
+                                                      analysis.summary),
+                    "dicom_confidence": confidence_dataset(prediction.confidence, source, metadata, label)}
     with OutputSet() as output_set:
         if analysis.metrics is not None:
             write_json_atomic(output_set.stage(outputs["metrics"]), analysis.metrics)
         write_json_atomic(output_set.stage(outputs["summary"]), analysis.summary)
         for name in maps:
             write_image(output_set.stage(outputs[name]), getattr(prediction, name), geometry)
+        for name, dataset in datasets.items():
+            dataset.save_as(output_set.stage(outputs[name]), enforce_file_format=True)
+    if report_cases is not None:
+        from CalibSegLib.report import report_case
+
+        report_cases.append(report_case(stem, image, geometry.spacing, analysis, predictor.metadata))
     return outputs
+
+
+def _listed_images(folder: Path) -> list[Path]:
+    """The image files directly in ``folder`` (:data:`~CalibSegLib.io.IMAGE_SUFFIXES`), not hidden ones."""
+    return sorted(path for path in folder.iterdir() if path.is_file() and not path.name.startswith(".")
+                  and path.name.lower().endswith(IMAGE_SUFFIXES))
 
 
 def folder_images(folder: str | Path) -> list[Path]:
@@ -178,12 +280,16 @@ def folder_images(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"Image folder {folder} does not exist; pass --image-dir with a folder of images.")
-    images = sorted(path for path in folder.iterdir()
-                    if path.is_file() and not path.name.startswith(".") and path.name.lower().endswith(IMAGE_SUFFIXES))
+    images = _listed_images(folder)
     if not images:
         raise ValueError(f"{folder} holds no image ({', '.join(IMAGE_SUFFIXES)}); pass --image-dir with a folder "
                          "of images.")
     return images
+
+
+def _channel_cases(images: Sequence[Path]) -> list[list[Path]]:
+    return [[images[channels[index]] for index in sorted(channels)]
+            for _, channels in group_channels([image_stem(path) for path in images])]
 
 
 def folder_cases(folder: str | Path) -> list[list[Path]]:
@@ -193,9 +299,30 @@ def folder_cases(folder: str | Path) -> list[list[Path]]:
     Raises:
         ValueError: the folder does not exist or holds no image.
     """
-    images = folder_images(folder)
-    return [[images[channels[index]] for index in sorted(channels)]
-            for _, channels in group_channels([image_stem(path) for path in images])]
+    return _channel_cases(folder_images(folder))
+
+
+def folder_inputs(folder: str | Path) -> tuple[list[CaseInput], list[DicomSeries]]:
+    """The cases of ``--image-dir``: those of its image files (:func:`folder_cases`), then every DICOM image
+    series under it (subfolders included), named by :func:`CalibSegLib.dicom.series_case_names`; and the DICOM
+    series that are no images (Segmentations, reports, ...), which are not cases.
+
+    Raises:
+        ValueError: the folder does not exist, holds neither an image file nor a DICOM image series, or
+            holds a DICOM file that cannot be read.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"Image folder {folder} does not exist; pass --image-dir with a folder of images.")
+    cases = [CaseInput(case_name(paths), tuple(paths)) for paths in _channel_cases(_listed_images(folder))]
+    every_series = find_series(folder)
+    images = [series for series in every_series if series.is_image]
+    names = series_case_names(images, folder)
+    cases += [CaseInput(name, series=series) for name, series in zip(names, images)]
+    if not cases:
+        raise ValueError(f"{folder} holds no image ({', '.join(IMAGE_SUFFIXES)}) and no DICOM image series; "
+                         "pass --image-dir with a folder of images or DICOM series.")
+    return cases, [series for series in every_series if not series.is_image]
 
 
 def batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -212,34 +339,53 @@ def batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> 
 
 
 def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | Path,
-                   progress_stream: TextIO | None = None) -> tuple[list[dict[str, Any]], Path]:
-    """Segment every image of ``image_dir`` into ``out_dir`` (each one output set, as :func:`predict_files`
-    writes it) and write :data:`BATCH_TABLE` over them; a case that fails gets its error in its row.
+                   progress_stream: TextIO | None = None, dicom_seg: bool = False,
+                   report: bool = False) -> tuple[list[dict[str, Any]], Path]:
+    """Segment every case of ``image_dir`` (:func:`folder_inputs`) into ``out_dir`` (each one output set, as
+    :func:`predict_files` writes it) and write :data:`BATCH_TABLE` over them, and with ``report`` the page
+    :data:`~CalibSegLib.report.REPORT_NAME`; a case that fails gets its error in its row (and on the page).
 
     Returns:
         The table's rows and its path.
 
     Raises:
-        ValueError: no image in ``image_dir``, or ``out_dir`` cannot take the outputs (before any inference).
+        ValueError: no case in ``image_dir``, ``dicom_seg`` with image files among the cases, or ``out_dir``
+            cannot take the outputs (before any inference).
     """
-    cases = folder_cases(image_dir)
+    cases, others = folder_inputs(image_dir)
+    files = [case.shown for case in cases if case.series is None]
+    if dicom_seg and files:
+        raise ValueError(f"--dicom-seg needs DICOM series, and {image_dir} holds image files too "
+                         f"({files[0]}, ...); segment those without --dicom-seg.")
     out_dir = check_output_folder(out_dir)
     table = check_output_file(Path(out_dir) / BATCH_TABLE)
-    rows = []
-    for number, images in enumerate(cases, start=1):
-        name = case_name(images)
-        progress = ProgressReport(progress_stream, f"segmenting {_shown(images)} ({number} of {len(cases)})") \
+    page = check_output_file(Path(out_dir) / REPORT_NAME) if report else None
+    if others and progress_stream is not None:
+        print(f"skipped: {len(others)} DICOM series that are not images ({others[0].label}, ...)",
+              file=progress_stream)
+    rows: list[dict[str, Any]] = []
+    report_cases: list[ReportCase] | None = [] if report else None
+    for number, case in enumerate(cases, start=1):
+        progress = ProgressReport(progress_stream, f"segmenting {case.shown} ({number} of {len(cases)})") \
             if progress_stream is not None else None
+        error = None
         try:
-            outputs = predict_files(predictor, images, out_dir, progress=progress)
-            rows.append(batch_row(name, "ok", json.loads(outputs["summary"].read_text())))
-        except ValueError as error:
-            rows.append(batch_row(name, f"error: {error}"))
-        except OSError as error:
-            rows.append(batch_row(name, f"error: {os_error_sentence(error)}"))
+            outputs = predict_files(predictor, case, out_dir, progress=progress, dicom_seg=dicom_seg,
+                                    report_cases=report_cases)
+            rows.append(batch_row(case.name, "ok", json.loads(outputs["summary"].read_text())))
+        except ValueError as raised:
+            error = str(raised)
+        except OSError as raised:
+            error = os_error_sentence(raised)
         finally:
             if progress is not None:
                 progress.close()
+        if error is not None:
+            rows.append(batch_row(case.name, f"error: {error}"))
+            if report_cases is not None:
+                from CalibSegLib.report import ReportCase
+
+                report_cases.append(ReportCase(case.name, error=error))
     columns = list(dict.fromkeys(key for row in rows for key in row))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
@@ -247,6 +393,11 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
     writer.writerows(rows)
     with atomic_output(table) as temporary:
         temporary.write_text(buffer.getvalue())
+    if page is not None:
+        from CalibSegLib.report import write_report
+
+        write_report(page, report_cases, predictor.metadata, bundle_label(predictor.bundle.path),
+                     "calibseg-predict")
     return rows, table
 
 
@@ -328,12 +479,20 @@ def _parser() -> argparse.ArgumentParser:
                              + (", ".join(pretrained_models()) or "none shipped"))
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", type=Path, action="append",
-                        help="3D image (NIfTI, NRRD, MHA); for a bundle of several channels one --image per channel, "
-                             "in the bundle's order")
-    source.add_argument("--image-dir", type=Path, help=f"a folder of 3D images: each one a case (<case>_0000 ... "
-                                                      f"_000K files one case of several channels), and {BATCH_TABLE}")
+                        help="3D image (NIfTI, NRRD, MHA) or a folder of one DICOM series; for a bundle of "
+                             "several channels one --image file per channel, in the bundle's order")
+    source.add_argument("--image-dir", type=Path,
+                        help=f"a folder of 3D images and DICOM series: each one a case (<case>_0000 ... "
+                             f"_000K files one case of several channels), and {BATCH_TABLE}")
+    parser.add_argument("--series-uid",
+                        help="with an --image DICOM folder of several series: the one to segment")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
     parser.add_argument("--reference", type=Path, help="reference label image on the same grid, for metrics")
+    parser.add_argument("--dicom-seg", action="store_true",
+                        help="also write <case>_seg.dcm (DICOM Segmentation) and <case>_confidence.dcm "
+                             "(DICOM Parametric Map), referencing the source series (DICOM input only)")
+    parser.add_argument("--report", action="store_true",
+                        help=f"also write {REPORT_NAME}: one page over the cases, worst first, with pictures")
     parser.add_argument(
         "--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)"
     )
@@ -344,18 +503,27 @@ def _parser() -> argparse.ArgumentParser:
 def _predict_case(arguments: argparse.Namespace) -> int:
     """``--image``: one case; prints its account and the written paths."""
     check_output_folder(arguments.out_dir)  # a bad --out-dir is reported before the bundle loads
+    case = case_input(arguments.image, arguments.series_uid)
+    page = check_output_file(arguments.out_dir / REPORT_NAME) if arguments.report else None
     predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
                           batch_size=arguments.batch_size)
     # stdout, like the summary: stderr carries nothing but the one-sentence error
-    name = case_name(arguments.image)
-    progress = ProgressReport(sys.stdout, f"segmenting {_shown(arguments.image)}")
+    progress = ProgressReport(sys.stdout, f"segmenting {case.shown}")
+    report_cases: list[ReportCase] | None = [] if page is not None else None
     try:
-        outputs = predict_files(predictor, arguments.image, arguments.out_dir, arguments.reference, progress=progress)
+        outputs = predict_files(predictor, case, arguments.out_dir, arguments.reference, progress=progress,
+                                dicom_seg=arguments.dicom_seg, report_cases=report_cases)
     finally:
         progress.close()
+    if page is not None:
+        from CalibSegLib.report import write_report
+
+        outputs["report"] = write_report(page, report_cases, predictor.metadata,
+                                         bundle_label(predictor.bundle.path),
+                                         "calibseg-predict")
     summary = json.loads(outputs["summary"].read_text())
     metrics = json.loads(outputs["metrics"].read_text()) if "metrics" in outputs else None
-    print(f"{name}: " + "\n".join(summary_lines(summary, metrics)))
+    print(f"{case.name}: " + "\n".join(summary_lines(summary, metrics)))
     for name, path in outputs.items():
         print(f"{name}: {path}")
     return 0
@@ -365,15 +533,21 @@ def _predict_folder(arguments: argparse.Namespace) -> int:
     """``--image-dir``: every image a case; 0 when all were segmented, 2 when any failed (said on stderr)."""
     if arguments.reference is not None:
         raise ValueError("--reference names one case's reference; use it with --image, not --image-dir.")
-    folder_images(arguments.image_dir)
+    if arguments.series_uid is not None:
+        raise ValueError("--series-uid chooses a series of one --image folder; with --image-dir every series "
+                         "is a case.")
+    folder_inputs(arguments.image_dir)
     check_output_folder(arguments.out_dir)
     predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
                           batch_size=arguments.batch_size)
-    rows, table = predict_folder(predictor, arguments.image_dir, arguments.out_dir, sys.stdout)
+    rows, table = predict_folder(predictor, arguments.image_dir, arguments.out_dir, sys.stdout,
+                                 dicom_seg=arguments.dicom_seg, report=arguments.report)
     for row in rows:
         flag = {True: "REVIEW", False: "ok", None: "not judged"}[row["review"]] if row["status"] == "ok" else ""
         print(f"{row['case']}: {flag or row['status']}")
     print(f"table: {table}")
+    if arguments.report:
+        print(f"report: {Path(arguments.out_dir) / REPORT_NAME}")
     failed = [row for row in rows if row["status"] != "ok"]
     if failed:
         print(f"error: {len(failed)} of {len(rows)} cases failed (first: {failed[0]['case']}: "

@@ -28,7 +28,10 @@ current folder, never inside the installed package), each file atomically:
   quality model predicts Dice and flags poor structures, on the test volumes and, with ``--degraded``, on
   deliberately degraded copies of them (:mod:`Evaluation.quality_report`; null without a model);
 - ``reliability.png`` (bundle temperature) and ``reliability_uncalibrated.png`` (T = 1), pooled
-  over all volumes, with the pooled ECE in the title.
+  over all volumes, with the pooled ECE in the title;
+- with ``--report``, ``report.html`` (:mod:`CalibSegLib.report`): the page ``calibseg-predict --report``
+  writes, over the test volumes at the bundle's temperature, worst first, with each volume's measured Dice and
+  HD95 beside the predicted ones, and the test set's means and pooled reliability diagram at the top.
 
 Variants: ``scaled`` uses the bundle's fitted temperature, ``uncalibrated`` T = 1 (after and
 before temperature scaling).
@@ -57,14 +60,16 @@ from CalibSegLib.io import atomic_output, check_output_folder, os_error_sentence
 from CalibSegLib.metrics import summarize
 from CalibSegLib.metrics.calibration import CalibrationStatistics
 from CalibSegLib.metrics.plots import reliability_figure, save_figure
-from CalibSegLib.pretrained import resolve_bundle_path, shipped_name
+from CalibSegLib.pretrained import bundle_label, resolve_bundle_path, shipped_name
+from CalibSegLib.report import REPORT_NAME, ReportCase, report_case, write_report
 from CalibSegLib.temperature import temperature_text
 from Datasets.cases import DATASETS, Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
 from Evaluation.summary import CASES_NAME, EVALUATION_DIR, SUMMARY_NAME, EvaluationSummary, VariantSummary
 
-__all__ = ["EvaluationResult", "variant_bundles", "evaluate_bundle", "print_summary", "seen_patients", "main"]
+__all__ = ["EvaluationResult", "variant_bundles", "evaluate_bundle", "summary_lines", "print_summary",
+           "seen_patients", "main"]
 
 RELIABILITY_NAMES = {"scaled": "reliability.png", "uncalibrated": "reliability_uncalibrated.png"}
 
@@ -87,15 +92,20 @@ def _spearman(entropy: Sequence[float], dice_mean: Sequence[float]) -> float:
     return float(spearmanr(*zip(*defined)).statistic)
 
 
-def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch_size: int
+def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch_size: int,
+                       report_cases: list[ReportCase] | None = None
                        ) -> dict[str, tuple[list[dict], CalibrationStatistics]]:
-    """Per variant: per-case metric rows and pooled calibration statistics, from one network pass per case."""
+    """Per variant: per-case metric rows and pooled calibration statistics, from one network pass per case;
+    ``report_cases`` gets each case at the bundle's temperature for the report page."""
     variants = variant_bundles(bundle)
     predictor = Predictor(bundle, device=device, batch_size=batch_size)
     results = {variant: ([], CalibrationStatistics(bundle.metadata.num_classes)) for variant in variants}
     for case in cases:
         analyses = analyse_variants(predictor, case.image, case.spacing, case.label.astype(np.int64),
                                     [variant_bundle.metadata for variant_bundle in variants.values()])
+        if report_cases is not None:
+            report_cases.append(report_case(case.case_id, case.image, case.spacing, analyses[0],
+                                            bundle.metadata))
         for variant, analysis in zip(variants, analyses):
             rows, pooled = results[variant]
             pooled.merge(analysis.evaluation.statistics)
@@ -116,12 +126,13 @@ class EvaluationResult:
 
 def evaluate_bundle(
     bundle: Bundle, cases: Sequence[Case], out_dir: str | Path, device: str = "auto", batch_size: int = 16,
-    degradations: Sequence[str] = (),
+    degradations: Sequence[str] = (), report: bool = False,
 ) -> EvaluationResult:
     """Evaluate ``bundle`` on ``cases`` (3D) and write CSV, JSON and PNGs into ``out_dir``; returns what it wrote.
 
     ``degradations`` (names of :data:`Evaluation.quality_report.DEGRADATIONS`, none by default) are degraded
     copies of ``cases`` the quality report is also measured on; each costs one more prediction per case.
+    ``report``: also write the page :data:`~CalibSegLib.report.REPORT_NAME` over the cases.
 
     Raises:
         DataError: no cases were given.
@@ -135,7 +146,9 @@ def evaluate_bundle(
                                 temperature=bundle.metadata.temperature, environment=environment(device),
                                 case_patients={case.case_id: case.patient_id for case in cases})
     per_case = {}
-    for variant, (variant_rows, pooled) in _evaluate_variants(bundle, cases, device, batch_size).items():
+    report_cases: list[ReportCase] | None = [] if report else None
+    for variant, (variant_rows, pooled) in _evaluate_variants(bundle, cases, device, batch_size,
+                                                              report_cases).items():
         per_case[variant] = variant_rows
         if variant == "scaled":
             summary.quality = quality_report(bundle, variant_rows, cases, degradations, device, batch_size)
@@ -160,35 +173,54 @@ def evaluate_bundle(
         temporary.write_text(buffer.getvalue())
     summary.wall_s = time.perf_counter() - started
     summary.write(out_dir / SUMMARY_NAME)
+    if report_cases is not None:
+        write_report(out_dir / REPORT_NAME, report_cases, bundle.metadata, bundle_label(bundle.path),
+                     "calibseg-evaluate",
+                     reliability_png=(out_dir / RELIABILITY_NAMES["scaled"]).read_bytes(),
+                     test_set_lines=summary_lines(summary))
     return EvaluationResult(summary, per_case)
 
 
-def print_summary(summary: EvaluationSummary, out_dir: Path, split: str = "test") -> None:
-    """A few lines: Dice/HD95 and calibration before/after temperature scaling, and where the files are.
+def summary_lines(summary: EvaluationSummary, split: str = "test") -> list[str]:
+    """What :func:`print_summary` says about the numbers: Dice/HD95, calibration before and after temperature
+    scaling and the quality model's pooled accuracy, each labelled mean over the volumes or pooled."""
+    scaled, raw = summary.variants["scaled"], summary.variants["uncalibrated"]
+    of_patients = f" of {len(summary.patients)} patients" if summary.patients else ""
+    lines = [f"{split}, {len(summary.cases)} volumes{of_patients} (means over the volumes): Dice "
+             f"{scaled.value('dice_mean'):.3f}  HD95 {scaled.value('hd95_mean'):.2f} mm  "
+             f"ASD {scaled.value('asd_mean'):.2f} mm"]
+    fitted = f"T = {temperature_text(summary.temperature, labelled=False)}"
+    for label, metrics in (("T = 1   ", raw), (fitted, scaled)):
+        pooled = metrics.pooled_calibration["ece"]
+        lines.append(f"  {label}  ECE {metrics.value('ece'):.3f} (pooled {pooled:.3f})  CECE "
+                     f"{metrics.value('cece'):.3f}  TACE {metrics.value('tace'):.3f}  Brier "
+                     f"{metrics.value('brier'):.3f}  NLL {metrics.value('nll'):.3f}")
+    if summary.quality:
+        for label, report in ((split, summary.quality["clean"]), *summary.quality["degraded"].items()):
+            pooled = report[ALL_STRUCTURES]
+            lines.append(f"  predicted Dice, {label}: ρ {pooled['spearman']:.2f}  MAE {pooled['mae']:.3f}  "
+                         f"review flag AUROC {pooled['review_auroc']:.2f} ({pooled['flagged_poor']} of "
+                         f"{pooled['poor']} poor flagged, {pooled['flagged']} flagged in all)")
+    undefined = int(scaled.value("hd95_mean", "undefined"))
+    if undefined:
+        lines.append(f"  HD95 undefined in {undefined} volume(s) (a class in only one of prediction and "
+                     "reference)")
+    return lines
+
+
+def print_summary(summary: EvaluationSummary, out_dir: Path, split: str = "test",
+                  report: bool = False) -> None:
+    """A few lines: :func:`summary_lines` and where the files are (``report``: the report page too).
 
     ``split`` names the volumes evaluated (``--split``). Every number is the mean over them, except the
     one labelled pooled (all volumes' voxels together, as in the reliability diagram's title).
     """
-    scaled, raw = summary.variants["scaled"], summary.variants["uncalibrated"]
-    of_patients = f" of {len(summary.patients)} patients" if summary.patients else ""
-    print(f"{split}, {len(summary.cases)} volumes{of_patients} (means over the volumes): Dice "
-          f"{scaled.value('dice_mean'):.3f}  HD95 {scaled.value('hd95_mean'):.2f} mm  "
-          f"ASD {scaled.value('asd_mean'):.2f} mm")
-    for label, metrics in (("T = 1   ", raw), (f"T = {temperature_text(summary.temperature, labelled=False)}", scaled)):
-        pooled = metrics.pooled_calibration["ece"]
-        print(f"  {label}  ECE {metrics.value('ece'):.3f} (pooled {pooled:.3f})  CECE {metrics.value('cece'):.3f}  "
-              f"TACE {metrics.value('tace'):.3f}  Brier {metrics.value('brier'):.3f}  NLL {metrics.value('nll'):.3f}")
-    if summary.quality:
-        for label, report in ((split, summary.quality["clean"]), *summary.quality["degraded"].items()):
-            pooled = report[ALL_STRUCTURES]
-            print(f"  predicted Dice, {label}: ρ {pooled['spearman']:.2f}  MAE {pooled['mae']:.3f}  review flag "
-                  f"AUROC {pooled['review_auroc']:.2f} ({pooled['flagged_poor']} of {pooled['poor']} poor flagged, "
-                  f"{pooled['flagged']} flagged in all)")
-    undefined = int(scaled.value("hd95_mean", "undefined"))
-    if undefined:
-        print(f"  HD95 undefined in {undefined} volume(s) (a class in only one of prediction and reference)")
+    for line in summary_lines(summary, split):
+        print(line)
     print(f"metrics: {out_dir / SUMMARY_NAME} (per case: {out_dir / CASES_NAME})")
     print(f"reliability diagram: {out_dir / RELIABILITY_NAMES['scaled']} (T = 1: {out_dir / RELIABILITY_NAMES['uncalibrated']})")
+    if report:
+        print(f"report: {out_dir / REPORT_NAME}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -207,6 +239,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--degraded", action="store_true",
                         help="also measure the quality check on degraded copies of the volumes (contrast inversion, "
                              f"gamma 3, noise): {len(DEGRADATIONS)} more predictions per volume")
+    parser.add_argument("--report", action="store_true",
+                        help=f"also write {REPORT_NAME}: one page over the volumes, worst first, with "
+                             "pictures of their worst slices, and the reliability diagram")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)
     return parser
@@ -244,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         files = select_patients(find_cases(data_folder(recorded, arguments.data), arguments.dataset), patients)
         cases = load_cases(files, bundle.metadata.num_classes)
         result = evaluate_bundle(bundle, cases, out, arguments.device, arguments.batch_size,
-                                 degradations=tuple(DEGRADATIONS) if arguments.degraded else ())
+                                 degradations=tuple(DEGRADATIONS) if arguments.degraded else (),
+                                 report=arguments.report)
     except (BundleError, DataError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     except OSError as error:
@@ -252,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # each file is written atomically: none is half-written
         raise SystemExit("interrupted: the evaluation did not finish; run calibseg-evaluate again for a complete "
                          "one.") from None
-    print_summary(result.summary, out, arguments.split)
+    print_summary(result.summary, out, arguments.split, arguments.report)
     return 0
 
 

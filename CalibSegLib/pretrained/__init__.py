@@ -17,7 +17,7 @@ from pathlib import Path
 from CalibSegLib import BUNDLE_SUFFIX
 
 __all__ = ["PRETRAINED_DIR", "METRICS_SUFFIX", "DEFAULT_MODEL", "pretrained_models",
-           "resolve_bundle_path", "shipped_name", "recorded_metrics"]
+           "resolve_bundle_path", "shipped_name", "bundle_label", "recorded_metrics"]
 
 PRETRAINED_DIR = Path(__file__).resolve().parent
 METRICS_SUFFIX = ".metrics.json"
@@ -58,6 +58,12 @@ def shipped_name(path: str | Path) -> str | None:
         if str(path) == name or (path.is_file() and path.resolve() == shipped.resolve()):
             return name
     return None
+
+
+def bundle_label(path: str | Path | None) -> str:
+    """How outputs (DICOM objects, report pages) name the bundle at ``path``: a shipped model's name, else its
+    file's name."""
+    return "bundle" if path is None else shipped_name(path) or Path(path).name
 
 
 def recorded_metrics(name: str) -> dict:

@@ -1,0 +1,261 @@
+"""The QC report page: one self-contained ``report.html`` over finished cases, worst first.
+
+``calibseg-predict --report`` writes it for one image or a folder of cases and ``calibseg-evaluate --report``
+for a test set (with the pooled reliability diagram). The page needs nothing but itself: its pictures are PNG
+data URIs, its style is inline CSS, it has no script and names no other file or address; printed (or saved as
+PDF) every case starts its own block, kept on one page where it fits, with the colours as on screen.
+
+**Order.** Cases that could not be segmented come first, with their error's sentence. Then the segmented
+cases, worst first: those whose input the input check calls unsuitable (their predicted Dice is not to be
+read), then by their lowest predicted structure Dice (a structure predicted nowhere counts as 0), cases
+without a predicted Dice (a bundle without a quality model) last; ties by name.
+
+**A case.** Its input check's sentence, its review sentence, per structure the volume (mL), the predicted Dice
+with its interval and the review flag (with a reference the measured Dice and HD95 beside them, and the case's
+ECE over the reference foreground), and pictures of its worst slices (:mod:`CalibSegLib.slice_pictures`) under
+one legend for the page: the structures' outline colours and the hot-spot colour scale.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from CalibSegLib import __version__
+from CalibSegLib.analysis import CaseAnalysis
+from CalibSegLib.bundle import BundleMetadata
+from CalibSegLib.input_check import input_check_lines
+from CalibSegLib.io import atomic_output
+from CalibSegLib.quality import review_text, structure_key
+from CalibSegLib.slice_pictures import SlicePicture, case_pictures, hot_spot_colors
+
+__all__ = ["REPORT_NAME", "ReportCase", "report_case", "lowest_predicted_dice", "worst_first", "report_html",
+           "write_report"]
+
+REPORT_NAME = "report.html"
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; color: #1d1d1f; margin: 24px auto; max-width: 1000px;
+  padding: 0 16px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 0 0 6px; }
+.meta, .note { color: #555; } .legend, .case, .failed, .test-set { border: 1px solid #ccc; border-radius: 6px;
+  padding: 10px 14px; margin: 14px 0; break-inside: avoid; page-break-inside: avoid; }
+table { border-collapse: collapse; margin: 6px 0; } th, td { padding: 3px 10px; text-align: left;
+  border-bottom: 1px solid #e2e2e2; } td.number { text-align: right; font-variant-numeric: tabular-nums; }
+.flag { font-weight: 700; padding: 1px 6px; border-radius: 4px; }
+.review { background: #fde2e1; color: #9b1c1c; } .ok { background: #e3f4e5; color: #1e6b2a; }
+.unsuitable { background: #fff1c2; color: #7a4d00; } .error { background: #fde2e1; color: #9b1c1c; }
+.swatch { display: inline-block; width: 14px; height: 14px; border: 2px solid; vertical-align: -2px;
+  margin: 0 4px 0 12px; } .scale { display: inline-block; width: 160px; height: 12px; vertical-align: -1px;
+  margin: 0 6px; border: 1px solid #999; }
+.pictures { display: flex; flex-wrap: wrap; gap: 10px; } figure { margin: 0; }
+figure img { display: block; border: 1px solid #999; } figcaption { font-size: 12px; color: #555; }
+* { -webkit-print-color-adjust: exact; print-color-adjust: exact; }
+@page { size: A4; margin: 12mm; }
+@media print { body { margin: 0; max-width: none; font-size: 11px; }
+  figure img { width: 150px; height: auto; } }
+"""
+
+
+@dataclass
+class ReportCase:
+    """One case of the page: its name and either its quality ``summary`` (with ``input_check``), the measured
+    ``metrics`` row with a reference and its ``pictures``, or the ``error`` sentence it failed with."""
+
+    name: str
+    summary: dict[str, Any] | None = None
+    metrics: dict[str, float] | None = None
+    pictures: list[SlicePicture] = field(default_factory=list)
+    error: str | None = None
+
+
+def report_case(name: str, image: np.ndarray, spacing: Sequence[float], analysis: CaseAnalysis,
+                metadata: BundleMetadata) -> ReportCase:
+    """A segmented case with the pictures of its worst slices; ``image``: ``(z, y, x)`` or ``(K, z, y, x)``,
+    ``spacing``: ``(z, y, x)`` mm."""
+    prediction = analysis.prediction
+    pictures = case_pictures(image, prediction.labels, prediction.entropy, spacing, analysis.summary,
+                             metadata.class_colors)
+    return ReportCase(name, analysis.summary, analysis.metrics, pictures)
+
+
+def lowest_predicted_dice(summary: dict[str, Any]) -> float | None:
+    """The case's lowest predicted structure Dice (0 for a structure predicted nowhere); None without a
+    quality model."""
+    if summary.get("quality_model") is None:
+        return None
+    values = [0.0 if entry["mean_confidence"] is None else entry["predicted_dice"]
+              for entry in summary["structures"].values()]
+    return min((value for value in values if value is not None), default=None)
+
+
+def worst_first(cases: Sequence[ReportCase]) -> list[ReportCase]:
+    """``cases`` in the page's order (see the module docstring)."""
+    def key(case: ReportCase) -> tuple:
+        if case.summary is None:
+            return (0, 0.0, case.name)
+        lowest = lowest_predicted_dice(case.summary)
+        unsuitable = case.summary["input_check"].get("suitable") is False
+        return (1 if unsuitable else 2, math.inf if lowest is None else lowest, case.name)
+
+    return sorted(cases, key=key)
+
+
+def _text(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _number(value: Any, digits: int = 2, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def _flag(review: bool | None) -> str:
+    if review is None:
+        return ""
+    return '<span class="flag review">REVIEW</span>' if review else '<span class="flag ok">ok</span>'
+
+
+def _image(png: bytes, alt: str, width: int | None = None) -> str:
+    size = f' width="{width}"' if width else ""
+    return f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{_text(alt)}"{size}>'
+
+
+def _rgb(color: Sequence[float]) -> str:
+    """A CSS colour of RGB in [0, 1]: ``rgb(230, 77, 64)``."""
+    return f"rgb({', '.join(str(round(255 * float(value))) for value in color[:3])})"
+
+
+def _legend(metadata: BundleMetadata, hot_spot_level: float) -> str:
+    swatches = "".join(f'<span class="swatch" style="border-color: {_rgb(color)}"></span>{_text(name)}'
+                       for name, color in zip(metadata.class_names[1:], metadata.class_colors[1:]))
+    stops = ", ".join(_rgb(color) for color in hot_spot_colors(8))
+    return (f'<section class="legend"><b>Legend.</b> Outlines: predicted structures{swatches}.<br>'
+            f"Uncertainty hot spots (normalised entropy, shown from {hot_spot_level:.1f}): "
+            f'{hot_spot_level:.1f}<span class="scale" style="background: linear-gradient(to right, {stops})">'
+            '</span>1.0. <span class="flag review">REVIEW</span>: predicted Dice below the model\'s review '
+            'threshold, or the structure predicted nowhere; <span class="flag unsuitable">INPUT UNSUITABLE'
+            "</span>: the image is unlike the model's training images, read none of its numbers.</section>")
+
+
+def _structure_table(summary: dict[str, Any], metrics: dict[str, float] | None) -> str:
+    measured = metrics is not None
+    head = ["structure", "volume (mL)", "predicted Dice [80 % interval]"] + (
+        ["measured Dice", "HD95 (mm)"] if measured else []) + ["review"]
+    rows = []
+    for name, entry in summary["structures"].items():
+        if entry["predicted_dice"] is not None:
+            low, high = entry["predicted_dice_interval"]
+            predicted = f"{entry['predicted_dice']:.2f} [{low:.2f}, {high:.2f}]"
+        else:
+            predicted = "not found" if entry["mean_confidence"] is None else "–"
+        cells = [_text(name), f'<td class="number">{_number(entry["volume_ml"], 1)}</td>',
+                 f'<td class="number">{predicted}</td>']
+        if measured:
+            key = structure_key(name)
+            cells += [f'<td class="number">{_number(metrics.get(f"dice_{key}"))}</td>',
+                      f'<td class="number">{_number(metrics.get(f"hd95_{key}"))}</td>']
+        cells.append(_flag(entry["review"]))
+        rows.append("<tr>" + "".join(cell if cell.startswith("<td") else f"<td>{cell}</td>" for cell in cells)
+                    + "</tr>")
+    header = "".join(f"<th>{_text(title)}</th>" for title in head)
+    return f"<table><tr>{header}</tr>{''.join(rows)}</table>"
+
+
+def _case_section(number: int, case: ReportCase) -> str:
+    anchor = f'id="case-{number}"'
+    if case.summary is None:
+        return (f'<section class="failed" {anchor}><h2>{number}. {_text(case.name)} '
+                f'<span class="flag error">NOT SEGMENTED</span></h2><p>{_text(case.error)}</p></section>')
+    summary = case.summary
+    suitable = summary["input_check"].get("suitable")
+    badges = ('<span class="flag unsuitable">INPUT UNSUITABLE</span> ' if suitable is False else "") + _flag(
+        summary["review"])
+    parts = [f'<section class="case" {anchor}><h2>{number}. {_text(case.name)} {badges}</h2>',
+             f'<p class="note">{"<br>".join(map(_text, input_check_lines(summary["input_check"])))}</p>',
+             _structure_table(summary, case.metrics)]
+    if case.metrics is not None:
+        parts.append(f'<p>Measured over the reference foreground: ECE {_number(case.metrics.get("ece"), 3)}, '
+                     f'mean Dice {_number(case.metrics.get("dice_mean"), 3)}, mean HD95 '
+                     f'{_number(case.metrics.get("hd95_mean"))} mm.</p>')
+    parts.append(f"<p><b>{_text(review_text(summary))}</b></p>")
+    figures = [f"<figure>{_image(picture.png, f'{case.name}, slice {picture.index}')}<figcaption>slice "
+               f"{picture.index}: {picture.hot_spots} hot-spot voxels</figcaption></figure>"
+               for picture in case.pictures]
+    parts.append(f'<div class="pictures">{"".join(figures)}</div></section>')
+    return "".join(parts)
+
+
+def _overview(cases: Sequence[ReportCase]) -> str:
+    measured = any(case.metrics is not None for case in cases)
+    head = ["#", "case", "input", "lowest predicted Dice", "flagged"] + (
+        ["measured mean Dice"] if measured else [])
+    rows = []
+    for number, case in enumerate(cases, start=1):
+        link = f'<a href="#case-{number}">{_text(case.name)}</a>'
+        if case.summary is None:
+            rows.append(f'<tr><td>{number}</td><td>{link}</td><td colspan="{len(head) - 2}">'
+                        f'<span class="flag error">NOT SEGMENTED</span></td></tr>')
+            continue
+        suitable = case.summary["input_check"].get("suitable")
+        flagged = [name for name, entry in case.summary["structures"].items() if entry["review"]]
+        checked = {True: "suitable", False: '<span class="flag unsuitable">UNSUITABLE</span>',
+                   None: "not checked"}[suitable]
+        cells = [str(number), link, checked,
+                 f'<td class="number">{_number(lowest_predicted_dice(case.summary))}</td>',
+                 _text(", ".join(flagged) or "none")]
+        if measured:
+            cells.append(f'<td class="number">{_number((case.metrics or {}).get("dice_mean"), 3)}</td>')
+        rows.append("<tr>" + "".join(cell if cell.startswith("<td") else f"<td>{cell}</td>" for cell in cells)
+                    + "</tr>")
+    header = "".join(f"<th>{_text(title)}</th>" for title in head)
+    return f'<section><h2>Cases, worst first</h2><table><tr>{header}</tr>{"".join(rows)}</table></section>'
+
+
+def report_html(cases: Sequence[ReportCase], metadata: BundleMetadata, bundle_name: str, command: str,
+                reliability_png: bytes | None = None, test_set_lines: Sequence[str] = ()) -> str:
+    """The page's HTML (see the module docstring).
+
+    ``command``: what made it (``calibseg-predict``, ``calibseg-evaluate``); ``reliability_png`` and
+    ``test_set_lines``: a test set's pooled reliability diagram and its summary lines, shown before the cases.
+    """
+    ordered = worst_first(cases)
+    segmented = [case for case in ordered if case.summary is not None]
+    flagged = sum(bool(case.summary["review"]) for case in segmented)
+    unsuitable = sum(case.summary["input_check"].get("suitable") is False for case in segmented)
+    level = float(segmented[0].summary.get("hot_spot_level", 0.4)) if segmented else 0.4
+    created = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M")
+    parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>CalibSeg report: '
+             f"{_text(bundle_name)}, {len(cases)} case(s)</title><style>{_STYLE}</style></head><body>",
+             f"<header><h1>CalibSeg quality report</h1><p class=\"meta\">Model {_text(bundle_name)} "
+             f"({_text(metadata.training.get('method', 'unknown method'))}), {len(cases)} case(s): "
+             f"{len(ordered) - len(segmented)} not segmented, {unsuitable} with an unsuitable input, "
+             f"{flagged} with a structure to review. Made by {_text(command)} (CalibSeg {__version__}) on "
+             f"{created}.</p>"
+             "</header>", _legend(metadata, level)]
+    if reliability_png is not None or test_set_lines:
+        lines = "".join(f"<p>{_text(line)}</p>" for line in test_set_lines)
+        diagram = _image(reliability_png, "reliability diagram of the test set", 300) if reliability_png \
+            else ""
+        parts.append(f'<section class="test-set"><h2>The test set</h2>{lines}{diagram}</section>')
+    parts.append(_overview(ordered))
+    parts += [_case_section(number, case) for number, case in enumerate(ordered, start=1)]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(path: str | Path, cases: Sequence[ReportCase], metadata: BundleMetadata, bundle_name: str,
+                 command: str, reliability_png: bytes | None = None,
+                 test_set_lines: Sequence[str] = ()) -> Path:
+    """Write :func:`report_html` to ``path`` atomically (temporary name, then rename)."""
+    text = report_html(cases, metadata, bundle_name, command, reliability_png, test_set_lines)
+    with atomic_output(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
+    return Path(path)

@@ -1,0 +1,151 @@
+"""DICOM series in (``CalibSegLib.dicom``): series written with pydicom (``dicom_series.py``, geometry from
+the standard's formulas, not SimpleITK's) read back with their values and grid; an ACDC volume as a DICOM
+folder gives the labels of the same volume as NIfTI with the shipped model; several series listed or chosen;
+``--image-dir`` takes each series as a case."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from CalibSegLib.dicom import find_series, read_dicom_folder, series_case_names
+from CalibSegLib.io import ImageGeometry, read_image, write_image
+from CalibSegLib.predict import batch_row, main
+from conftest import REPO_ROOT
+from dicom_series import write_series
+from fault_checks import assert_one_sentence
+from tiny_bundles import make_test_bundle
+
+ACDC_IMAGE = REPO_ROOT / "CalibSeg" / "Resources" / "SampleData" / "acdc_patient_image.nii.gz"
+
+
+def _oblique(spacing=(8.0, 1.40625, 1.25), origin=(-120.5, 33.25, 80.0)) -> ImageGeometry:
+    """A right-handed short-axis-like grid: tilted about two axes, away from the origin."""
+    first, second = 0.4, 0.7
+    about_z = np.array([[np.cos(first), -np.sin(first), 0], [np.sin(first), np.cos(first), 0], [0, 0, 1]])
+    about_x = np.array([[1, 0, 0], [0, np.cos(second), -np.sin(second)], [0, np.sin(second), np.cos(second)]])
+    return ImageGeometry(spacing, origin, tuple((about_z @ about_x).ravel()))
+
+
+def test_a_series_reads_back_with_its_values_and_grid(tmp_path):
+    volume = np.random.default_rng(0).integers(-200, 3000, size=(5, 20, 16)).astype(np.float32)
+    geometry = _oblique()
+    write_series(tmp_path / "series", volume, geometry)
+    image, read, series = read_dicom_folder(tmp_path / "series")
+    np.testing.assert_array_equal(image, volume)
+    assert image.dtype == np.float32 and read.matches(geometry, tolerance=1e-5)
+    assert series.kind == "MR Image Storage" and series.description == "SA stack" and series.number == 3
+
+
+def test_files_out_of_order_are_stacked_along_the_slice_normal(tmp_path):
+    volume = np.arange(4 * 12 * 10, dtype=np.float32).reshape(4, 12, 10)
+    files = write_series(tmp_path / "series", volume, _oblique())
+    for index, path in enumerate(files):  # names no longer sort as the slices do
+        path.rename(path.with_name(f"{(7 * index) % 5}_{path.name}"))
+    np.testing.assert_array_equal(read_dicom_folder(tmp_path / "series")[0], volume)
+
+
+def test_rescale_gives_hounsfield_units_and_every_slices_own_slope(tmp_path):
+    hounsfield = np.random.default_rng(1).integers(-1024, 2000, size=(3, 16, 16)).astype(np.float32)
+    write_series(tmp_path / "ct", hounsfield, ImageGeometry((2.5, 0.7, 0.7)), modality="CT",
+                 intercept=-1024.0)
+    np.testing.assert_array_equal(read_dicom_folder(tmp_path / "ct")[0], hounsfield)
+    # Per-slice slopes, one of them fractional: the first slice's integer type must not drop the fractions.
+    stored = np.random.default_rng(2).integers(0, 4000, size=(3, 16, 16))
+    slopes = [1.0, 0.25, 2.0]
+    values = (stored * np.array(slopes)[:, None, None]).astype(np.float32)
+    write_series(tmp_path / "slopes", values, ImageGeometry((2.5, 0.7, 0.7)), slope=slopes)
+    np.testing.assert_array_equal(read_dicom_folder(tmp_path / "slopes")[0], values)
+
+
+def test_an_acdc_volume_as_dicom_gives_the_labels_of_the_same_volume_as_nifti(tmp_path):
+    """The issue's first 'done when': the shipped model on an ACDC volume, from a DICOM folder and from
+    NIfTI."""
+    image, _ = read_image(ACDC_IMAGE)
+    volume = np.rint(image * 4095).astype(np.float32)  # 12-bit whole numbers, as an MR scanner stores them
+    geometry = _oblique(spacing=(10.0, 1.5, 1.5))
+    write_series(tmp_path / "patient069", volume, geometry)
+    write_image(tmp_path / "patient069.nii.gz", volume, geometry)
+    for source, out in ((tmp_path / "patient069", "dicom"), (tmp_path / "patient069.nii.gz", "nifti")):
+        assert main(["--bundle", "acdc_ce_dice", "--image", str(source), "--out-dir", str(tmp_path / out),
+                     "--device", "cpu"]) == 0
+    from_dicom, dicom_grid = read_image(tmp_path / "dicom" / "patient069_labels.nii.gz")
+    from_nifti, nifti_grid = read_image(tmp_path / "nifti" / "patient069_labels.nii.gz")
+    np.testing.assert_array_equal(from_dicom, from_nifti)
+    assert set(np.unique(from_dicom)) == {0, 1, 2, 3} and dicom_grid.matches(nifti_grid, tolerance=1e-4)
+    summaries = [json.loads((tmp_path / out / "patient069_summary.json").read_text())
+                 for out in ("dicom", "nifti")]
+    # Equal up to the slice spacing, which SimpleITK computes from positions written with 6 decimals.
+    dicom_row, nifti_row = ({key: value for key, value in batch_row("patient069", "ok", summary).items()
+                             if not isinstance(value, str)} for summary in summaries)
+    assert dicom_row == pytest.approx(nifti_row, rel=1e-6) and len(dicom_row) == 16
+
+
+def test_several_series_are_listed_and_one_is_chosen_by_uid(tmp_path, capsys):
+    folder = tmp_path / "study"
+    volume = np.random.default_rng(3).normal(300, 60, size=(3, 24, 20)).astype(np.float32)
+    write_series(folder, volume, ImageGeometry((5.0, 1.2, 0.9)), description="first")
+    write_series(folder / "b", volume[:, ::-1], ImageGeometry((5.0, 1.2, 0.9)), series_number=4,
+                 description="second")
+    make_test_bundle(tmp_path / "model.calibseg")
+    arguments = ["--bundle", str(tmp_path / "model.calibseg"), "--image", str(folder), "--out-dir",
+                 str(tmp_path / "out"), "--device", "cpu", "--batch-size", "2"]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert_one_sentence(error,
+                        "^error: .* holds 2 image series \\(series 3 'first' \\(3 MR Image Storage file",
+                        "series 4 'second'", "choose one with --series-uid")
+    assert not (tmp_path / "out").exists()
+    second = [series for series in find_series(folder) if series.description == "second"][0]
+    assert main([*arguments, "--series-uid", second.uid]) == 0
+    labels, _ = read_image(tmp_path / "out" / "study_labels.nii.gz")
+    assert labels.shape == volume.shape
+
+
+def test_image_dir_takes_every_series_as_a_case_and_skips_other_objects(tmp_path, capsys):
+    cases = tmp_path / "cases"
+    volume = np.random.default_rng(4).normal(300, 60, size=(3, 24, 20)).astype(np.float32)
+    write_series(cases / "patientA", volume, ImageGeometry((5.0, 1.2, 0.9)))
+    write_series(cases / "shared", volume, ImageGeometry((5.0, 1.2, 0.9)), series_number=5, prefix="five")
+    write_series(cases / "shared", volume[::-1], ImageGeometry((5.0, 1.2, 0.9)), series_number=6,
+                 prefix="six")
+    write_image(cases / "plain.nii.gz", volume, ImageGeometry((5.0, 1.2, 0.9)))
+    make_test_bundle(tmp_path / "model.calibseg")
+    bundle = ["--bundle", str(tmp_path / "model.calibseg"), "--device", "cpu", "--batch-size", "2"]
+    # A Segmentation and a Parametric Map beside the series: not cases.
+    assert main([*bundle, "--image", str(cases / "patientA"), "--out-dir", str(cases / "patientA"),
+                 "--dicom-seg"]) == 0
+    capsys.readouterr()
+    assert main([*bundle, "--image-dir", str(cases), "--out-dir", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert ("skipped: 2 DICOM series that are not images (series 902 'CalibSeg model.calibseg confidence'"
+            in printed)
+    table = (tmp_path / "out" / "predictions.csv").read_text().splitlines()
+    assert [line.split(",")[:2] for line in table[1:]] == [
+        ["plain", "ok"], ["patientA", "ok"], ["shared_series5", "ok"], ["shared_series6", "ok"]]
+    for name in ("plain", "patientA", "shared_series5", "shared_series6"):
+        assert (tmp_path / "out" / f"{name}_labels.nii.gz").is_file()
+
+
+def test_series_case_names_are_folders_unless_they_share_one(tmp_path):
+    volume = np.zeros((2, 8, 8), np.float32)
+    write_series(tmp_path / "a", volume, ImageGeometry((5.0, 1.0, 1.0)))
+    write_series(tmp_path, volume, ImageGeometry((5.0, 1.0, 1.0)), series_number=2)
+    for prefix in ("one", "two"):  # two series of one number in one folder
+        write_series(tmp_path / "b", volume, ImageGeometry((5.0, 1.0, 1.0)), series_number=7, prefix=prefix)
+    names = series_case_names(find_series(tmp_path), tmp_path)
+    shared = [name for name in names if name.startswith("b_series7_")]
+    assert sorted(set(names) - set(shared)) == sorted(["a", tmp_path.name]) and len(set(shared)) == 2
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_dicom_folder_for_a_bundle_of_several_channels_is_one_sentence(count, tmp_path, capsys):
+    write_series(tmp_path / "series", np.zeros((3, 24, 20), np.float32), ImageGeometry((5.0, 1.0, 1.0)))
+    make_test_bundle(tmp_path / "model.calibseg", in_channels=2, channel_names=["T1", "T2"])
+    images = sum((["--image", str(tmp_path / "series")] for _ in range(count)), [])
+    assert main(["--bundle", str(tmp_path / "model.calibseg"), *images, "--out-dir", str(tmp_path / "out"),
+                 "--device", "cpu"]) == 2
+    assert_one_sentence(capsys.readouterr().err, "^error: ",
+                        "a DICOM series \\(one channel\\) was given" if count == 1 else "is one channel")

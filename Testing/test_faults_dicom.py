@@ -1,0 +1,243 @@
+"""Fault catalogue, DICOM input and output: each broken series, folder or flag is one sentence on stderr (exit
+2) before any inference, and nothing is written; with ``--image-dir`` a broken series is one row and the
+others are segmented."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset
+
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import ImageGeometry, write_image
+from CalibSegLib.predict import main
+from dicom_series import edit_file, write_series
+from fault_checks import assert_one_sentence, tree_snapshot
+from tiny_bundles import make_test_bundle
+
+GRID = ImageGeometry((5.0, 1.2, 0.9), (-20.0, 4.0, 9.5))
+SLICES = 5
+
+
+def _series(folder: Path, **options) -> list[Path]:
+    volume = np.random.default_rng(9).normal(300, 60, size=(SLICES, 24, 20)).round()
+    return write_series(folder, volume, GRID, **options)
+
+
+def _position(path: Path, z: float) -> None:
+    header = pydicom.dcmread(path)
+    edit_file(path, ImagePositionPatient=[*header.ImagePositionPatient[:2], f"{z:.6f}"])
+
+
+def _missing_slice(folder: Path) -> list[str]:
+    _series(folder)[2].unlink()
+    return []
+
+
+def _two_orientations(folder: Path) -> list[str]:
+    edit_file(_series(folder)[3], ImageOrientationPatient=[1, 0, 0, 0, 0, -1])
+    return []
+
+
+def _uneven_spacing(folder: Path) -> list[str]:
+    files = _series(folder)
+    _position(files[4], 9.5 + 3 * 5.0 + 7.0)  # steps 5, 5, 5, 7
+    return []
+
+
+def _cine_time_points(folder: Path) -> list[str]:
+    _series(folder, prefix="t0")
+    files = _series(folder, prefix="t1")
+    study = pydicom.dcmread(folder / "t0_000.dcm")
+    for path in files:  # the second time point joins the first one's series
+        edit_file(path, SeriesInstanceUID=study.SeriesInstanceUID)
+    return []
+
+
+def _sheared(folder: Path) -> list[str]:
+    for index, path in enumerate(_series(folder)):
+        edit_file(path, ImagePositionPatient=[-20.0, 4.0 + 2.0 * index, 9.5 + 5.0 * index])
+    return []
+
+
+def _two_sizes(folder: Path) -> list[str]:
+    _series(folder)
+    small = write_series(folder / "tmp", np.zeros((1, 12, 10)), GRID)[0]
+    header = pydicom.dcmread(folder / "slice_001.dcm")
+    edit_file(small, SeriesInstanceUID=header.SeriesInstanceUID,
+              ImagePositionPatient=[-20.0, 4.0, 9.5 + 5 * SLICES])
+    shutil.move(small, folder / "slice_extra.dcm")
+    shutil.rmtree(folder / "tmp")
+    return []
+
+
+def _one_image(folder: Path) -> list[str]:
+    for path in _series(folder)[1:]:
+        path.unlink()
+    return []
+
+
+def _no_position(folder: Path) -> list[str]:
+    for path in _series(folder):
+        header = pydicom.dcmread(path)
+        del header.ImagePositionPatient
+        header.save_as(path)
+    return []
+
+
+def _multi_frame(folder: Path) -> list[str]:
+    for path in _series(folder):
+        edit_file(path, NumberOfFrames=2)
+    return []
+
+
+def _not_images(folder: Path) -> list[str]:
+    folder.mkdir(parents=True)
+    report = Dataset()
+    report.file_meta = pydicom.dataset.FileMetaDataset()
+    report.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.88.33"  # Comprehensive SR
+    report.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+    report.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    report.SOPClassUID = report.file_meta.MediaStorageSOPClassUID
+    report.SOPInstanceUID = report.file_meta.MediaStorageSOPInstanceUID
+    report.SeriesInstanceUID, report.Modality, report.SeriesNumber = pydicom.uid.generate_uid(), "SR", 9
+    report.save_as(folder / "report.dcm", enforce_file_format=True)
+    return []
+
+
+def _cut_short(folder: Path) -> list[str]:
+    path = _series(folder)[1]
+    path.write_bytes(path.read_bytes()[:-300])  # the header whole, the pixel data cut short
+    return []
+
+
+def _no_dicom(folder: Path) -> list[str]:
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("no images here")
+    return []
+
+
+def _several_series(folder: Path) -> list[str]:
+    _series(folder / "a")
+    _series(folder / "b", series_number=4)
+    return []
+
+
+def _unknown_uid(folder: Path) -> list[str]:
+    _series(folder)
+    return ["--series-uid", "1.2.3.4"]
+
+
+# case → (make(folder) -> extra arguments, regexes of the sentence); the folder is --image
+BAD_DICOM_SERIES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
+    "a slice missing": (_missing_slice, ("has 1 slice\\(s\\) missing: its slices are 5 mm apart but 10 mm "
+                                         "between slices 2 and 3", "export the complete series")),
+    "a slice in another orientation": (_two_orientations, ("holds images in 2 orientations", "localizer")),
+    "uneven slice spacing": (_uneven_spacing, ("uneven slice spacing \\(steps from 5 to 7 mm",)),
+    "cine time points in one series": (_cine_time_points, ("holds 10 images at 5 slice position\\(s\\)",
+                                                           "export one image per position")),
+    "slices shifted in-plane (tilted gantry)": (_sheared, ("shifted in-plane", "tilted CT gantry")),
+    "images of two sizes": (_two_sizes, ("holds images of 2 sizes \\(12×10, 24×20\\)",)),
+    "one image": (_one_image, ("is one image, not a stack of slices",)),
+    "no image position": (_no_position, ("lacks the position, orientation or pixel spacing",)),
+    "multi-frame images": (_multi_frame, ("is a multi-frame \\(enhanced\\) object", "single-frame images")),
+    "a structured report, not images": (_not_images, ("holds objects that are not images \\(1 "
+                                                      "Comprehensive SR Storage\\)",)),
+    "a slice file cut short": (_cut_short, ("Cannot read the pixel data of the DICOM series 3",
+                                            "\\(Cannot read requested file: a file cut short",
+                                            "export the series again")),
+    "no DICOM file in the folder": (_no_dicom, ("holds no DICOM file",)),
+    "several image series": (_several_series, ("holds 2 image series", "choose one with --series-uid")),
+    "an unknown --series-uid": (_unknown_uid, ("holds no series with UID 1.2.3.4; its series: series 3",)),
+}
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    return make_test_bundle(tmp_path_factory.mktemp("bundle") / "model.calibseg")
+
+
+def _no_inference(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("inference ran although the fault was detectable before it")
+
+    monkeypatch.setattr(Predictor, "predict_variants", refuse)
+
+
+def _predict(bundle: Path, *arguments: str) -> int:
+    return main(["--bundle", str(bundle), *arguments, "--device", "cpu", "--batch-size", "2"])
+
+
+@pytest.mark.parametrize("name", list(BAD_DICOM_SERIES))
+def test_broken_dicom_is_one_sentence_before_inference_and_writes_nothing(name, bundle, tmp_path, monkeypatch,
+                                                                          capsys):
+    make, patterns = BAD_DICOM_SERIES[name]
+    extra = make(tmp_path / "series")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "earlier.txt").write_text("kept")
+    _no_inference(monkeypatch)
+    before = tree_snapshot(tmp_path)
+    assert _predict(bundle, "--image", str(tmp_path / "series"), "--out-dir", str(tmp_path / "out"),
+                    "--dicom-seg", "--report", *extra) == 2
+    error = capsys.readouterr().err
+    assert_one_sentence(error, "^error: ", *patterns)
+    assert tree_snapshot(tmp_path) == before
+
+
+# case → (make(folder with one NIfTI image and a DICOM series) -> arguments, regex of the sentence)
+BAD_DICOM_FLAGS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
+    "--dicom-seg with a NIfTI image": (
+        lambda folder: ["--image", str(folder / "case.nii.gz"), "--dicom-seg"],
+        "--dicom-seg writes a DICOM Segmentation that references the series it was predicted from, and "
+        "case.nii.gz is no DICOM series; give --image a DICOM folder"),
+    "--dicom-seg with image files in --image-dir": (
+        lambda folder: ["--image-dir", str(folder), "--dicom-seg"],
+        "--dicom-seg needs DICOM series, and .* holds image files too \\(case.nii.gz, ...\\)"),
+    "--series-uid with a NIfTI image": (
+        lambda folder: ["--image", str(folder / "case.nii.gz"), "--series-uid", "1.2.3"],
+        "--series-uid chooses a series of a DICOM folder; give --image the folder that holds it"),
+    "--series-uid with --image-dir": (
+        lambda folder: ["--image-dir", str(folder), "--series-uid", "1.2.3"],
+        "with --image-dir every series is a case"),
+    "a DICOM folder beside an image file": (
+        lambda folder: ["--image", str(folder / "series"), "--image", str(folder / "case.nii.gz")],
+        "is a DICOM folder, and a DICOM series is one channel"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_DICOM_FLAGS))
+def test_dicom_flags_that_cannot_apply_are_one_sentence_before_inference(name, bundle, tmp_path, monkeypatch,
+                                                                         capsys):
+    make, pattern = BAD_DICOM_FLAGS[name]
+    inputs = tmp_path / "inputs"
+    _series(inputs / "series")
+    write_image(inputs / "case.nii.gz", np.zeros((3, 24, 20), np.float32), GRID)
+    _no_inference(monkeypatch)
+    before = tree_snapshot(tmp_path)
+    assert _predict(bundle, *make(inputs), "--out-dir", str(tmp_path / "out")) == 2
+    assert_one_sentence(capsys.readouterr().err, "^error: ", pattern)
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_a_broken_series_in_image_dir_is_its_row_and_the_others_are_segmented(bundle, tmp_path, capsys):
+    _series(tmp_path / "cases" / "good")
+    _missing_slice(tmp_path / "cases" / "gap")
+    assert _predict(bundle, "--image-dir", str(tmp_path / "cases"), "--out-dir", str(tmp_path / "out"),
+                    "--dicom-seg", "--report") == 2
+    assert_one_sentence(capsys.readouterr().err,
+                        "^error: 1 of 2 cases failed \\(first: gap: The DICOM series 3",
+                        "slice\\(s\\) missing")
+    with (tmp_path / "out" / "predictions.csv").open() as table:
+        rows = list(csv.DictReader(table))
+    assert [row["case"] for row in rows] == ["gap", "good"] and rows[1]["status"] == "ok"
+    assert rows[0]["status"].startswith("error: The DICOM series 3 'SA stack' (4 MR Image Storage file(s)")
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == [
+        "good_confidence.dcm", "good_confidence.nii.gz", "good_entropy.nii.gz", "good_labels.nii.gz",
+        "good_seg.dcm", "good_summary.json", "predictions.csv", "report.html"]
+    assert "NOT SEGMENTED" in (tmp_path / "out" / "report.html").read_text()
