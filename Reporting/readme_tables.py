@@ -39,7 +39,6 @@ import json
 import math
 import re
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -47,13 +46,14 @@ from typing import Callable, Sequence
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 from CalibSegLib import BUNDLE_SUFFIX
+from CalibSegLib.bundle import read_metadata
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
 from Reporting.crossval import shipped_comparison_table
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
-           "RESULTS_PAGE", "PERFORMANCE_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "bundle_json", "shipped_models_table",
+           "RESULTS_PAGE", "PERFORMANCE_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "shipped_models_table",
            "shipped_quality_table", "shipped_quality_report", "quick_start_entry", "quick_start_table",
            "record_quick_start", "main"]
 
@@ -66,7 +66,6 @@ NO_QUALITY_REPORT = "*No shipped model carries a quality report.*"
 # The shipped models' records (Reporting/ship.py): every table about the shipped models is made from these.
 SHIPPED_METRICS = ("CalibSegLib/pretrained/*.metrics.json",)
 MARKER = re.compile(r"<!-- generated:(?P<name>[a-z0-9_]+) (?P<end>begin|end) -->")
-_MAX_BUNDLE_JSON = 1 << 20  # bundle.json of a shipped model is a few kB; never read more than this
 
 
 @dataclass(frozen=True)
@@ -82,27 +81,18 @@ def _mean(summary: dict, variant: str, key: str) -> float:
     return float(summary[variant][key])
 
 
-def bundle_json(path: Path) -> dict:
-    """The ``bundle.json`` of a bundle file, read without loading weights (any schema version)."""
-    with zipfile.ZipFile(path) as archive:
-        info = archive.getinfo("bundle.json")
-        if info.file_size > _MAX_BUNDLE_JSON:
-            raise ValueError(f"{path.name}: bundle.json is {info.file_size} bytes, more than a bundle ever needs.")
-        return json.loads(archive.read(info))
-
-
 def shipped_models_table(paths: list[Path]) -> list[str]:
     """Table of the shipped models from their ``<name>.metrics.json`` files (``Reporting/ship.py``)."""
     rows, volumes, sizes, splits = [], set(), [], set()
     for path in sorted(paths):
         metrics = json.loads(path.read_text())
         bundle_path = path.with_name(path.name.removesuffix(METRICS_SUFFIX) + BUNDLE_SUFFIX)
-        recorded = bundle_json(bundle_path)
+        recorded = read_metadata(bundle_path)
         summary = metrics["summary"]
-        fitted = temperature_text(metrics.get("temperature", recorded["temperature"]))
+        fitted = temperature_text(metrics.get("temperature", recorded.temperature))
         volumes.add(len(metrics["cases"]))
         sizes.append(bundle_path.stat().st_size / 1e6)
-        data = recorded.get("data", {})
+        data = recorded.data
         splits.add(f"{len(data.get('test', []))} test patients of `{Path(data.get('split_file', '?')).name}`")
         rows.append(f"| `{metrics['model']}` | {_mean(summary, 'scaled', 'dice_mean'):.3f} | "
                     f"{_mean(summary, 'scaled', 'hd95_mean'):.2f} | {_mean(summary, 'uncalibrated', 'ece'):.3f} | "
@@ -212,7 +202,7 @@ def quick_start_entry(run_dir: str | Path, command: str, wall_s: float | None = 
         "best_validation_dice": run.best_validation_dice,
         "temperature": summary.temperature,
         "test_volumes": len(summary.cases),
-        "test_patients": len(summary.patients or bundle_json(run_dir / BUNDLE_NAME).get("data", {}).get("test", [])),
+        "test_patients": len(summary.patients or read_metadata(run_dir / BUNDLE_NAME).data.get("test", [])),
         "test": {variant: test(variant) for variant in ("scaled", "uncalibrated")},
         "environment": run.environment,
         "recorded": datetime.date.today().isoformat(),

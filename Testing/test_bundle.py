@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save as save_safetensors
 
-from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, read_metadata, save_bundle
 from CalibSegLib.bundle.schema import SINGLE_NETWORK_SCHEMA_VERSION
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import build_network
@@ -312,6 +312,26 @@ def test_bad_bundle_is_refused_with_one_sentence(good, tmp_path, case):
         load_bundle(make(good, tmp_path))
     text = str(caught.value)
     assert "\n" not in text and text.endswith(".")
+
+
+# Every refusal that does not need the weights' bytes, as read_metadata checks them too.
+_WEIGHTS_CASES = ("checksum mismatch", "weights for another network", "wrong weight shape", "missing weight",
+                  "torch.save weights", "pickled code as weights", "truncated")
+
+
+@pytest.mark.parametrize("case", [case for case in BAD_BUNDLES if case not in _WEIGHTS_CASES])
+def test_reading_the_metadata_alone_refuses_what_load_refuses_outside_the_weights(good, tmp_path, case):
+    make, message = BAD_BUNDLES[case]
+    with pytest.raises(BundleError, match=message):
+        read_metadata(make(good, tmp_path))
+
+
+def test_reading_the_metadata_alone_never_touches_the_weights(good, tmp_path):
+    broken = with_weights(good, tmp_path / "broken.calibseg", b"not safetensors at all")
+    with pytest.raises(BundleError):
+        load_bundle(broken)
+    assert read_metadata(broken).class_names == load_bundle(good).metadata.class_names
+    assert read_metadata(good) == load_bundle(good).metadata
 
 
 @pytest.mark.parametrize("patch_size, expected", [((128, 128), 32), ((512, 512), 8), ((1024, 1024), 2), ((1200, 1600), 1)])

@@ -20,14 +20,14 @@ holding NaN or infinite values.
 
 Two parts: ``schema.py`` is ``bundle.json`` (:class:`BundleMetadata`, its sections and checks,
 parsed and validated once on load); ``archive.py`` is the zip file (:func:`save_bundle`,
-:func:`load_bundle`, the resource limits and the streamed, hashed weights); ``model.py`` is a
+:func:`load_bundle`, :func:`read_metadata` without the weights, the resource limits and the streamed, hashed weights); ``model.py`` is a
 bundle in memory (:class:`Bundle`) and the network it declares, sized before it is built.
 """
 
 from CalibSegLib import BUNDLE_SUFFIX
-from CalibSegLib.bundle.archive import WEIGHTS_MEMBER, load_bundle, save_bundle
+from CalibSegLib.bundle.archive import WEIGHTS_MEMBER, load_bundle, read_metadata, save_bundle
 from CalibSegLib.bundle.model import Bundle
 from CalibSegLib.bundle.schema import METADATA_MEMBER, SCHEMA_VERSION, BundleError, BundleMetadata
 
 __all__ = ["SCHEMA_VERSION", "BUNDLE_SUFFIX", "METADATA_MEMBER", "WEIGHTS_MEMBER", "BundleError", "BundleMetadata",
-           "Bundle", "save_bundle", "load_bundle"]
+           "Bundle", "save_bundle", "load_bundle", "read_metadata"]

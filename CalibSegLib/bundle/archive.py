@@ -27,7 +27,7 @@ from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, SINGLE_N
                                        STORED_FLOAT_DTYPES, BundleError, BundleMetadata, is_int, parse_metadata)
 from CalibSegLib.io import atomic_output
 
-__all__ = ["WEIGHTS_MEMBER", "save_bundle", "load_bundle"]
+__all__ = ["WEIGHTS_MEMBER", "save_bundle", "load_bundle", "read_metadata"]
 
 WEIGHTS_MEMBER = "weights.safetensors"
 
@@ -352,6 +352,31 @@ def _stream_weights(
                 loaded = torch.from_numpy(array.astype(array.dtype.newbyteorder("="), copy=False))
                 state_dict[tensor.name] = loaded.float() if loaded.is_floating_point() else loaded
     return hasher.hexdigest(), non_finite, state_dict
+
+
+def read_metadata(path: str | Path) -> BundleMetadata:
+    """A bundle's checked ``bundle.json`` without its weights: what a process that only shows or prepares a model
+    (the Slicer module, a report) needs, at the cost of the zip directory and a few kB.
+
+    The container and members are checked as :func:`load_bundle` checks them and the declared network is sized on
+    the meta device, but the weights are neither read nor checked: :func:`load_bundle` does that where the network
+    runs.
+
+    Raises:
+        BundleError: (one sentence) as :func:`load_bundle` for everything but the weights.
+    """
+    path = Path(path)
+    _check_container(path)
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = _read_members(path.name, archive)
+            with archive.open(members[METADATA_MEMBER]) as stream:
+                metadata = parse_metadata(path.name, stream.read(_MAX_METADATA_BYTES + 1))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError,
+            NotImplementedError) as error:
+        raise BundleError(f"{path.name} is corrupt or truncated ({error}); re-export or re-download it.") from None
+    _declared_tensors(metadata)  # an unknown, unbuildable or oversized network is refused here too
+    return metadata
 
 
 def load_bundle(path: str | Path) -> Bundle:
