@@ -89,7 +89,7 @@ class Schedule:
 SCHEDULES: dict[str, Schedule] = {
     # Measured on the 2-core CPU (docs/training.md): about 5 min of training on the shipped sample.
     # CRaC updates its multipliers once per epoch; 100 steps apart from the start they take over
-    # before the network has learned the structures (docs/results.md, "CRaC"), so they hold still
+    # before the network has learned the structures (docs/decisions.md, "CRaC"), so they hold still
     # for the first 3 epochs (300 steps; full ACDC trains well with 250 steps per update).
     "quick": Schedule("quick CPU schedule for the shipped sample", epochs=10, iterations_per_epoch=100,
                       patch_size=128, lr_schedule="poly", lr_step_epoch=None, compile=True, val_every=1,

@@ -23,7 +23,7 @@ PRETRAINED_DIR = Path(__file__).resolve().parent
 METRICS_SUFFIX = ".metrics.json"
 # The model the Slicer module preselects, chosen on the validation patients: the highest validation Dice among
 # the models whose review flag catches at least half of the poor structures on degraded validation copies
-# (docs/results.md, "Which model the module preselects").
+# (docs/decisions.md, "Which model the module preselects").
 DEFAULT_MODEL = "acdc_ce_dice"
 
 
