@@ -184,3 +184,8 @@ def test_benchmark_records_give_their_tables(name, tmp_path):
     new, rebuilt, _ = readme_tables.regenerate(text, tmp_path)
     assert rebuilt == [f"benchmark_{name}"] and expected in new
     assert f"`python benchmarks/{name}.py` on the CPU (x86_64, 2 cores, 2 torch threads" in new
+
+
+def test_the_results_page_stays_a_page_of_at_most_500_lines():
+    """Results, not their history: how each choice was made belongs in docs/decisions.md."""
+    assert len(readme_tables.RESULTS_PAGE.read_text().splitlines()) <= 500
