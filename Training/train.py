@@ -55,7 +55,7 @@ from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
 from Training.choices import TEMPERATURE_FITS
-from Training.plan import Plan, channel_normalization, make_plan
+from Training.plan import IMAGE_SCHEMES, Plan, channel_normalization, default_scheme, make_plan
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
@@ -64,6 +64,10 @@ from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer, spacing_text
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
 
 DEFAULT_DATA = SAMPLE_DATA
+# How the start of a run names each channel's scheme (CalibSegLib.preprocessing.CHANNEL_SCHEMES).
+_SCHEME_TEXT = {"percentile": "per image [min, 99th percentile] → [0, 1]",
+                "zscore": "per image z-score, not clipped",
+                "ct": "training foreground's HU window, then its z-score"}
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-spacing", type=float, nargs="+", default=None, metavar="MM",
                         help="spacing the network works at, mm: S or Y X (default: the plan's, the training cases' "
                              "median; 1.5 for ACDC); with --spatial-dims 3: S or Z Y X")
+    parser.add_argument("--normalization", choices=("auto", *IMAGE_SCHEMES), default="auto",
+                        help="how each channel not named CT is scaled, per image: zscore (no clipping: a lesion "
+                             "brighter than the image's 99th percentile stays apart), percentile ([min, 99th "
+                             "percentile] to [0, 1]); auto: percentile for ACDC (the shipped models' recipe), zscore "
+                             "for other data. A CT channel always gets the training foreground's HU window")
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
     parser.add_argument("--temperature-fit", choices=TEMPERATURE_FITS, default="auto",
@@ -360,18 +369,22 @@ def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], spli
             f"at the end {BUNDLE_NAME}, {RUN_SUMMARY_NAME} and {EVALUATION_DIR}/"]
 
 
-def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace) -> None:
+def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace, dataset: str) -> None:
     """Take the plan's target spacing and patch (2D or 3D, as the network) where no flag gives them, and its channel
-    normalisation;
+    normalisation (``--normalization``, by default :func:`Training.plan.default_scheme` of ``dataset``);
     print the plan and record it in ``config`` (run.json, the bundle)."""
     volumetric = config.spatial_dims == 3
     if arguments.target_spacing is None:
         config.target_spacing = plan.target_spacing if volumetric else plan.target_spacing[1:]
     if arguments.patch_size is None:
         config.patch_size = plan.patch_3d if volumetric else plan.patch_2d
-    config.channel_normalization = channel_normalization(plan.channels)
+    scheme = default_scheme(dataset) if arguments.normalization == "auto" else arguments.normalization
+    config.channel_normalization = channel_normalization(plan.channels, scheme)
     config.plan = plan.to_json()
     print("\n".join(plan.lines()), flush=True)
+    schemes = [item.scheme for item in config.channel_normalization or []] or ["percentile"] * len(plan.channels)
+    print("normalisation: " + "; ".join(f"{channel.name}: {_SCHEME_TEXT[item]}"
+                                         for channel, item in zip(plan.channels, schemes)), flush=True)
 
 
 def _check_model(config: TrainConfig) -> None:
@@ -414,9 +427,9 @@ def run(arguments: argparse.Namespace) -> Path | None:
     config.channel_names = channel_names(files, description)
     plan = make_plan(cases["train"], config.channel_names or ["image"], _schedule(arguments).patch_size,
                      seed=config.seed)
-    apply_plan(config, plan, arguments)
-    _check_model(config)
     dataset = dataset_name(arguments.data, files)
+    apply_plan(config, plan, arguments, dataset)
+    _check_model(config)
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(choice.file), **choice.split}

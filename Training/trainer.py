@@ -42,7 +42,7 @@ LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 _PROGRESS_EVERY = 10
 # Resuming with any of these changed would not continue the same run.
 _RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing", "patch_size",
-                      "batch_size", "lr", "lr_schedule", "lr_step_to", "lr_step_epoch", "seed", "num_classes",
+                      "channel_normalization", "batch_size", "lr", "lr_schedule", "lr_step_to", "lr_step_epoch", "seed", "num_classes",
                       "iterations_per_epoch", "augment", "foreground_share", "epochs")
 
 
