@@ -2,7 +2,7 @@
 
     python -m Datasets.phantoms --kind ct --out data/ct_phantom            # Decathlon layout, one CT channel
     python -m Datasets.phantoms --kind multichannel --out data/mr_phantom  # nnU-Net v2 layout, four MRI channels
-    python -m Datasets.phantoms --kind lesion --out data/lesion_phantom    # three MRI channels, a small bright lesion
+    python -m Datasets.phantoms --kind lesion --out data/lesion_phantom    # three MRI channels, a lesion
 
 They exist to train and test CalibSeg on input unlike ACDC's, where a wrong preprocessing choice
 shows as a failed run rather than a slightly worse one:
@@ -19,12 +19,13 @@ shows as a failed run rather than a slightly worse one:
   ``channel_names``, ``labels`` name → id and ``file_ending``). Channel 0 shows the head only; each
   structure k (1-3) is bright in channel k and invisible in the others, so a model must read every
   channel. Each case and channel has its own gain and offset (MRI intensities carry no units).
-- ``lesion``: a three-sequence MRI (T1, T2, FLAIR), nnU-Net v2 layout as ``multichannel``, whose third structure is
-  a small bright lesion (0.1-0.5 % of the voxels) seen in T2 only: about 800 against tissue of 380 ± 24. Edema
-  shows in FLAIR, the core in T1. A per-image [min, 99th percentile] scaling clips T2 at about 430, where every
-  lesion voxel lands on the clip value together with the brightest 1 % of noise voxels of normal tissue: enhancing
-  tumour in T1ce, multiple-sclerosis lesions in FLAIR and scar in late-enhancement cardiac MRI are this kind of
-  structure. The normalisation must keep the brightest 1 % of intensities apart for a network to learn it.
+- ``lesion``: a three-sequence MRI (T1, T2, FLAIR), nnU-Net v2 layout as ``multichannel``, whose third
+  structure is a small bright lesion (0.1-0.5 % of the voxels) seen in T2 only: about 800 against tissue of
+  380 ± 24. Edema shows in FLAIR, the core in T1. A per-image [min, 99th percentile] scaling clips T2 at about
+  430, where every lesion voxel lands on the clip value together with the brightest 1 % of noise voxels of
+  normal tissue: enhancing tumour in T1ce, multiple-sclerosis lesions in FLAIR and scar in late-enhancement
+  cardiac MRI are this kind of structure. The normalisation must keep the brightest 1 % of intensities apart
+  for a network to learn it.
 
 Every case gets its own random geometry (structure centres, radii, spacing) from ``seed``; the same
 ``seed`` writes byte-identical folders. The folder is written under a temporary name and renamed
@@ -52,8 +53,8 @@ _CT_ORGANS: dict[str, float] = {"liver": 55.0, "spleen": 70.0, "kidney": 90.0}  
 _CT_NOISE_HU = 12.0
 _MRI_CHANNELS = ("T1", "T1ce", "T2", "FLAIR")
 _MRI_STRUCTURES = ("edema", "necrosis", "enhancing")
-# The lesion phantom: per structure the one channel it shows in and its level there, in units of the case's gain
-# (tissue 1: 380 ± 24 and the lesion 800 at the median gain); the noise sd in the same units.
+# The lesion phantom: per structure the one channel it shows in and its level there, in units of the case's
+# gain (tissue 1: 380 ± 24 and the lesion 800 at the median gain); the noise sd in the same units.
 _LESION_CHANNELS = ("T1", "T2", "FLAIR")
 _LESION_STRUCTURES: dict[str, tuple[str, float]] = {"edema": ("FLAIR", 2.0), "core": ("T1", 2.0),
                                                     "lesion": ("T2", 800.0 / 380.0)}
@@ -131,8 +132,8 @@ def multichannel_case(rng: np.random.Generator, field_of_view: Sequence[float] =
 
 
 def lesion_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)) -> PhantomCase:
-    """One three-channel MRI case of ``field_of_view`` mm at 1 mm: edema (label 1) bright in FLAIR, the core (2) in
-    T1, a small lesion (3, a ball of 4.6-6.2 mm radius) in T2 only (see the module docstring)."""
+    """One three-channel MRI case of ``field_of_view`` mm at 1 mm: edema (label 1) bright in FLAIR, the core
+    (2) in T1, a small lesion (3, a ball of 4.6-6.2 mm radius) in T2 only (see the module docstring)."""
     spacing = (1.0, 1.0, 1.0)
     shape = tuple(int(round(extent)) for extent in field_of_view)
     coordinates = _grid(shape, spacing)

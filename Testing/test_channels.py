@@ -16,7 +16,8 @@ from CalibSegLib.predict import folder_cases
 from CalibSegLib.predict import main as predict_main
 from CalibSegLib.preprocessing import Preprocessing, intensity_range, normalize_channels, scale_intensity
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import SAMPLE_DATA, SAMPLE_DATASET, Case, DataError, find_cases, load_cases, read_dataset_description
+from Datasets.cases import (SAMPLE_DATA, SAMPLE_DATASET, Case, DataError, find_cases, load_cases,
+                            read_dataset_description)
 from Datasets.phantoms import lesion_case, write_phantom
 from Datasets.splits import make_split
 from Training.plan import channel_normalization, default_scheme, make_plan, patch_3d
@@ -147,37 +148,39 @@ def test_bundles_without_channel_normalization_predict_as_before():
 
 
 def test_a_small_bright_lesion_survives_the_planned_normalisation():
-    """The lesion phantom's T2-only lesion (0.1-0.5 % of the voxels): the plan's per-image z-score keeps it brighter
-    than the tissue around it; the percentile scaling puts all of it on the clip value among tissue voxels."""
+    """The lesion phantom's T2-only lesion (0.1-0.5 % of the voxels): the plan's per-image z-score keeps it
+    brighter than the tissue around it; the percentile scaling puts all of it on the clip, among tissue."""
     phantom = lesion_case(np.random.default_rng(3))
     case = Case("lesion_000", "lesion_000", np.stack(phantom.channels), phantom.label, phantom.spacing)
     lesion = case.label == 3
     assert 0.001 <= lesion.mean() <= 0.005
     plan = make_plan([case], ["T1", "T2", "FLAIR"])
-    planned = Preprocessing(channel_normalization=channel_normalization(plan.channels, default_scheme("lesion30")))
+    schemes = channel_normalization(plan.channels, default_scheme("lesion30"))
+    planned = Preprocessing(channel_normalization=schemes)
     assert [item.scheme for item in planned.channel_normalization] == ["zscore"] * 3
     t2 = normalize_channels(case.image, planned)[1]
     brightest_other = t2[~lesion].max()
     assert np.mean(t2[lesion] > brightest_other) > 0.9  # the lesion stands apart (its blurred rim aside)
     assert np.median(t2[lesion]) > brightest_other + 2 * t2[~lesion & (case.label > 0)].std()
-    clipped = normalize_channels(case.image, Preprocessing())[1]  # today's ACDC scaling, [min, p99] → [0, 1]
+    clipped = normalize_channels(case.image, Preprocessing())[1]  # ACDC's scaling, [min, p99] → [0, 1]
     on_the_clip = clipped == clipped.max()
     assert on_the_clip[lesion].all() and np.count_nonzero(on_the_clip & ~lesion) > lesion.sum()
 
 
 def test_z_score_keeps_the_top_one_percent_of_intensities_apart():
-    """An affine map of the whole image, nothing clipped: the order and the distinct values of the brightest 1 %
-    survive whatever their range (a long tail, a few extreme voxels)."""
+    """An affine map of the whole image, nothing clipped: the order and the distinct values of the brightest
+    1 % survive whatever their range (a long tail, a few extreme voxels)."""
     rng = np.random.default_rng(0)
     image = np.concatenate([rng.normal(380, 24, 20_000), rng.lognormal(7, 1.5, 200)]).astype(np.float32)
-    image = image.reshape(1, 20, 10, 101)
-    scaled = normalize_channels(image, Preprocessing(channel_normalization=channel_normalization(
-        make_plan([Case("a", "a", image[0], np.ones(image.shape[1:], np.uint8), (1.0, 1.0, 1.0))],
-                  ["image"]).channels)))[0].ravel()
-    top = np.argsort(image.ravel())[-len(scaled) // 100:]
-    assert np.all(np.diff(scaled[top]) >= 0) and len(np.unique(scaled[top])) == len(np.unique(image.ravel()[top]))
-    np.testing.assert_allclose(scaled, (image.ravel() - image.mean(dtype=np.float64)) / image.std(dtype=np.float64),
-                               rtol=1e-5, atol=1e-5)
+    image = image.reshape(20, 10, 101)
+    plan = make_plan([Case("a", "a", image, np.ones(image.shape, np.uint8), (1.0, 1.0, 1.0))], ["image"])
+    zscore = Preprocessing(channel_normalization=channel_normalization(plan.channels))
+    scaled = normalize_channels(image, zscore)
+    scaled, values = scaled.ravel(), image.ravel()
+    top = np.argsort(values)[-len(values) // 100:]
+    assert np.all(np.diff(scaled[top]) >= 0) and len(np.unique(scaled[top])) == len(np.unique(values[top]))
+    expected = (values - image.mean(dtype=np.float64)) / image.std(dtype=np.float64)
+    np.testing.assert_allclose(scaled, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_channel_normalization_is_validated_on_load():

@@ -10,10 +10,11 @@ planning, kept small).
   recipe comes out unchanged);
 - a 3D patch: the median shape, shrunk along its longest axis (in mm) until it holds at most
   ``voxel_budget`` voxels, each side a multiple of :data:`PATCH_MULTIPLE`;
-- per channel the foreground intensity statistics (mean, sd, 0.5 and 99.5 percentiles over the training cases'
-  labelled voxels), from which a channel named ``CT`` gets its dataset-level normalisation; every other channel is
-  z-scored per image without clipping, as nnU-Net does, except ACDC's, which keep the per-image percentile scaling
-  the shipped models were trained with (:func:`channel_normalization`, :func:`default_scheme`).
+- per channel the foreground intensity statistics (mean, sd, 0.5 and 99.5 percentiles over the training
+  cases' labelled voxels), from which a channel named ``CT`` gets its dataset-level normalisation; every other
+  channel is z-scored per image without clipping, as nnU-Net does, except ACDC's, which keep the per-image
+  percentile scaling the shipped models were trained with (:func:`channel_normalization`,
+  :func:`default_scheme`).
 
 Every value is overridden by its flag (``--target-spacing``, ``--patch-size``); the plan is printed at the start
 and written to ``run.json`` and the bundle's ``training.plan``.
@@ -30,16 +31,17 @@ from CalibSegLib.preprocessing import ChannelNormalization, as_channels
 from Datasets.cases import ACDC_DATASET, SAMPLE_DATASET, Case, DataError
 
 __all__ = ["PATCH_MULTIPLE", "VOXEL_BUDGET_3D", "CT_CHANNEL", "IMAGE_SCHEMES", "ChannelStatistics", "Plan",
-           "foreground_statistics", "default_scheme", "channel_normalization", "patch_2d", "patch_3d", "make_plan"]
+           "foreground_statistics", "default_scheme", "channel_normalization", "patch_2d", "patch_3d",
+           "make_plan"]
 
 # Crops are halved four times by the default UNet (strides 2, 2, 2, 2): each side a multiple of 16.
 PATCH_MULTIPLE = 16
 # A 3D patch of at most 128³ voxels: a batch of 2 with MONAI's UNet (16-256 channels) fits in about 8 GiB.
 VOXEL_BUDGET_3D = 128 ** 3
 CT_CHANNEL = "CT"  # the dataset.json channel name that selects the dataset-level CT normalisation
-# How a channel other than CT may be normalised per image (calibseg-train --normalization): "zscore" keeps every
-# intensity apart (an affine map, nothing clipped), so a small bright structure stays brighter than all the tissue
-# around it; "percentile" clips at the image's 99th percentile, where everything brighter lands on one value.
+# How a channel other than CT may be normalised per image (calibseg-train --normalization): "zscore" keeps
+# every intensity apart (an affine map, nothing clipped), so a small bright structure stays brighter than all
+# the tissue around it; "percentile" clips at the image's 99th percentile: everything brighter is one value.
 IMAGE_SCHEMES: tuple[str, ...] = ("zscore", "percentile")
 # Foreground voxels read per case and channel (nnU-Net reads 10,000): enough for the percentiles, bounded memory.
 _VOXELS_PER_CASE = 10_000
@@ -116,9 +118,9 @@ def foreground_statistics(cases: Sequence[Case], names: Sequence[str], seed: int
 
 def default_scheme(dataset: str) -> str:
     """The per-image scheme of a dataset's channels other than CT: ``"percentile"`` for ACDC (``acdc``,
-    ``acdc-sample``: the recipe the shipped models were trained and measured with; its volumes were prepared by that
-    very scaling), ``"zscore"`` for any other data (nnU-Net's choice for MRI: a lesion brighter than the image's
-    99th percentile stays apart from the tissue around it)."""
+    ``acdc-sample``: the recipe the shipped models were trained and measured with; its volumes were prepared
+    by that very scaling), ``"zscore"`` for any other data (nnU-Net's choice for MRI: a lesion brighter than
+    the image's 99th percentile stays apart from the tissue around it)."""
     return "percentile" if dataset in (ACDC_DATASET, SAMPLE_DATASET) else "zscore"
 
 

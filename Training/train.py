@@ -159,10 +159,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="spacing the network works at, mm: S or Y X (default: the plan's, the training cases' "
                              "median; 1.5 for ACDC); with --spatial-dims 3: S or Z Y X")
     parser.add_argument("--normalization", choices=("auto", *IMAGE_SCHEMES), default="auto",
-                        help="how each channel not named CT is scaled, per image: zscore (no clipping: a lesion "
-                             "brighter than the image's 99th percentile stays apart), percentile ([min, 99th "
-                             "percentile] to [0, 1]); auto: percentile for ACDC (the shipped models' recipe), zscore "
-                             "for other data. A CT channel always gets the training foreground's HU window")
+                        help="how each channel not named CT is scaled, per image: zscore (no clipping: a "
+                             "lesion brighter than the 99th percentile stays apart), percentile ([min, 99th "
+                             "percentile] to [0, 1]); auto: percentile for ACDC (the shipped models' "
+                             "recipe), zscore for other data. A CT channel always gets the training "
+                             "foreground's HU window")
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
     parser.add_argument("--temperature-fit", choices=TEMPERATURE_FITS, default="auto",
@@ -382,7 +383,8 @@ def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace, d
     config.channel_normalization = channel_normalization(plan.channels, scheme)
     config.plan = plan.to_json()
     print("\n".join(plan.lines()), flush=True)
-    schemes = [item.scheme for item in config.channel_normalization or []] or ["percentile"] * len(plan.channels)
+    schemes = ([item.scheme for item in config.channel_normalization or []]
+               or ["percentile"] * len(plan.channels))
     print("normalisation: " + "; ".join(f"{channel.name}: {_SCHEME_TEXT[item]}"
                                          for channel, item in zip(plan.channels, schemes)), flush=True)
 

@@ -41,8 +41,9 @@ LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 # Steps between progress-bar updates of the loss (each update waits for the device to finish the step).
 _PROGRESS_EVERY = 10
 # Resuming with any of these changed would not continue the same run.
-_RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing", "patch_size",
-                      "channel_normalization", "batch_size", "lr", "lr_schedule", "lr_step_to", "lr_step_epoch", "seed", "num_classes",
+_RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing",
+                      "patch_size", "channel_normalization", "batch_size", "lr", "lr_schedule", "lr_step_to",
+                      "lr_step_epoch", "seed", "num_classes",
                       "iterations_per_epoch", "augment", "foreground_share", "epochs")
 
 
