@@ -8,9 +8,11 @@
 
 ``--bundle`` is a bundle file or the name of a shipped model (:mod:`CalibSegLib.pretrained`).
 
-A bundle of several channels takes one ``--image`` per channel, in the order of its ``channel_names``, all on one
-grid; ``<stem>`` is then the case's name (``a`` for ``a_0000.nii.gz``, ``a_0001.nii.gz``, ...), as it is for one
-file with a channel suffix.
+A bundle of several channels takes one ``--image`` per channel, all on one grid: files named with nnU-Net's
+channel suffixes (``a_0000.nii.gz``, ``a_0001.nii.gz``, ...) are matched to its ``channel_names`` by suffix,
+whatever the order given, others are read in the order given (:func:`CalibSegLib.channels.channel_order`); a file
+given twice, or suffixes that are not exactly the bundle's channels of one case, are refused. ``<stem>`` is then
+the case's name (``a``), as it is for one file with a channel suffix.
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
@@ -49,12 +51,13 @@ import json
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Callable, Hashable, Sequence, TextIO
 
 import numpy as np
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.analysis import analyse_case
+from CalibSegLib.channels import channel_order, first_collision, first_repeat, input_names
 from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import input_check_lines
 from CalibSegLib.io import (
@@ -74,7 +77,7 @@ from CalibSegLib.io import (
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 
-__all__ = ["BATCH_TABLE", "case_name", "predict_files", "folder_images", "folder_cases", "batch_row",
+__all__ = ["BATCH_TABLE", "case_name", "channel_files", "predict_files", "folder_images", "folder_cases", "batch_row",
            "predict_folder", "summary_lines", "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
@@ -97,18 +100,33 @@ def _shown(image_paths: Sequence[Path]) -> str:
     return image_paths[0].name if len(image_paths) == 1 else case_name(image_paths)
 
 
-def _read_case(predictor: Predictor, image_paths: Sequence[Path]) -> tuple[np.ndarray, Any]:
-    """The ``(z, y, x)`` or ``(K, z, y, x)`` image of one file per channel of ``predictor``'s bundle, and its grid.
+def _file_key(path: Path) -> Hashable:
+    """What makes two paths one file (a link, another spelling of the path): its device and inode."""
+    try:
+        status = path.stat()
+    except OSError:  # read_channels says why it cannot be read
+        return str(path.resolve())
+    return status.st_dev, status.st_ino
+
+
+def channel_files(predictor: Predictor, image_paths: Sequence[Path]) -> list[Path]:
+    """``image_paths`` in the order of ``predictor``'s channels: by their ``_0000`` ... suffixes when they all
+    carry one, else as given (:func:`CalibSegLib.channels.channel_order`).
 
     Raises:
-        ValueError: another number of files than the bundle has channels, or channels on different grids.
+        ValueError: a file given twice, another number of files than the bundle has channels, or suffixes that
+            do not name exactly the bundle's channels of one case.
     """
-    expected = predictor.metadata.in_channels
-    if len(image_paths) != expected:
-        names = ", ".join(predictor.metadata.channel_names or ["image"])
-        raise ValueError(f"The bundle takes {expected} channel(s) ({names}), one --image each in that order, but "
-                         f"{len(image_paths)} image(s) were given.")
-    return read_channels(list(image_paths))
+    channel_names = input_names(predictor.metadata)
+    repeat = first_repeat([_file_key(path) for path in image_paths])
+    if repeat is not None:
+        first, second = (image_paths[position] for position in repeat)
+        given = f"{first.name} is given twice" if first.name == second.name else \
+            f"{first.name} and {second.name} are the same file"
+        raise ValueError(f"{given}; give each of the model's {len(channel_names)} channels "
+                         f"({', '.join(channel_names)}) its own file.")
+    order = channel_order([image_stem(path) for path in image_paths], channel_names)
+    return [image_paths[position] for position in order]
 
 
 def predict_files(
@@ -126,13 +144,14 @@ def predict_files(
         ``{["metrics",] "summary", "labels", "confidence", "entropy"}`` → written paths.
 
     Raises:
-        ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
-            unreadable image/reference, another number of images than the bundle has channels, channels on
-            different grids, a reference not on the image's grid or with labels the
+        ValueError: image files that are not the bundle's channels (:func:`channel_files`), ``out_dir``
+            cannot take the outputs (both checked before any image is read), an unreadable image/reference,
+            channels on different grids, a reference not on the image's grid or with labels the
             model does not have, an image the predictor refuses, or non-finite probabilities.
             Nothing is written then, and earlier outputs of the same case stay as they were.
     """
     paths = [Path(image_path)] if isinstance(image_path, (str, Path)) else [Path(path) for path in image_path]
+    paths = channel_files(predictor, paths)
     out_dir = Path(out_dir)
     stem = case_name(paths)
     names = (("metrics",) if reference_path is not None else ()) + ("summary",) + OUTPUT_MAPS
@@ -141,7 +160,7 @@ def predict_files(
         name: check_output_file(out_dir / f"{stem}_{name}{'.json' if name in JSON_OUTPUTS else '.nii.gz'}")
         for name in names
     }
-    image, geometry = _read_case(predictor, paths)
+    image, geometry = read_channels(paths)
     reference = None
     if reference_path is not None:
         reference, reference_geometry = read_image(reference_path)
@@ -187,11 +206,19 @@ def folder_cases(folder: str | Path) -> list[list[Path]]:
     together, channel 0 first; every other image a case of its own.
 
     Raises:
-        ValueError: the folder does not exist or holds no image.
+        ValueError: the folder does not exist or holds no image, or two images would be one case (the same name
+            in two formats, ``a.nii.gz`` beside ``a_0000.nii.gz``: :func:`CalibSegLib.channels.first_collision`),
+            which would merge them or write one's outputs over the other's.
     """
     images = folder_images(folder)
-    return [[images[channels[index]] for index in sorted(channels)]
-            for _, channels in group_channels([image_stem(path) for path in images])]
+    stems = [image_stem(path) for path in images]
+    collision = first_collision(stems)
+    if collision is not None:
+        first, second = (images[position] for position in collision)
+        raise ValueError(f"{first.name} and {second.name} in {Path(folder)} would both be case "
+                         f"'{case_name([first])}'; rename or move one of them, so that each case gets its own "
+                         "outputs.")
+    return [[images[channels[index]] for index in sorted(channels)] for _, channels in group_channels(stems)]
 
 
 def batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -216,9 +243,13 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
         The table's rows and its path.
 
     Raises:
-        ValueError: no image in ``image_dir``, or ``out_dir`` cannot take the outputs (before any inference).
+        ValueError: no image in ``image_dir``, images that would be one case (:func:`folder_cases`), or
+            ``out_dir`` is ``image_dir`` or cannot take the outputs (before any inference).
     """
     cases = folder_cases(image_dir)
+    if Path(out_dir).resolve() == Path(image_dir).resolve():
+        raise ValueError(f"The output folder is the image folder {image_dir}: the outputs (<case>_labels.nii.gz, "
+                         "...) would be read as cases by the next run; choose another --out-dir.")
     out_dir = check_output_folder(out_dir)
     table = check_output_file(Path(out_dir) / BATCH_TABLE)
     rows = []
@@ -324,8 +355,9 @@ def _parser() -> argparse.ArgumentParser:
                              + (", ".join(pretrained_models()) or "none shipped"))
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", type=Path, action="append",
-                        help="3D image (NIfTI, NRRD, MHA); for a bundle of several channels one --image per channel, "
-                             "in the bundle's order")
+                        help="3D image (NIfTI, NRRD, MHA); for a bundle of several channels one --image per "
+                             "channel: <case>_0000, <case>_0001, ... in any order, or files without these "
+                             "suffixes in the bundle's order")
     source.add_argument("--image-dir", type=Path, help=f"a folder of 3D images: each one a case (<case>_0000 ... "
                                                       f"_000K files one case of several channels), and {BATCH_TABLE}")
     parser.add_argument("--out-dir", required=True, type=Path, help="folder for the output images")
@@ -361,7 +393,7 @@ def _predict_folder(arguments: argparse.Namespace) -> int:
     """``--image-dir``: every image a case; 0 when all were segmented, 2 when any failed (said on stderr)."""
     if arguments.reference is not None:
         raise ValueError("--reference names one case's reference; use it with --image, not --image-dir.")
-    folder_images(arguments.image_dir)
+    folder_cases(arguments.image_dir)  # a folder whose cases collide is refused before the bundle loads
     check_output_folder(arguments.out_dir)
     predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
                           batch_size=arguments.batch_size)

@@ -258,14 +258,14 @@ def test_predict_refuses_a_wrong_image_count_and_other_grids(mr_run, mr_folder, 
     arguments = ["--bundle", bundle, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
     assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), [])]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and error.startswith("error: The bundle takes 4 channel(s) (T1, T1ce, T2, FLAIR), "
-                                                       "one --image each in that order, but 3 image(s) were given.")
+    assert error.count("\n") == 1 and error.startswith("error: The model reads 4 channel(s) (T1, T1ce, T2, FLAIR), "
+                                                       "one file each, but 3 file(s) were given.")
     image, geometry = read_image(images[3])
-    write_image(tmp_path / "shifted_0003.nii.gz", image, replace(geometry, origin=(5.0, 0.0, 0.0)))
+    write_image(tmp_path / "mr_001_0003.nii.gz", image, replace(geometry, origin=(5.0, 0.0, 0.0)))
     assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), []),
-                         "--image", str(tmp_path / "shifted_0003.nii.gz")]) == 2
+                         "--image", str(tmp_path / "mr_001_0003.nii.gz")]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "shifted_0003.nii.gz is not on mr_001_0000.nii.gz's grid" in error
+    assert error.count("\n") == 1 and "mr_001_0003.nii.gz is not on mr_001_0000.nii.gz's grid" in error
     assert not (tmp_path / "out").exists()
 
 

@@ -27,12 +27,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from CalibSegLib.preprocessing import ChannelNormalization, as_channels
+from CalibSegLib.preprocessing import (ChannelNormalization, as_channels, in_plane_spacing, network_grid_shape,
+                                       volume_grid_shape)
 from Datasets.cases import ACDC_DATASET, SAMPLE_DATASET, Case, DataError
 
 __all__ = ["PATCH_MULTIPLE", "VOXEL_BUDGET_3D", "CT_CHANNEL", "IMAGE_SCHEMES", "ChannelStatistics", "Plan",
            "foreground_statistics", "default_scheme", "channel_normalization", "patch_2d", "patch_3d",
-           "make_plan"]
+           "largest_extent", "make_plan"]
 
 # Crops are halved four times by the default UNet (strides 2, 2, 2, 2): each side a multiple of 16.
 PATCH_MULTIPLE = 16
@@ -157,6 +158,26 @@ def patch_3d(median_shape: Sequence[int], spacing: Sequence[float], voxel_budget
         longest = max(shrinkable, key=lambda axis: patch[axis] * spacing[axis])
         patch[longest] -= PATCH_MULTIPLE
     return tuple(patch)
+
+
+def largest_extent(cases: Sequence[Case], target_spacing: Sequence[float]) -> tuple[int, ...]:
+    """The largest extent, per axis, of any case once resampled to ``target_spacing``: ``(y, x)`` voxels of a slice
+    for a 2D one, ``(z, y, x)`` of the volume for a 3D one (what crops are cut from; shapes only, no resampling).
+
+    Raises:
+        DataError: a case whose spacing puts it outside the model's grid limits (its id and the reason).
+    """
+    extents = []
+    for case in cases:
+        try:
+            if len(target_spacing) == 3:
+                extents.append(volume_grid_shape(case.label.shape, case.spacing, target_spacing))
+            else:
+                extents.append(network_grid_shape(case.label.shape[1:], in_plane_spacing(case.spacing),
+                                                  target_spacing))
+        except ValueError as error:
+            raise DataError(f"{case.case_id}: {error}") from None
+    return tuple(int(value) for value in np.max(extents, axis=0))
 
 
 def make_plan(cases: Sequence[Case], channel_names: Sequence[str], preferred_patch_2d: int = 128,

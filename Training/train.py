@@ -34,10 +34,13 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from torch import nn
 
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.device import resolve_device
@@ -45,8 +48,8 @@ from CalibSegLib.io import check_output_folder, os_error_sentence, write_json_at
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta, input_size_problem
 from Datasets.cases import (ACDC_CLASS_NAMES, ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
-                           DatasetDescription, dataset_name, default_classes, find_cases, load_cases,
-                           read_dataset_description)
+                           DatasetDescription, dataset_name, default_classes, find_cases, ignored_images,
+                           load_cases, read_dataset_description)
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json, split_reference)
 from Datasets.splits.folds import FOLDS, FOLDS_NAME, default_folds_for, fold_split, folds_json, load_folds, make_folds
@@ -55,7 +58,8 @@ from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
 from Training.choices import TEMPERATURE_FITS
-from Training.plan import IMAGE_SCHEMES, Plan, channel_normalization, default_scheme, make_plan
+from Training.plan import (IMAGE_SCHEMES, PATCH_MULTIPLE, Plan, channel_normalization, default_scheme,
+                           largest_extent, make_plan)
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
 from Training.run_lock import run_folder_lock
@@ -64,6 +68,9 @@ from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer, spacing_text
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
 
 DEFAULT_DATA = SAMPLE_DATA
+# The plan's patch is grown at most this many times (by PATCH_MULTIPLE along its smallest axis) to one the network
+# segments: the default UNet needs 32 voxels a side, and a 3D plan of thin volumes may start at 16.
+_PATCH_GROWTH_STEPS = 8
 # How the start of a run names each channel's scheme (CalibSegLib.preprocessing.CHANNEL_SCHEMES).
 _SCHEME_TEXT = {"percentile": "per image [min, 99th percentile] → [0, 1]",
                 "zscore": "per image z-score, not clipped",
@@ -355,8 +362,10 @@ def channel_names(files: Sequence[CaseFile], description: DatasetDescription | N
 
 
 def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], split_file: Path,
-                    split: dict[str, list[str]], cases: dict[str, list[Case]]) -> list[str]:
-    """What the run reads and where it writes, printed before the first epoch."""
+                    split: dict[str, list[str]], cases: dict[str, list[Case]], ignored: Sequence[Path] = ()
+                    ) -> list[str]:
+    """What the run reads (and the images ``dataset.json``'s ``file_ending`` leaves out, ``ignored``) and where it
+    writes, printed before the first epoch."""
     counts = ", ".join(f"{len(split[side])} {label}" for side, label in zip(SIDES, ("training", "validation", "test")))
     unused = len({file.patient_id for file in files} - {patient for side in SIDES for patient in split[side]})
     if unused:
@@ -364,7 +373,10 @@ def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], spli
     volumes = ", ".join(str(len(cases[side])) for side in SIDES)
     frames = " (ACDC has an end-diastole and an end-systole volume per patient)" \
         if dataset in (ACDC_DATASET, SAMPLE_DATASET) else ""
+    leftover = ([f"data: ignored, as dataset.json's file_ending says: {', '.join(path.name for path in ignored[:5])}"
+                 + (f" and {len(ignored) - 5} more" if len(ignored) > 5 else "")] if ignored else [])
     return [f"data: {dataset}, split {split_reference(split_file)}: {counts} patients = {volumes} volumes{frames}",
+            *leftover,
             f"run folder {run_dir}: {CHECKPOINT_NAME} (every epoch; --resume continues it), {HISTORY_NAME} "
             f"(per-epoch losses and validation metrics), tensorboard/ (tensorboard --logdir {run_dir / 'tensorboard'}), "
             f"at the end {BUNDLE_NAME}, {RUN_SUMMARY_NAME} and {EVALUATION_DIR}/"]
@@ -389,10 +401,10 @@ def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace, d
                                          for channel, item in zip(plan.channels, schemes)), flush=True)
 
 
-def _check_model(config: TrainConfig) -> None:
-    """Build the configured network (on torch's meta device: no memory) and loss, pass a batch of
-    crops through it (shapes only), and resolve the device, so that a bad --network-arg,
-    --patch-size, --loss-arg or --device stops the run before its folder exists."""
+def _check_model(config: TrainConfig, arguments: argparse.Namespace, train_cases: Sequence[Case]) -> None:
+    """Build the configured network (on torch's meta device: no memory) and loss, check the patch against it and
+    the training data (:func:`_check_patch`), and resolve the device, so that a bad --network-arg, --patch-size,
+    --loss-arg or --device stops the run before its folder exists."""
     try:
         model = build_network_on_meta(config.network, config.in_channels, config.num_classes, config.spatial_dims,
                                       **config.network_kwargs)
@@ -401,20 +413,77 @@ def _check_model(config: TrainConfig) -> None:
             f"--network {config.network} cannot be built with --network-arg {config.network_kwargs} "
             f"({error.reason})."
         ) from None
-    # The crop is also the inference window, so one check covers training and validation.
-    problem = input_size_problem(model, config.in_channels, config.patch_size, batch=config.batch_size)
-    if problem:
-        raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
-                        f"{config.network}: {problem}.")
+    _check_patch(model, config, arguments.patch_size is not None, largest_extent(train_cases, config.target_spacing))
     build_loss(config.method, config.num_classes, **config.loss_args)  # unknown hyper-parameter: KeyError
     resolve_device(config.device)
+
+
+def _check_patch(model: nn.Module, config: TrainConfig, given: bool, largest: tuple[int, ...]) -> None:
+    """The crop (also the inference window, so one check covers training and validation) must be one the network
+    segments and not larger than every training item (``largest``: per axis, voxels at the target spacing).
+
+    A patch the user ``given`` is refused in terms of --patch-size; the plan's is first grown, the smallest axis by
+    :data:`~Training.plan.PATCH_MULTIPLE` at a time, to the smallest the network takes (printed), and where even
+    that exceeds the data the refusal is in terms of the plan and the data, never of a flag not given."""
+    size = "×".join(map(str, config.patch_size))
+    items = "slice" if config.spatial_dims == 2 else "volume"
+    extent = f"largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm"
+    problem = input_size_problem(model, config.in_channels, config.patch_size, batch=config.batch_size)
+    if given:
+        if problem:
+            raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
+                            f"{config.network}: {problem}.")
+        if all(patch > side for patch, side in zip(config.patch_size, largest)):
+            raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} is larger than every training "
+                            f"{items} ({extent}); choose a smaller --patch-size.")
+        return
+    patch = list(config.patch_size)
+    for _ in range(_PATCH_GROWTH_STEPS):
+        if input_size_problem(model, config.in_channels, patch, batch=config.batch_size) is None:
+            break
+        smallest = min(range(len(patch)), key=lambda axis: patch[axis])
+        patch[smallest] += PATCH_MULTIPLE
+    else:
+        raise DataError(f"--network {config.network} cannot segment the plan's {size}-voxel patch nor any within "
+                        f"{_PATCH_GROWTH_STEPS} steps of {PATCH_MULTIPLE} voxels ({problem}); choose a network "
+                        "with fewer down-sampling steps (--network-arg strides=...) or give --patch-size.")
+    if all(side > extent_side for side, extent_side in zip(patch, largest)):
+        raise DataError(f"The training {items}s are too small for --network {config.network}: the smallest patch "
+                        f"it segments from the plan's {size} is {'×'.join(map(str, patch))} voxels, larger than "
+                        f"every training {items} ({extent}); choose a network with fewer down-sampling steps "
+                        "(--network-arg strides=...) or a finer --target-spacing.")
+    if tuple(patch) != tuple(config.patch_size):
+        print(f"plan: patch {size} grown to {'×'.join(map(str, patch))} voxels, the smallest --network "
+              f"{config.network} segments", flush=True)
+        config.patch_size = tuple(patch)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, outermost first: what making it creates."""
+    missing = []
+    while not folder.exists() and folder.parent != folder:
+        missing.insert(0, folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_new_entries(folder: Path, before: set[str]) -> None:
+    """Remove what appeared in ``folder`` since its entries were ``before`` (a refused or interrupted fresh run's
+    split file, TensorBoard folder, history)."""
+    for name in set(os.listdir(folder)) - before:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def run(arguments: argparse.Namespace) -> Path | None:
     """Train (or resume), evaluate, and return the bundle path (None in torchrun's other processes).
 
     Everything that can be wrong with the flags, the output folder and the data is checked
-    before the run folder is created, so a refused run leaves nothing behind.
+    before the run folder is created, so a refused run leaves nothing behind; a fresh run that fails or is
+    interrupted (Ctrl-C) before its first checkpoint removes what it made, folders included.
     """
     description = read_dataset_description(arguments.data)
     class_names = description.class_names if description is not None else None
@@ -431,36 +500,55 @@ def run(arguments: argparse.Namespace) -> Path | None:
                      seed=config.seed)
     dataset = dataset_name(arguments.data, files)
     apply_plan(config, plan, arguments, dataset)
-    _check_model(config)
+    _check_model(config, arguments, cases["train"])
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(choice.file), **choice.split}
     if arguments.fold is not None:
         data_description["fold"] = arguments.fold
-    print("\n".join(_describe_start(run_dir, dataset, files, choice.file, choice.split, cases)), flush=True)
+    print("\n".join(_describe_start(run_dir, dataset, files, choice.file, choice.split, cases,
+                                    ignored_images(arguments.data))), flush=True)
+    made = _missing_folders(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     processes = Processes.from_environment()
-    if choice.new is not None and processes.is_main:  # the run can be repeated from it
-        write_json_atomic(choice.file, choice.new)
-        print(choice.announcement, flush=True)
     try:
         # The main process holds the run folder; under torchrun the others train beside it, writing nothing.
         with run_folder_lock(run_dir) if processes.is_main else contextlib.nullcontext():
-            start_processes(processes, resolve_device(config.device))
+            before = set(os.listdir(run_dir))
             try:
-                return _train_and_evaluate(arguments, config, run_dir, cases, data_description, processes)
-            finally:
-                stop_processes(processes)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(_interrupted_text(checkpoint)) from None
+                if choice.new is not None and processes.is_main:  # the run can be repeated from it
+                    write_json_atomic(choice.file, choice.new)
+                    print(choice.announcement, flush=True)
+                start_processes(processes, resolve_device(config.device))
+                try:
+                    return _train_and_evaluate(arguments, config, run_dir, cases, data_description, processes)
+                finally:
+                    stop_processes(processes)
+            except BaseException:
+                if processes.is_main and not arguments.resume and not checkpoint.exists():
+                    # Nothing to resume from: the run leaves nothing, as a refused one does (the lock is held, so
+                    # no other run is adding to the folder meanwhile).
+                    if choice.new is not None:
+                        choice.file.unlink(missing_ok=True)
+                    _remove_new_entries(run_dir, before)
+                raise
+    except BaseException as error:
+        for folder in reversed(made):  # the folders it made, now empty unless it trained (rmdir keeps the others)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(error, KeyboardInterrupt):
+            raise KeyboardInterrupt(_interrupted_text(checkpoint, run_dir.exists())) from None
+        raise
 
 
-def _interrupted_text(checkpoint: Path) -> str:
-    """What a Ctrl-C during training leaves: the last checkpoint to resume from, or none yet."""
+def _interrupted_text(checkpoint: Path, folder_kept: bool) -> str:
+    """What a Ctrl-C during training leaves: the last checkpoint to resume from, or nothing (``folder_kept``: the
+    run folder existed before the run, or holds other files)."""
     if checkpoint.exists():
         return f"interrupted: the last completed epoch's checkpoint {checkpoint} is kept; continue with --resume."
-    return (f"interrupted before the first epoch ended, so no checkpoint was written in {checkpoint.parent}; "
-            "start the run again.")
+    kept = "kept as it was" if folder_kept else "removed"
+    return (f"interrupted before the first epoch ended: no checkpoint was written, and the run folder "
+            f"{checkpoint.parent} is {kept}; start the run again.")
 
 
 def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_dir: Path,

@@ -200,14 +200,6 @@ class Trainer:
         unit_range = all(item.scheme == "percentile" for item in config.channel_normalization or [])
         self.sampler = CropSampler(train_volumes, config.num_classes, _cache_device(self.device, train_volumes),
                                    unit_range)
-        largest = self.sampler.largest_slice
-        if all(patch > size for patch, size in zip(config.patch_size, largest)):
-            item = "slice" if config.spatial_dims == 2 else "volume"
-            raise DataError(
-                f"The crop size {'×'.join(map(str, config.patch_size))} is larger than every training {item} "
-                f"(largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm); choose a "
-                "smaller --patch-size."
-            )
         self.model = build_network(config.network, config.in_channels, config.num_classes, config.spatial_dims,
                                    **config.network_kwargs).to(self.device)
         self.training_model = _compiled(_data_parallel(self.model, processes, self.device), config.compile)
