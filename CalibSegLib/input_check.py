@@ -396,8 +396,8 @@ def _impossible_hounsfield(image: np.ndarray | Sequence[np.ndarray], preprocessi
         low, high = float(channel.min()), float(channel.max())
         if scheme.scheme == "ct" and (low < HOUNSFIELD_RANGE[0] or high > HOUNSFIELD_RANGE[1]):
             reasons.append(f"Its {name} channel holds values from {low:.4g} to {high:.4g} HU, beyond any CT "
-                           f"({HOUNSFIELD_RANGE[0]:.0f} to {HOUNSFIELD_RANGE[1]:.0f} HU): a wrong rescale slope or "
-                           "intercept, or not a CT?")
+                           f"({HOUNSFIELD_RANGE[0]:.0f} to {HOUNSFIELD_RANGE[1]:.0f} HU): its rescale slope or "
+                           "intercept is wrong, or it is not a CT.")
     return reasons
 
 

@@ -250,7 +250,11 @@ def _find_decathlon(folder: Path) -> list[CaseFile]:
     images = folder / "imagesTr"
     description = read_dataset_description(folder)
     ending = description.file_ending if description is not None else None
-    counted, _ = _image_files(images, ending)
+    counted, ignored = _image_files(images, ending)
+    if ignored and not counted:
+        raise DataError(f"{images} holds no image ending in {ending}, the file_ending of its dataset.json, but "
+                        f"{len(ignored)} of another format (first: {ignored[0].name}); correct file_ending or "
+                        "convert the images.")
     channels: dict[str, dict[int | None, list[Path]]] = {}
     for image_path in counted:
         case, channel = case_and_channel(_strip_extension(image_path.name))
