@@ -228,18 +228,19 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             layout.addRow(f"{name}:", selector)
             self._channelSelectors.append(selector)
             channel = len(self._channelSelectors)
-            selector.connect("currentNodeChanged(vtkMRMLNode*)", lambda node, channel=channel: self._onChannelChosen(
-                channel))
+            selector.connect("currentNodeChanged(vtkMRMLNode*)",
+                             lambda node, channel=channel: self._onChannelChosen(channel))
         self.ui.channelsWidget.visible = bool(self._channelSelectors)
 
     def _onChannelChosen(self, channel: int) -> None:
-        """A volume picked for ``channel`` (0: the input selector) that another channel already has is refused:
-        the selector goes back to none and a message says why (:func:`CalibSegRunner.channel_choice_problem`)."""
+        """A volume picked for ``channel`` (0: the input selector) that another channel already has is
+        refused: the selector goes back to none and a message says why
+        (:func:`CalibSegRunner.channel_choice_problem`)."""
         selectors = [self.ui.inputVolumeSelector, *self._channelSelectors]
         if len(selectors) < 2:
             return
-        problem = channel_choice_problem([selector.currentNode() for selector in selectors], self._channelNames,
-                                         changed=channel)
+        chosen = [selector.currentNode() for selector in selectors]
+        problem = channel_choice_problem(chosen, self._channelNames, changed=channel)
         if problem:
             selectors[channel].setCurrentNode(None)
             slicer.util.errorDisplay(problem, windowTitle="CalibSeg")

@@ -230,8 +230,9 @@ class Predictor:
             names = ", ".join(input_names(self.metadata))
             raise ValueError(f"The bundle takes {expected} channel(s) ({names}) but the image has {len(channels)}; "
                              f"give one {'(z, y, x) volume' if expected == 1 else f'({expected}, z, y, x) array'}.")
-        for name, channel in zip(input_names(self.metadata), channels):  # of several channels, a sentence names the one at fault
-            check_volume(channel, spacing, slice_axis=slice_axis, what=f"{name} channel" if expected > 1 else "image")
+        for name, channel in zip(input_names(self.metadata), channels):  # of several, name the one at fault
+            what = f"{name} channel" if expected > 1 else "image"
+            check_volume(channel, spacing, slice_axis=slice_axis, what=what)
         return channels
 
     def predict_variants(

@@ -49,8 +49,8 @@ if TYPE_CHECKING:
 
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
            "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases",
-           "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED", "OUTDATED",
-           "HOUNSFIELD_RANGE"]
+           "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED",
+           "OUTDATED", "HOUNSFIELD_RANGE"]
 
 # 2: a CT channel scaled over its training window (check_intensities). Version 1 scaled every channel per image,
 # which is the same thing for a bundle without a CT channel (every ACDC bundle), and not otherwise.
@@ -395,9 +395,10 @@ def _impossible_hounsfield(image: np.ndarray | Sequence[np.ndarray], preprocessi
     for name, channel, scheme in zip(names, channels, schemes):
         low, high = float(channel.min()), float(channel.max())
         if scheme.scheme == "ct" and (low < HOUNSFIELD_RANGE[0] or high > HOUNSFIELD_RANGE[1]):
+            lowest, highest = HOUNSFIELD_RANGE
             reasons.append(f"Its {name} channel holds values from {low:.4g} to {high:.4g} HU, beyond any CT "
-                           f"({HOUNSFIELD_RANGE[0]:.0f} to {HOUNSFIELD_RANGE[1]:.0f} HU): its rescale slope or "
-                           "intercept is wrong, or it is not a CT.")
+                           f"({lowest:.0f} to {highest:.0f} HU): its rescale slope or intercept is wrong, or "
+                           "it is not a CT.")
     return reasons
 
 

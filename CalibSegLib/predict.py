@@ -10,9 +10,9 @@
 
 A bundle of several channels takes one ``--image`` per channel, all on one grid: files named with nnU-Net's
 channel suffixes (``a_0000.nii.gz``, ``a_0001.nii.gz``, ...) are matched to its ``channel_names`` by suffix,
-whatever the order given, others are read in the order given (:func:`CalibSegLib.channels.channel_order`); a file
-given twice, or suffixes that are not exactly the bundle's channels of one case, are refused. ``<stem>`` is then
-the case's name (``a``), as it is for one file with a channel suffix.
+whatever the order given, others are read in the order given (:func:`CalibSegLib.channels.channel_order`); a
+file given twice, or suffixes that are not exactly the bundle's channels of one case, are refused. ``<stem>``
+is then the case's name (``a``), as it is for one file with a channel suffix.
 
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
@@ -77,7 +77,8 @@ from CalibSegLib.io import (
 from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 
-__all__ = ["BATCH_TABLE", "case_name", "channel_files", "predict_files", "folder_images", "folder_cases", "batch_row",
+__all__ = ["BATCH_TABLE", "case_name", "channel_files", "predict_files", "folder_images", "folder_cases",
+           "batch_row",
            "predict_folder", "summary_lines", "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
@@ -206,9 +207,10 @@ def folder_cases(folder: str | Path) -> list[list[Path]]:
     together, channel 0 first; every other image a case of its own.
 
     Raises:
-        ValueError: the folder does not exist or holds no image, or two images would be one case (the same name
-            in two formats, ``a.nii.gz`` beside ``a_0000.nii.gz``: :func:`CalibSegLib.channels.first_collision`),
-            which would merge them or write one's outputs over the other's.
+        ValueError: the folder does not exist or holds no image, or two images would be one case (the same
+            name in two formats, ``a.nii.gz`` beside ``a_0000.nii.gz``:
+            :func:`CalibSegLib.channels.first_collision`), which would merge them or write one's outputs over
+            the other's.
     """
     images = folder_images(folder)
     stems = [image_stem(path) for path in images]
@@ -216,8 +218,8 @@ def folder_cases(folder: str | Path) -> list[list[Path]]:
     if collision is not None:
         first, second = (images[position] for position in collision)
         raise ValueError(f"{first.name} and {second.name} in {Path(folder)} would both be case "
-                         f"'{case_name([first])}'; rename or move one of them, so that each case gets its own "
-                         "outputs.")
+                         f"'{case_name([first])}'; rename or move one of them, so that each case gets its "
+                         "own outputs.")
     return [[images[channels[index]] for index in sorted(channels)] for _, channels in group_channels(stems)]
 
 
@@ -248,8 +250,9 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
     """
     cases = folder_cases(image_dir)
     if Path(out_dir).resolve() == Path(image_dir).resolve():
-        raise ValueError(f"The output folder is the image folder {image_dir}: the outputs (<case>_labels.nii.gz, "
-                         "...) would be read as cases by the next run; choose another --out-dir.")
+        raise ValueError(f"The output folder is the image folder {image_dir}: the outputs "
+                         "(<case>_labels.nii.gz, ...) would be read as cases by the next run; choose another "
+                         "--out-dir.")
     out_dir = check_output_folder(out_dir)
     table = check_output_file(Path(out_dir) / BATCH_TABLE)
     rows = []

@@ -215,8 +215,9 @@ def check_volume(
         in_plane = np.delete(values, slice_axis)
         if not (np.isfinite(in_plane).all() and (in_plane > 0).all()):
             raise ValueError(
-                f"The {what}'s in-plane spacing {tuple(float(value) for value in in_plane)} mm is missing, zero "
-                "or not finite; the model resamples slices by it, so set the image's real voxel size first."
+                f"The {what}'s in-plane spacing {tuple(float(value) for value in in_plane)} mm is missing, "
+                "zero or not finite; the model resamples slices by it, so set the image's real voxel size "
+                "first."
             )
 
 

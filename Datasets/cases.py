@@ -178,8 +178,8 @@ def _find_pairs(folder: Path) -> list[CaseFile]:
 
 
 def _image_files(folder: Path, ending: str | None) -> tuple[list[Path], list[Path]]:
-    """The image files of ``folder`` (hidden files and other files left out), sorted: those that count and those
-    ``ending`` (``dataset.json``'s ``file_ending``; None: every image format counts) leaves out."""
+    """The image files of ``folder`` (hidden files and other files left out), sorted: those that count and
+    those ``ending`` (``dataset.json``'s ``file_ending``; None: every image format counts) leaves out."""
     images = [path for path in sorted(folder.iterdir())
               if not path.name.startswith(".") and _strip_extension(path.name) is not None]
     if ending is None:
@@ -189,8 +189,9 @@ def _image_files(folder: Path, ending: str | None) -> tuple[list[Path], list[Pat
 
 
 def ignored_images(folder: str | Path) -> list[Path]:
-    """The images of a Decathlon / nnU-Net folder's ``imagesTr`` that its ``dataset.json``'s ``file_ending`` leaves
-    out (``a_0000.nrrd`` beside ``a_0000.nii.gz`` when it says ``.nii.gz``): training names them as ignored."""
+    """The images of a Decathlon / nnU-Net folder's ``imagesTr`` that its ``dataset.json``'s ``file_ending``
+    leaves out (``a_0000.nrrd`` beside ``a_0000.nii.gz`` when it says ``.nii.gz``): training names them as
+    ignored."""
     folder = Path(folder)
     if not (folder / "imagesTr").is_dir():
         return []
@@ -211,57 +212,62 @@ def _dimension(path: Path) -> int:
     return reader.GetDimension()
 
 
-def _one_file_per_channel(images: Path, case: str, paths: dict[int | None, list[Path]], count: int) -> list[Path]:
-    """Case ``case``'s file per channel, channel 0 first, from its files by channel suffix (None: no suffix, the
-    one file of a one-channel dataset); DataError naming what is wrong otherwise."""
+def _one_file_per_channel(images: Path, case: str, paths: dict[int | None, list[Path]],
+                          count: int) -> list[Path]:
+    """Case ``case``'s file per channel, channel 0 first, from its files by channel suffix (None: no suffix,
+    the one file of a one-channel dataset); DataError naming what is wrong otherwise."""
     for channel, files in paths.items():
         if len(files) > 1:
             named = ", ".join(path.name for path in files)
-            raise DataError(f"Case {case} has {len(files)} files for channel {channel or 0} in {images} ({named}); "
-                            "remove all but one, or give dataset.json a \"file_ending\" that chooses one.")
+            raise DataError(f"Case {case} has {len(files)} files for channel {channel or 0} in {images} "
+                            f"({named}); remove all but one, or give dataset.json a \"file_ending\" that "
+                            "chooses one.")
+    last = f"{case}_{count - 1:04d}"
     if None in paths:
         bare = paths[None][0]
         suffixed = [path.name for channel, files in paths.items() if channel is not None for path in files]
         if suffixed:
             raise DataError(f"Case {case} in {images} has {bare.name}, without a channel suffix, beside "
-                            f"{', '.join(suffixed)}; remove one of them, or name every file of the case with its "
-                            "channel suffix.")
+                            f"{', '.join(suffixed)}; remove one of them, or name every file of the case with "
+                            "its channel suffix.")
         if count > 1 and _dimension(bare) == 4:
-            raise DataError(f"{bare.name} in {images} holds its channels in one 4D image (the Medical Segmentation "
-                            f"Decathlon's original layout); CalibSeg reads one 3D file per channel: split it into "
-                            f"{case}_0000 ... {case}_{count - 1:04d} (nnUNetv2_convert_MSD_dataset does this for a "
-                            "whole folder).")
+            raise DataError(f"{bare.name} in {images} holds its channels in one 4D image (the Medical "
+                            "Segmentation Decathlon's original layout); CalibSeg reads one 3D file per "
+                            f"channel: split it into {case}_0000 ... {last} (nnUNetv2_convert_MSD_dataset "
+                            "does this for a whole folder).")
         if count > 1:
-            raise DataError(f"Case {case} in {images} has one file without a channel suffix ({bare.name}) but the "
-                            f"dataset has {count} channels; name its files {case}_0000 ... {case}_{count - 1:04d}, "
+            raise DataError(f"Case {case} in {images} has one file without a channel suffix ({bare.name}) "
+                            f"but the dataset has {count} channels; name its files {case}_0000 ... {last}, "
                             "one per channel.")
     channels = {channel or 0: files[0] for channel, files in paths.items()}
     if sorted(channels) != list(range(count)):
         present = ", ".join(f"_{index:04d}" for index in sorted(channels))
-        raise DataError(f"Case {case} in {images} has the channel file(s) {present} but the dataset has {count} "
-                        f"channel(s) (_0000 to _{count - 1:04d}); every case needs one file per channel.")
+        raise DataError(f"Case {case} in {images} has the channel file(s) {present} but the dataset has "
+                        f"{count} channel(s) (_0000 to _{count - 1:04d}); every case needs one file per "
+                        "channel.")
     return [channels[index] for index in range(count)]
 
 
 def _find_decathlon(folder: Path) -> list[CaseFile]:
     """The cases of ``imagesTr``: files grouped by case into channels ``_0000`` ... ``_000K``, each case holding
     exactly one file for every channel the dataset has (``dataset.json``'s count, else the most any case has),
-    only files ending in its ``file_ending`` counting when it gives one, as many cases as its ``numTraining``."""
+    only files ending in its ``file_ending`` counting when it gives one, as many cases as its
+    ``numTraining``."""
     images = folder / "imagesTr"
     description = read_dataset_description(folder)
     ending = description.file_ending if description is not None else None
     counted, ignored = _image_files(images, ending)
     if ignored and not counted:
-        raise DataError(f"{images} holds no image ending in {ending}, the file_ending of its dataset.json, but "
-                        f"{len(ignored)} of another format (first: {ignored[0].name}); correct file_ending or "
-                        "convert the images.")
+        raise DataError(f"{images} holds no image ending in {ending}, the file_ending of its dataset.json, "
+                        f"but {len(ignored)} of another format (first: {ignored[0].name}); correct "
+                        "file_ending or convert the images.")
     channels: dict[str, dict[int | None, list[Path]]] = {}
     for image_path in counted:
         case, channel = case_and_channel(_strip_extension(image_path.name))
         channels.setdefault(case, {}).setdefault(channel, []).append(image_path)
     named = description.channel_names if description is not None else None
-    count = len(named) if named else max((max(channel or 0 for channel in found) + 1 for found in channels.values()),
-                                         default=1)
+    most = max((max(channel or 0 for channel in found) + 1 for found in channels.values()), default=1)
+    count = len(named) if named else most
     found = []
     for case, paths in channels.items():
         ordered = _one_file_per_channel(images, case, paths, count)
@@ -270,9 +276,9 @@ def _find_decathlon(folder: Path) -> list[CaseFile]:
                               tuple(ordered[1:])))
     expected = description.num_training if description is not None else None
     if expected is not None and found and expected != len(found):
+        which = f" ending in {ending}" if ending else ""
         raise DataError(f"{folder / DATASET_DESCRIPTION} says numTraining {expected} but {images} holds "
-                        f"{len(found)} case(s){f' ending in {ending}' if ending else ''}; restore the missing cases "
-                        "or correct numTraining.")
+                        f"{len(found)} case(s){which}; restore the missing cases or correct numTraining.")
     return found
 
 
@@ -369,8 +375,8 @@ def data_folder(data: dict, given: str | Path | None = None) -> Path:
 @dataclass(frozen=True)
 class DatasetDescription:
     """What a folder's ``dataset.json`` says: ``class_names`` (background, id 0, first), ``channel_names`` (channel
-    0 first; None when it names none), ``file_ending`` (None when not given), ``test_cases``, the case ids of its
-    ``test`` list (empty without one), and ``num_training``, its ``numTraining`` (None when not given)."""
+    0 first; None when it names none), ``file_ending`` (None when not given), ``test_cases``, the case ids of
+    its ``test`` list (empty without one), and ``num_training``, its ``numTraining`` (None when not given)."""
 
     class_names: list[str]
     channel_names: list[str] | None

@@ -258,8 +258,8 @@ def test_predict_refuses_a_wrong_image_count_and_other_grids(mr_run, mr_folder, 
     arguments = ["--bundle", bundle, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
     assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), [])]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and error.startswith("error: The model reads 4 channel(s) (T1, T1ce, T2, FLAIR), "
-                                                       "one file each, but 3 file(s) were given.")
+    assert error.count("\n") == 1 and error.startswith("error: The model reads 4 channel(s) (T1, T1ce, T2, "
+                                                       "FLAIR), one file each, but 3 file(s) were given.")
     image, geometry = read_image(images[3])
     write_image(tmp_path / "mr_001_0003.nii.gz", image, replace(geometry, origin=(5.0, 0.0, 0.0)))
     assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), []),

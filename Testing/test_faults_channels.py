@@ -1,7 +1,7 @@
 """Fault catalogue, channels, batches, dataset.json and 3D: a multi-channel model reads each channel from the
-input that holds it or refuses in one sentence, every input of a batch is its own case with its own outputs and
-row, training data are checked against their ``dataset.json``, and a refused or interrupted run leaves nothing
-behind (issue 49)."""
+input that holds it or refuses in one sentence, every input of a batch is its own case with its own outputs
+and row, training data are checked against their ``dataset.json``, and a refused or interrupted run leaves
+nothing behind (issue 49)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _volume(seed: int, shape=(4, 32, 28)) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
-    """A three-channel bundle (T1, T2, FLAIR), a one-channel bundle, and the channel files of cases a and b."""
+    """A three-channel bundle (T1, T2, FLAIR), a one-channel bundle, and the channel files of cases a, b."""
     folder = tmp_path_factory.mktemp("channels")
     make_test_bundle(folder / "three.calibseg", patch_size=(32, 32), in_channels=3, channel_names=CHANNELS)
     make_test_bundle(folder / "one.calibseg", patch_size=(32, 32))
@@ -49,25 +49,27 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def _predict(folder: Path, out: Path, *images: str, bundle: str = "three.calibseg") -> int:
-    return predict_main(["--bundle", str(folder / bundle), *sum((["--image", str(folder / name)] for name in images),
-                                                                 []), "--out-dir", str(out), "--device", "cpu"])
+    flags = [flag for name in images for flag in ("--image", str(folder / name))]
+    return predict_main(["--bundle", str(folder / bundle), *flags, "--out-dir", str(out), "--device", "cpu"])
 
 
 # --image files given for the three-channel bundle → the sentence; nothing is read, nothing written.
 BAD_IMAGES = {
     "the same file twice": (("a_0000.nii.gz", "a_0000.nii.gz", "a_0002.nii.gz"),
-                            r"a_0000\.nii\.gz is given twice; give each of the model's 3 channels \(T1, T2, FLAIR\)"),
+                            r"a_0000\.nii\.gz is given twice; give each of the model's 3 channels "
+                            r"\(T1, T2, FLAIR\)"),
     "a link to a file beside it": (("a_0000.nii.gz", "a_0001.nii.gz", "link_0001.nii.gz"),
                                    "a_0001.nii.gz and link_0001.nii.gz are the same file"),
     "channels of two cases": (("a_0000.nii.gz", "b_0001.nii.gz", "a_0002.nii.gz"),
                               r"belong to different cases \(a, b\) by their channel suffixes"),
     "a channel the bundle lacks": (("a_0000.nii.gz", "a_0001.nii.gz", "a_0003.nii.gz"),
-                                   r"Case a's files are the channels _0000, _0001, _0003, but the model reads "
-                                   r"a_0000 to a_0002 \(T1, T2, FLAIR\)"),
+                                   r"Case a's files are the channels _0000, _0001, _0003, but the model "
+                                   r"reads a_0000 to a_0002 \(T1, T2, FLAIR\)"),
     "a suffix on some files only": (("a_0000.nii.gz", "t2.nii.gz", "a_0002.nii.gz"),
                                     "'a_0000' carries a channel suffix but 't2' does not"),
     "two files for three channels": (("a_0000.nii.gz", "a_0001.nii.gz"),
-                                     r"reads 3 channel\(s\) \(T1, T2, FLAIR\), one file each, but 2 file\(s\)"),
+                                     r"reads 3 channel\(s\) \(T1, T2, FLAIR\), one file each, but 2 "
+                                     r"file\(s\)"),
     "four files for three channels": (("a_0000.nii.gz", "a_0001.nii.gz", "a_0002.nii.gz", "a_0003.nii.gz"),
                                       r"but 4 file\(s\) were given"),
 }
@@ -101,7 +103,8 @@ def test_a_constant_channel_is_named(inputs, tmp_path, capsys):
     write_image(tmp_path / "c_0002.nii.gz", _volume(4), GRID)
     shutil.copy(inputs / "three.calibseg", tmp_path / "three.calibseg")
     assert _predict(tmp_path, tmp_path / "out", "c_0000.nii.gz", "c_0001.nii.gz", "c_0002.nii.gz") == 2
-    assert_one_sentence(capsys.readouterr().err, r"^error: The T2 channel is constant \(every voxel is 7\.0\)")
+    assert_one_sentence(capsys.readouterr().err, r"^error: The T2 channel is constant \(every voxel is "
+                                                 r"7\.0\)")
     assert not (tmp_path / "out").exists()
 
 
@@ -120,11 +123,13 @@ def _folder(tmp_path: Path, inputs: Path, names: dict[str, str]) -> Path:
 BAD_FOLDERS = {
     "case.nii.gz and case.nrrd": ({"case.nii.gz": "t2.nii.gz", "case.nrrd": "a_0000.nii.gz"}, "one.calibseg",
                                   r"case\.nii\.gz and case\.nrrd in .* would both be case 'case'"),
-    "a.nii.gz beside a_0000.nii.gz": ({"a.nii.gz": "t2.nii.gz", "a_0000.nii.gz": "a_0000.nii.gz"}, "one.calibseg",
-                                      r"a\.nii\.gz and a_0000\.nii\.gz in .* would both be case 'a'"),
+    "a.nii.gz beside a_0000.nii.gz": ({"a.nii.gz": "t2.nii.gz", "a_0000.nii.gz": "a_0000.nii.gz"},
+                                      "one.calibseg", r"a\.nii\.gz and a_0000\.nii\.gz in .* would both be "
+                                                      r"case 'a'"),
     "a channel file in two formats": ({"a_0000.nii.gz": "a_0000.nii.gz", "a_0000.mha": "a_0000.nii.gz",
                                        "a_0001.nii.gz": "a_0001.nii.gz", "a_0002.nii.gz": "a_0002.nii.gz"},
-                                      "three.calibseg", r"a_0000\.mha and a_0000\.nii\.gz .* both be case 'a'"),
+                                      "three.calibseg",
+                                      r"a_0000\.mha and a_0000\.nii\.gz .* both be case 'a'"),
 }
 
 
@@ -133,7 +138,8 @@ def test_images_of_a_folder_that_would_be_one_case_are_refused_before_any_work(c
                                                                               monkeypatch):
     names, bundle, pattern = BAD_FOLDERS[case]
     folder = _folder(tmp_path, inputs, names)
-    monkeypatch.setattr("CalibSegLib.predict.Predictor", lambda *args, **kwargs: pytest.fail("the bundle loaded"))
+    monkeypatch.setattr("CalibSegLib.predict.Predictor",
+                        lambda *args, **kwargs: pytest.fail("the bundle loaded"))
     before = tree_snapshot(tmp_path)
     assert predict_main(["--bundle", str(inputs / bundle), "--image-dir", str(folder), "--out-dir",
                          str(tmp_path / "out")]) == 2
@@ -152,8 +158,8 @@ def test_the_image_folder_as_output_folder_is_refused(inputs, tmp_path, capsys):
 
 
 def test_every_case_of_a_folder_gets_one_row_and_its_own_outputs(inputs, tmp_path):
-    """A whole case given in shuffled file order, a case missing a channel, and an image without suffixes: three
-    rows, the whole case segmented, each other case's sentence in its row."""
+    """A whole case given in shuffled file order, a case missing a channel, and an image without suffixes:
+    three rows, the whole case segmented, each other case's sentence in its row."""
     folder = _folder(tmp_path, inputs, {"a_0002.nii.gz": "a_0002.nii.gz", "a_0000.nii.gz": "a_0000.nii.gz",
                                         "a_0001.nii.gz": "a_0001.nii.gz", "b_0000.nii.gz": "b_0000.nii.gz",
                                         "b_0001.nii.gz": "b_0001.nii.gz", "t2.nii.gz": "t2.nii.gz"})
@@ -164,8 +170,8 @@ def test_every_case_of_a_folder_gets_one_row_and_its_own_outputs(inputs, tmp_pat
     assert list(rows) == ["a", "b", "t2"] and rows["a"] == "ok"
     assert rows["b"].startswith("error: The model reads 3 channel(s) (T1, T2, FLAIR), one file each, but 2")
     assert rows["t2"].startswith("error: The model reads 3 channel(s)")
-    assert sorted(path.name for path in out.iterdir()) == ["a_confidence.nii.gz", "a_entropy.nii.gz",
-                                                           "a_labels.nii.gz", "a_summary.json", "predictions.csv"]
+    assert sorted(path.name for path in out.iterdir()) == [
+        "a_confidence.nii.gz", "a_entropy.nii.gz", "a_labels.nii.gz", "a_summary.json", "predictions.csv"]
 
 
 # ------------------------------------------------------------------------------------------- training data
@@ -243,18 +249,18 @@ BAD_TRAINING_DATA = {
                                   r"mr_000_0000\.nrrd\); remove all but one"),
     "numTraining larger than the cases": (_description(numTraining=7),
                                           r"says numTraining 7 but .* holds 5 case\(s\) ending in \.nii\.gz"),
-    "numTraining not a number": (_description(numTraining="five"), "numTraining must be the number of training"),
+    "numTraining not a number": (_description(numTraining="five"), "numTraining must be the number of"),
     "file_ending .png": (_description(file_ending=".png"), r"file_ending '\.png' is not an image format"),
-    "file_ending without its dot": (_description(file_ending="nii.gz"), "file_ending 'nii.gz' is not an image"),
+    "file_ending without its dot": (_description(file_ending="nii.gz"), "file_ending 'nii.gz' is not an"),
     "file_ending of no image": (_all_nrrd, r"holds no image ending in \.nii\.gz, the file_ending of its "
                                            r"dataset\.json, but 20 of another format"),
-    "4D images of the Decathlon": (_four_d, r"mr_000\.nii\.gz in .* holds its channels in one 4D image .* split "
-                                            r"it into mr_000_0000 \.\.\. mr_000_0003"),
+    "4D images of the Decathlon": (_four_d, r"mr_000\.nii\.gz in .* holds its channels in one 4D image .* "
+                                            r"split it into mr_000_0000 \.\.\. mr_000_0003"),
     "a file without suffix beside its channels": (_bare_beside_suffixed,
-                                                  r"Case mr_001 .* has mr_001\.nii\.gz, without a channel suffix, "
-                                                  r"beside mr_001_0000\.nii\.gz"),
-    "a case missing a channel": (_missing_channel, r"Case mr_003 .* has the channel file\(s\) _0000, _0001, _0003 "
-                                                   r"but the dataset has 4 channel\(s\)"),
+                                                  r"Case mr_001 .* has mr_001\.nii\.gz, without a channel "
+                                                  r"suffix, beside mr_001_0000\.nii\.gz"),
+    "a case missing a channel": (_missing_channel, r"Case mr_003 .* has the channel file\(s\) _0000, _0001, "
+                                                   r"_0003 but the dataset has 4 channel\(s\)"),
     "an image pair in two formats": (_pairs_in_two_formats,
                                      r"Case mr_000 has two images in .* \(mr_000_image\.nii\.gz, "
                                      r"mr_000_image\.nrrd\)"),
@@ -266,8 +272,8 @@ def _no_training(*args, **kwargs):
 
 
 @pytest.mark.parametrize("case", list(BAD_TRAINING_DATA))
-def test_training_data_unlike_their_dataset_json_are_refused_before_anything_is_written(case, phantom, tmp_path,
-                                                                                       monkeypatch):
+def test_training_data_unlike_their_dataset_json_are_refused_before_anything_is_written(
+        case, phantom, tmp_path, monkeypatch):
     change, pattern = BAD_TRAINING_DATA[case]
     data = shutil.copytree(phantom, tmp_path / "data")
     change(data)
@@ -315,11 +321,12 @@ def _tiny_3d_phantom(folder: Path) -> Path:
 # 3D runs on volumes too small for the network → the sentence; refused before the run folder (and split.json).
 BAD_3D_RUNS = {
     "the plan's patch no data can take": ([], r"The training volumes are too small for --network unet: the "
-                                              r"smallest patch it segments from the plan's 16×16×16 is 32×16×16 "
-                                              r"voxels, larger than every training volume \(largest 6×12×12 "
-                                              r"voxels at 1 mm\)"),
-    "--patch-size 32 on smaller volumes": (["--patch-size", "32"], r"--patch-size 32 32 32 is larger than every "
-                                                                   r"training volume \(largest 6×12×12"),
+                                              r"smallest patch it segments from the plan's 16×16×16 is "
+                                              r"32×16×16 voxels, larger than every training volume \(largest "
+                                              r"6×12×12 voxels at 1 mm\)"),
+    "--patch-size 32 on smaller volumes": (["--patch-size", "32"],
+                                           r"--patch-size 32 32 32 is larger than every training volume "
+                                           r"\(largest 6×12×12"),
     "--patch-size 16 on the same volumes": (["--patch-size", "16"], "cannot segment 16×16×16-voxel windows"),
 }
 
@@ -338,8 +345,8 @@ def test_a_3d_run_the_data_cannot_take_is_explained_and_leaves_no_folder(case, t
 
 
 class _Refused:
-    """A Trainer that refuses the data after the run folder and split.json exist (as one reading a volume whose
-    spacing is wrong would)."""
+    """A Trainer that refuses the data after the run folder and split.json exist (as one reading a volume
+    whose spacing is wrong would)."""
 
     def __init__(self, *args, **kwargs):
         from Datasets.cases import DataError
@@ -349,7 +356,8 @@ class _Refused:
 
 @pytest.mark.parametrize("out", ["new folder", "existing folder", "fold of a new cross-validation"])
 @pytest.mark.parametrize("trainer", [_Refused, _Interrupted], ids=["refused", "Ctrl-C"])
-def test_a_fresh_run_that_stops_before_its_first_epoch_leaves_nothing(out, trainer, phantom, tmp_path, monkeypatch):
+def test_a_fresh_run_that_stops_before_its_first_epoch_leaves_nothing(out, trainer, phantom, tmp_path,
+                                                                      monkeypatch):
     """No run folder, no split.json or folds.json, no cross-validation folder after a refusal or Ctrl-C before
     the first checkpoint; an existing --out folder is kept as it was."""
     run_dir = tmp_path / "runs" / "mr"
@@ -371,21 +379,23 @@ def test_a_fresh_run_that_stops_before_its_first_epoch_leaves_nothing(out, train
 
 # ------------------------------------------------------------------------------------------- the input check
 def test_a_ct_block_of_a_million_hu_makes_the_input_unsuitable():
-    """Its training window clips 10⁶ HU to the window's top, where no quantile need move: the check says so."""
+    """Its training window clips 10⁶ HU to the window's top, where no quantile need move: the check tells."""
     rng = np.random.default_rng(0)
     cases = [ct_case(rng) for _ in range(3)]
     metadata = make_test_metadata(channel_names=["CT"], preprocessing=Preprocessing(
         channel_normalization=[ChannelNormalization("ct", (20.0, 110.0), 60.0, 16.0)]))
     metadata.input_statistics = statistics_of_cases(metadata, [
-        Case(str(index), str(index), case.channels[0], case.label, case.spacing) for index, case in enumerate(cases)])
+        Case(str(index), str(index), case.channels[0], case.label, case.spacing)
+        for index, case in enumerate(cases)])
     clean = ct_case(rng)
     assert check_input(metadata, clean.channels[0], clean.spacing, clean.label)["suitable"]
     block = clean.channels[0].copy()
     block[:2, :8, :8] = 1e6
     check = check_input(metadata, block, clean.spacing, clean.label)
     assert check["suitable"] is False
-    assert_one_sentence(check["reasons"][0], r"^Its CT channel holds values from .* to 1e\+06 HU, beyond any CT "
-                                             r"\(-4096 to 32767 HU\): its rescale slope or intercept is wrong")
+    assert_one_sentence(check["reasons"][0], r"^Its CT channel holds values from .* to 1e\+06 HU, beyond any "
+                                             r"CT \(-4096 to 32767 HU\): its rescale slope or intercept is "
+                                             r"wrong")
 
 
 def test_a_bundle_whose_window_its_network_cannot_take_is_refused_on_load(tmp_path):

@@ -202,8 +202,8 @@ def test_a_batch_that_cannot_start_is_one_sentence_and_adds_nothing(case, bundle
 def three_channels(tmp_path_factory) -> Path:
     from tiny_bundles import make_test_bundle
 
-    return make_test_bundle(tmp_path_factory.mktemp("three") / "three.calibseg", patch_size=(32, 32), in_channels=3,
-                            channel_names=["T1", "T2", "FLAIR"])
+    return make_test_bundle(tmp_path_factory.mktemp("three") / "three.calibseg", patch_size=(32, 32),
+                            in_channels=3, channel_names=["T1", "T2", "FLAIR"])
 
 
 def _channel_volumes(scene, *names: str) -> list:
@@ -213,17 +213,19 @@ def _channel_volumes(scene, *names: str) -> list:
 # Volumes given to a run of the three-channel bundle (T1, T2, FLAIR) → the sentence; nothing added.
 BAD_CHANNEL_RUNS = {
     "one volume for two channels": (lambda scene: [*_channel_volumes(scene, "a_0000", "a_0001")] * 2,
-                                    (0, 1, 0), r"^The volume 'a_0000' is already chosen for the 'T1' channel; "
-                                               r"choose another volume for 'FLAIR'\.$"),
+                                    (0, 1, 0), r"^The volume 'a_0000' is already chosen for the 'T1' "
+                                               r"channel; choose another volume for 'FLAIR'\.$"),
     "volumes of two cases": (lambda scene: _channel_volumes(scene, "a_0000", "b_0001", "a_0002"), (0, 1, 2),
                              r"belong to different cases \(a, b\) by their channel suffixes"),
-    "a channel the model lacks": (lambda scene: _channel_volumes(scene, "a_0000", "a_0001", "a_0003"), (0, 1, 2),
-                                  r"channels _0000, _0001, _0003, but the model reads a_0000 to a_0002"),
+    "a channel the model lacks": (lambda scene: _channel_volumes(scene, "a_0000", "a_0001", "a_0003"),
+                                  (0, 1, 2), r"channels _0000, _0001, _0003, but the model reads a_0000 to "
+                                             r"a_0002"),
     "some named as channels, some not": (lambda scene: _channel_volumes(scene, "a_0000", "T2", "a_0002"),
                                          (0, 1, 2), "'a_0000' carries a channel suffix but 'T2' does not"),
-    "no volume chosen for a channel": (lambda scene: [*_channel_volumes(scene, "T1", "FLAIR"), None], (0, 2, 1),
-                                       r"^Choose a volume for the model's 'T2' channel\.$"),
-    "four volumes for three channels": (lambda scene: _channel_volumes(scene, "a", "b", "c", "d"), (0, 1, 2, 3),
+    "no volume chosen for a channel": (lambda scene: [*_channel_volumes(scene, "T1", "FLAIR"), None],
+                                       (0, 2, 1), r"^Choose a volume for the model's 'T2' channel\.$"),
+    "four volumes for three channels": (lambda scene: _channel_volumes(scene, "a", "b", "c", "d"),
+                                        (0, 1, 2, 3),
                                         r"reads 3 channel\(s\) \(T1, T2, FLAIR\), one volume each, but 4"),
 }
 

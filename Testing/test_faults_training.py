@@ -61,7 +61,8 @@ BAD_RUNS = {
     "--lr-step-to nan": (_flags("--lr-step-to", "nan"), ("--lr-step-to must be",)),
     "--target-spacing inf": (_flags("--target-spacing", "inf"), ("--target-spacing must be positive and finite",)),
     "--patch-size 1024": (_flags("--patch-size", "1024"), (
-        "--patch-size 1024 1024 is larger than every training slice \\(largest 256×256 voxels at 1.5 mm\\)",)),
+        "--patch-size 1024 1024 is larger than every training slice",
+        "\\(largest 256×256 voxels at 1.5 mm\\)")),
 }
 if not torch.cuda.is_available():
     BAD_RUNS["--device cuda without CUDA"] = (_flags("--device", "cuda"), ("no CUDA device",))

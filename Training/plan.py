@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from CalibSegLib.preprocessing import (ChannelNormalization, as_channels, in_plane_spacing, network_grid_shape,
-                                       volume_grid_shape)
+from CalibSegLib.preprocessing import (ChannelNormalization, as_channels, in_plane_spacing,
+                                       network_grid_shape, volume_grid_shape)
 from Datasets.cases import ACDC_DATASET, SAMPLE_DATASET, Case, DataError
 
 __all__ = ["PATCH_MULTIPLE", "VOXEL_BUDGET_3D", "CT_CHANNEL", "IMAGE_SCHEMES", "ChannelStatistics", "Plan",
@@ -161,8 +161,9 @@ def patch_3d(median_shape: Sequence[int], spacing: Sequence[float], voxel_budget
 
 
 def largest_extent(cases: Sequence[Case], target_spacing: Sequence[float]) -> tuple[int, ...]:
-    """The largest extent, per axis, of any case once resampled to ``target_spacing``: ``(y, x)`` voxels of a slice
-    for a 2D one, ``(z, y, x)`` of the volume for a 3D one (what crops are cut from; shapes only, no resampling).
+    """The largest extent, per axis, of any case once resampled to ``target_spacing``: ``(y, x)`` voxels of a
+    slice for a 2D one, ``(z, y, x)`` of the volume for a 3D one (what crops are cut from; shapes only, no
+    resampling).
 
     Raises:
         DataError: a case whose spacing puts it outside the model's grid limits (its id and the reason).

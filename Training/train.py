@@ -68,8 +68,8 @@ from Training.trainer import LR_SCHEDULES, TrainConfig, Trainer, spacing_text
 __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA"]
 
 DEFAULT_DATA = SAMPLE_DATA
-# The plan's patch is grown at most this many times (by PATCH_MULTIPLE along its smallest axis) to one the network
-# segments: the default UNet needs 32 voxels a side, and a 3D plan of thin volumes may start at 16.
+# The plan's patch is grown at most this many times (by PATCH_MULTIPLE along its smallest axis) to one the
+# network segments: the default UNet needs 32 voxels a side, and a 3D plan of thin volumes may start at 16.
 _PATCH_GROWTH_STEPS = 8
 # How the start of a run names each channel's scheme (CalibSegLib.preprocessing.CHANNEL_SCHEMES).
 _SCHEME_TEXT = {"percentile": "per image [min, 99th percentile] → [0, 1]",
@@ -364,8 +364,8 @@ def channel_names(files: Sequence[CaseFile], description: DatasetDescription | N
 def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], split_file: Path,
                     split: dict[str, list[str]], cases: dict[str, list[Case]], ignored: Sequence[Path] = ()
                     ) -> list[str]:
-    """What the run reads (and the images ``dataset.json``'s ``file_ending`` leaves out, ``ignored``) and where it
-    writes, printed before the first epoch."""
+    """What the run reads (and the images ``dataset.json``'s ``file_ending`` leaves out, ``ignored``) and
+    where it writes, printed before the first epoch."""
     counts = ", ".join(f"{len(split[side])} {label}" for side, label in zip(SIDES, ("training", "validation", "test")))
     unused = len({file.patient_id for file in files} - {patient for side in SIDES for patient in split[side]})
     if unused:
@@ -373,8 +373,9 @@ def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], spli
     volumes = ", ".join(str(len(cases[side])) for side in SIDES)
     frames = " (ACDC has an end-diastole and an end-systole volume per patient)" \
         if dataset in (ACDC_DATASET, SAMPLE_DATASET) else ""
-    leftover = ([f"data: ignored, as dataset.json's file_ending says: {', '.join(path.name for path in ignored[:5])}"
-                 + (f" and {len(ignored) - 5} more" if len(ignored) > 5 else "")] if ignored else [])
+    more = f" and {len(ignored) - 5} more" if len(ignored) > 5 else ""
+    names = ", ".join(path.name for path in ignored[:5]) + more
+    leftover = [f"data: ignored, as dataset.json's file_ending says: {names}"] if ignored else []
     return [f"data: {dataset}, split {split_reference(split_file)}: {counts} patients = {volumes} volumes{frames}",
             *leftover,
             f"run folder {run_dir}: {CHECKPOINT_NAME} (every epoch; --resume continues it), {HISTORY_NAME} "
@@ -402,9 +403,9 @@ def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace, d
 
 
 def _check_model(config: TrainConfig, arguments: argparse.Namespace, train_cases: Sequence[Case]) -> None:
-    """Build the configured network (on torch's meta device: no memory) and loss, check the patch against it and
-    the training data (:func:`_check_patch`), and resolve the device, so that a bad --network-arg, --patch-size,
-    --loss-arg or --device stops the run before its folder exists."""
+    """Build the configured network (on torch's meta device: no memory) and loss, check the patch against it
+    and the training data (:func:`_check_patch`), and resolve the device, so that a bad --network-arg,
+    --patch-size, --loss-arg or --device stops the run before its folder exists."""
     try:
         model = build_network_on_meta(config.network, config.in_channels, config.num_classes, config.spatial_dims,
                                       **config.network_kwargs)
@@ -413,18 +414,21 @@ def _check_model(config: TrainConfig, arguments: argparse.Namespace, train_cases
             f"--network {config.network} cannot be built with --network-arg {config.network_kwargs} "
             f"({error.reason})."
         ) from None
-    _check_patch(model, config, arguments.patch_size is not None, largest_extent(train_cases, config.target_spacing))
+    largest = largest_extent(train_cases, config.target_spacing)
+    _check_patch(model, config, arguments.patch_size is not None, largest)
     build_loss(config.method, config.num_classes, **config.loss_args)  # unknown hyper-parameter: KeyError
     resolve_device(config.device)
 
 
 def _check_patch(model: nn.Module, config: TrainConfig, given: bool, largest: tuple[int, ...]) -> None:
-    """The crop (also the inference window, so one check covers training and validation) must be one the network
-    segments and not larger than every training item (``largest``: per axis, voxels at the target spacing).
+    """The crop (also the inference window, so one check covers training and validation) must be one the
+    network segments and not larger than every training item (``largest``: per axis, voxels at the target
+    spacing).
 
-    A patch the user ``given`` is refused in terms of --patch-size; the plan's is first grown, the smallest axis by
-    :data:`~Training.plan.PATCH_MULTIPLE` at a time, to the smallest the network takes (printed), and where even
-    that exceeds the data the refusal is in terms of the plan and the data, never of a flag not given."""
+    A patch the user ``given`` is refused in terms of --patch-size; the plan's is first grown, the smallest
+    axis by :data:`~Training.plan.PATCH_MULTIPLE` at a time, to the smallest the network takes (printed), and
+    where even that exceeds the data the refusal is in terms of the plan and the data, never of a flag not
+    given."""
     size = "×".join(map(str, config.patch_size))
     items = "slice" if config.spatial_dims == 2 else "volume"
     extent = f"largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm"
@@ -434,24 +438,23 @@ def _check_patch(model: nn.Module, config: TrainConfig, given: bool, largest: tu
             raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
                             f"{config.network}: {problem}.")
         if all(patch > side for patch, side in zip(config.patch_size, largest)):
-            raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} is larger than every training "
-                            f"{items} ({extent}); choose a smaller --patch-size.")
+            raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} is larger than every "
+                            f"training {items} ({extent}); choose a smaller --patch-size.")
         return
-    patch = list(config.patch_size)
-    for _ in range(_PATCH_GROWTH_STEPS):
-        if input_size_problem(model, config.in_channels, patch, batch=config.batch_size) is None:
-            break
-        smallest = min(range(len(patch)), key=lambda axis: patch[axis])
-        patch[smallest] += PATCH_MULTIPLE
-    else:
-        raise DataError(f"--network {config.network} cannot segment the plan's {size}-voxel patch nor any within "
-                        f"{_PATCH_GROWTH_STEPS} steps of {PATCH_MULTIPLE} voxels ({problem}); choose a network "
-                        "with fewer down-sampling steps (--network-arg strides=...) or give --patch-size.")
+    patch, grown = list(config.patch_size), 0
+    while input_size_problem(model, config.in_channels, patch, batch=config.batch_size) is not None:
+        if grown == _PATCH_GROWTH_STEPS:
+            raise DataError(f"--network {config.network} cannot segment the plan's {size}-voxel patch nor "
+                            f"any within {_PATCH_GROWTH_STEPS} steps of {PATCH_MULTIPLE} voxels ({problem}); "
+                            "choose a network with fewer down-sampling steps (--network-arg strides=...) or "
+                            "give --patch-size.")
+        patch[min(range(len(patch)), key=lambda axis: patch[axis])] += PATCH_MULTIPLE  # the smallest axis
+        grown += 1
     if all(side > extent_side for side, extent_side in zip(patch, largest)):
-        raise DataError(f"The training {items}s are too small for --network {config.network}: the smallest patch "
-                        f"it segments from the plan's {size} is {'×'.join(map(str, patch))} voxels, larger than "
-                        f"every training {items} ({extent}); choose a network with fewer down-sampling steps "
-                        "(--network-arg strides=...) or a finer --target-spacing.")
+        raise DataError(f"The training {items}s are too small for --network {config.network}: the smallest "
+                        f"patch it segments from the plan's {size} is {'×'.join(map(str, patch))} voxels, "
+                        f"larger than every training {items} ({extent}); choose a network with fewer "
+                        "down-sampling steps (--network-arg strides=...) or a finer --target-spacing.")
     if tuple(patch) != tuple(config.patch_size):
         print(f"plan: patch {size} grown to {'×'.join(map(str, patch))} voxels, the smallest --network "
               f"{config.network} segments", flush=True)
@@ -468,8 +471,8 @@ def _missing_folders(folder: Path) -> list[Path]:
 
 
 def _remove_new_entries(folder: Path, before: set[str]) -> None:
-    """Remove what appeared in ``folder`` since its entries were ``before`` (a refused or interrupted fresh run's
-    split file, TensorBoard folder, history)."""
+    """Remove what appeared in ``folder`` since its entries were ``before`` (a refused or interrupted fresh
+    run's split file, TensorBoard folder, history)."""
     for name in set(os.listdir(folder)) - before:
         path = folder / name
         if path.is_dir() and not path.is_symlink():
@@ -526,14 +529,14 @@ def run(arguments: argparse.Namespace) -> Path | None:
                     stop_processes(processes)
             except BaseException:
                 if processes.is_main and not arguments.resume and not checkpoint.exists():
-                    # Nothing to resume from: the run leaves nothing, as a refused one does (the lock is held, so
-                    # no other run is adding to the folder meanwhile).
+                    # Nothing to resume from: the run leaves nothing, as a refused one does (the lock is held,
+                    # so no other run is adding to the folder meanwhile).
                     if choice.new is not None:
                         choice.file.unlink(missing_ok=True)
                     _remove_new_entries(run_dir, before)
                 raise
     except BaseException as error:
-        for folder in reversed(made):  # the folders it made, now empty unless it trained (rmdir keeps the others)
+        for folder in reversed(made):  # the folders it made: empty unless it trained (rmdir keeps the others)
             with contextlib.suppress(OSError):
                 folder.rmdir()
         if isinstance(error, KeyboardInterrupt):
@@ -542,8 +545,8 @@ def run(arguments: argparse.Namespace) -> Path | None:
 
 
 def _interrupted_text(checkpoint: Path, folder_kept: bool) -> str:
-    """What a Ctrl-C during training leaves: the last checkpoint to resume from, or nothing (``folder_kept``: the
-    run folder existed before the run, or holds other files)."""
+    """What a Ctrl-C during training leaves: the last checkpoint to resume from, or nothing (``folder_kept``:
+    the run folder existed before the run, or holds other files)."""
     if checkpoint.exists():
         return f"interrupted: the last completed epoch's checkpoint {checkpoint} is kept; continue with --resume."
     kept = "kept as it was" if folder_kept else "removed"

@@ -113,24 +113,26 @@ _SLICE_AXES = (0, 1, 2)  # array axes (z, y, x) of a volume
 def channel_choice_problem(chosen, channelNames, changed: int | None = None) -> str | None:
     """Why the volumes chosen for a bundle's channels cannot all be used, or None: ``chosen[k]`` is the volume
     picked for ``channelNames[k]`` (the input selector's first, None where nothing is picked yet); one volume
-    picked for two channels is refused, naming both. ``changed``: the channel whose volume was just picked, the
-    one the sentence refuses (default: the later of the two); the module's selectors call this on every pick."""
+    picked for two channels is refused, naming both. ``changed``: the channel whose volume was just picked,
+    the one the sentence refuses (default: the later of the two); the module's selectors call this on every
+    pick."""
     from CalibSegLib.channels import first_repeat
 
-    order = [index for index in range(len(chosen)) if index != changed] + ([changed] if changed is not None else [])
+    order = [index for index in range(len(chosen)) if index != changed]
+    order += [changed] if changed is not None else []
     picked = [(index, chosen[index]) for index in order if chosen[index] is not None]
     repeat = first_repeat([node.GetID() for _, node in picked])
     if repeat is None:
         return None
     (earlier, node), (later, _) = (picked[position] for position in repeat)
-    return (f"The volume '{node.GetName()}' is already chosen for the '{channelNames[earlier]}' channel; choose "
-            f"another volume for '{channelNames[later]}'.")
+    return (f"The volume '{node.GetName()}' is already chosen for the '{channelNames[earlier]}' channel; "
+            f"choose another volume for '{channelNames[later]}'.")
 
 
 def _channel_volumes(inputVolumeNode, channelNodes, channelNames) -> tuple[list, str | None]:
-    """The input volume and ``channelNodes`` (a list, or one node) in the bundle's channel order, and the case's
-    name when their names carry channel suffixes (``a_0002``, ``a_0000``, ``a_0001``: read as channels 2, 0, 1,
-    named ``a``), else None (read in the order given); ValueError with one sentence otherwise."""
+    """The input volume and ``channelNodes`` (a list, or one node) in the bundle's channel order, and the
+    case's name when their names carry channel suffixes (``a_0002``, ``a_0000``, ``a_0001``: read as channels
+    2, 0, 1, named ``a``), else None (read in the order given); ValueError with one sentence otherwise."""
     from CalibSegLib.channels import channel_order
     from CalibSegLib.io import case_and_channel
 
@@ -192,15 +194,15 @@ class SegmentationRunner:
         """Read the input (and reference) arrays from the scene for a run with ``settings``; raises ValueError
         with one sentence (not a 3D scalar volume, a reference off the input's grid, ...).
 
-        A bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) reads ``inputVolumeNode`` and
-        ``channelNodes`` (the K - 1 others; one node for K = 2), each on the input's grid: volumes named
-        ``<case>_0000`` ... ``_000K`` by their suffixes, whatever the order given (the outputs are then named after
-        the case), others in the order given (:func:`CalibSegLib.channels.channel_order`); one volume for two
-        channels is refused (:func:`channel_choice_problem`)."""
+        A bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) reads ``inputVolumeNode``
+        and ``channelNodes`` (the K - 1 others; one node for K = 2), each on the input's grid: volumes named
+        ``<case>_0000`` ... ``_000K`` by their suffixes, whatever the order given (the outputs are then named
+        after the case), others in the order given (:func:`CalibSegLib.channels.channel_order`); one volume
+        for two channels is refused (:func:`channel_choice_problem`)."""
         from CalibSegLib.channels import input_names
 
         names = input_names(settings.bundle.metadata)
-        given = volume_array(inputVolumeNode)  # first: its sentence for no volume or one that is not a 3D scalar
+        given = volume_array(inputVolumeNode)  # first: its sentence for no volume, or one not a 3D scalar
         nodes, case = _channel_volumes(inputVolumeNode, channelNodes, names)
         for name, node in zip(names, nodes):
             if node is not inputVolumeNode and not same_grid(node, inputVolumeNode):

@@ -243,7 +243,8 @@ def check_a_multichannel_bundle_reads_one_volume_per_channel(scene, work_dir: Pa
     runner = SegmentationRunner()
     # Refused before anything is added: a channel missing, or one on another grid.
     missing = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path), "one volume for two channels")
-    assert missing == "The model reads 2 channel(s) (T1, T2), one volume each, but 1 volume(s) were given.", missing
+    assert missing == ("The model reads 2 channel(s) (T1, T2), one volume each, but 1 volume(s) were "
+                       "given."), missing
     shifted = make_volume_node(scene, second, "T2 shifted", origin=(0.0, 0.0, 0.0))
     elsewhere = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path, channelNodes=[shifted]),
                                           "off grid")
@@ -258,10 +259,10 @@ def check_a_multichannel_bundle_reads_one_volume_per_channel(scene, work_dir: Pa
 
 
 def check_channel_volumes_are_matched_by_name_and_never_taken_twice(scene, work_dir: Path) -> None:
-    """Volumes named ``<case>_0000`` ... are read as the channels their suffixes say, whatever the order they are
-    given in, and the outputs are named after the case; one volume for two channels, suffixes of two cases or of
-    a channel the model lacks are one sentence each, nothing added; one node for the one other channel is that
-    channel (not Python's TypeError)."""
+    """Volumes named ``<case>_0000`` ... are read as the channels their suffixes say, whatever the order they
+    are given in, and the outputs are named after the case; one volume for two channels, suffixes of two cases
+    or of a channel the model lacks are one sentence each, nothing added; one node for the one other channel
+    is that channel (not Python's TypeError)."""
     import slicer
 
     from CalibSegLib.inference import Predictor
@@ -272,14 +273,15 @@ def check_channel_volumes_are_matched_by_name_and_never_taken_twice(scene, work_
     runner, logic_names = SegmentationRunner(), ["T1", "T2", "FLAIR"]
     for chosen, changed, problem in (
             ([t1, t2, flair], None, None), ([t1, None, flair], 1, None),
-            ([flair, t2, flair], None, "The volume 'a_0002' is already chosen for the 'T1' channel; choose another "
-                                       "volume for 'FLAIR'."),
-            ([flair, t2, flair], 0, "The volume 'a_0002' is already chosen for the 'FLAIR' channel; choose another "
-                                    "volume for 'T1'.")):  # the input selector was the last one picked
+            ([flair, t2, flair], None, "The volume 'a_0002' is already chosen for the 'T1' channel; choose "
+                                       "another volume for 'FLAIR'."),
+            ([flair, t2, flair], 0, "The volume 'a_0002' is already chosen for the 'FLAIR' channel; choose "
+                                    "another volume for 'T1'.")):  # the input selector was picked last
         assert channel_choice_problem(chosen, logic_names, changed) == problem
     twice = _scene_is_unchanged_after(scene, lambda: runner.run(flair, bundle_path, channelNodes=[t2, flair]),
                                       "one volume for two channels")
-    assert twice == "The volume 'a_0002' is already chosen for the 'T1' channel; choose another volume for 'FLAIR'."
+    assert twice == ("The volume 'a_0002' is already chosen for the 'T1' channel; choose another volume for "
+                     "'FLAIR'.")
     other = make_volume_node(scene, arrays[1], "b_0001")
     mixed = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path, channelNodes=[other, flair]),
                                       "two cases")
@@ -289,8 +291,9 @@ def check_channel_volumes_are_matched_by_name_and_never_taken_twice(scene, work_
                                         "a channel the model lacks")
     assert missing.startswith("Case a's volumes are the channels _0000, _0001, _0003, but the model reads "
                               "a_0000 to a_0002 (T1, T2, FLAIR)"), missing
-    outputs = runner.run(flair, bundle_path, channelNodes=[t1, t2])  # FLAIR chosen as the input: still channel 2
-    expected = Predictor(bundle_path, device="cpu").predict(np.stack(arrays), tuple(reversed(SPACING_XYZ))).labels
+    outputs = runner.run(flair, bundle_path, channelNodes=[t1, t2])  # FLAIR as the input: still channel 2
+    spacing = tuple(reversed(SPACING_XYZ))
+    expected = Predictor(bundle_path, device="cpu").predict(np.stack(arrays), spacing).labels
     assert outputs.segmentation.GetName() == "a CalibSeg segmentation", outputs.segmentation.GetName()
     for label in range(1, NUM_CLASSES):
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation,

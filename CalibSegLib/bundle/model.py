@@ -110,8 +110,8 @@ def build_declared_network(metadata: BundleMetadata, device: str = "cpu") -> nn.
     if problem:
         raise BundleError(
             f"The bundle's sliding-window patch {'×'.join(map(str, patch))} does not fit its network "
-            f"{metadata.network!r} ({problem}); the bundle is inconsistent: retrain it, or re-export it with a "
-            "patch the network takes."
+            f"{metadata.network!r} ({problem}); the bundle is inconsistent: retrain it, or re-export it with "
+            "a patch the network takes."
         )
     return skeleton if device == "meta" else networks.build_network(*declaration, **metadata.network_kwargs)
 
