@@ -110,50 +110,59 @@ def ct_case(rng: np.random.Generator, field_of_view: Sequence[float] = (60.0, 96
     return PhantomCase([image.astype(np.float32)], label, spacing)
 
 
-def multichannel_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)) -> PhantomCase:
-    """One four-channel MRI case of ``field_of_view`` mm at 1 mm: structure k shows in channel k only."""
+def _mri_head(field_of_view: Sequence[float]
+              ) -> tuple[tuple[float, float, float], list[np.ndarray], np.ndarray]:
+    """An MRI case's 1 mm grid over ``field_of_view`` mm (z, y, x): its spacing, voxel coordinates and the
+    head's mask."""
     spacing = (1.0, 1.0, 1.0)
     shape = tuple(int(round(extent)) for extent in field_of_view)
     coordinates = _grid(shape, spacing)
     head = _ellipsoid(coordinates, (0.0, 0.0, 0.0), (0.45 * field_of_view[0], 0.42 * field_of_view[1],
                                                       0.36 * field_of_view[2]))
-    label = np.zeros(shape, np.uint8)
+    return spacing, coordinates, head
+
+
+def _mri_channel(head: np.ndarray, structures: Sequence[tuple[np.ndarray, float]], noise: float,
+                 gains: tuple[float, float], offsets: tuple[float, float], rng: np.random.Generator
+                 ) -> np.ndarray:
+    """One MRI channel ``(z, y, x)`` float32: tissue 1 in the head, each ``(mask, level)`` of ``structures``
+    at its level, blurred (partial volume), noise of sd ``noise``, then a gain and an offset drawn from
+    ``gains`` and ``offsets`` (MRI intensities carry no units)."""
+    tissue = np.where(head, 1.0, 0.0)
+    for mask, level in structures:
+        tissue[mask] = level
+    tissue = ndimage.gaussian_filter(tissue, sigma=0.7) + rng.normal(0.0, noise, head.shape)
+    gain, offset = rng.uniform(*gains), rng.uniform(*offsets)
+    return (offset + gain * np.clip(tissue, 0.0, None)).astype(np.float32)
+
+
+def multichannel_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)
+                      ) -> PhantomCase:
+    """One four-channel MRI case of ``field_of_view`` mm at 1 mm: structure k shows in channel k only."""
+    spacing, coordinates, head = _mri_head(field_of_view)
+    label = np.zeros(head.shape, np.uint8)
     for index in range(1, len(_MRI_STRUCTURES) + 1):
         label[_place(coordinates, head, (9, 12, 12), (6, 14, 10), rng)] = index
-    channels = []
-    for channel in range(len(_MRI_CHANNELS)):
-        tissue = np.where(head, 1.0, 0.0)
-        if channel:
-            tissue[label == channel] = 2.0  # this channel's structure, and no other
-        tissue = ndimage.gaussian_filter(tissue, sigma=0.7) + rng.normal(0.0, 0.15, shape)
-        gain, offset = rng.uniform(200.0, 800.0), rng.uniform(0.0, 100.0)
-        channels.append((offset + gain * np.clip(tissue, 0.0, None)).astype(np.float32))
+    # Channel k > 0 shows structure k, and no other; channel 0 the head alone.
+    channels = [_mri_channel(head, [(label == channel, 2.0)] if channel else [], 0.15, (200.0, 800.0),
+                             (0.0, 100.0), rng) for channel in range(len(_MRI_CHANNELS))]
     return PhantomCase(channels, label, spacing)
 
 
 def lesion_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)) -> PhantomCase:
     """One three-channel MRI case of ``field_of_view`` mm at 1 mm: edema (label 1) bright in FLAIR, the core
     (2) in T1, a small lesion (3, a ball of 4.6-6.2 mm radius) in T2 only (see the module docstring)."""
-    spacing = (1.0, 1.0, 1.0)
-    shape = tuple(int(round(extent)) for extent in field_of_view)
-    coordinates = _grid(shape, spacing)
-    head = _ellipsoid(coordinates, (0.0, 0.0, 0.0), (0.45 * field_of_view[0], 0.42 * field_of_view[1],
-                                                      0.36 * field_of_view[2]))
-    label = np.zeros(shape, np.uint8)
+    spacing, coordinates, head = _mri_head(field_of_view)
+    label = np.zeros(head.shape, np.uint8)
     label[_place(coordinates, head, (9, 12, 12), (6, 14, 10), rng)] = 1
     label[_place(coordinates, head, (6, 8, 8), (6, 14, 10), rng)] = 2
     radius = rng.uniform(*_LESION_RADIUS_MM)
     centre = [rng.uniform(-reach, reach) for reach in (4.0, 10.0, 8.0)]  # the whole ball inside the head
     label[_ellipsoid(coordinates, centre, (radius,) * 3)] = 3
-    channels = []
-    for channel in _LESION_CHANNELS:
-        tissue = np.where(head, 1.0, 0.0)
-        for structure, (shown_in, level) in enumerate(_LESION_STRUCTURES.values(), start=1):
-            if shown_in == channel:
-                tissue[label == structure] = level
-        tissue = ndimage.gaussian_filter(tissue, sigma=0.7) + rng.normal(0.0, _LESION_NOISE, shape)
-        gain, offset = rng.uniform(300.0, 460.0), rng.uniform(0.0, 20.0)
-        channels.append((offset + gain * np.clip(tissue, 0.0, None)).astype(np.float32))
+    channels = [_mri_channel(head, [(label == structure, level) for structure, (shown_in, level)
+                                    in enumerate(_LESION_STRUCTURES.values(), start=1)
+                                    if shown_in == channel],
+                             _LESION_NOISE, (300.0, 460.0), (0.0, 20.0), rng) for channel in _LESION_CHANNELS]
     return PhantomCase(channels, label, spacing)
 
 
