@@ -69,7 +69,8 @@ __all__ = ["main", "run", "parse_config", "Schedule", "SCHEDULES", "DEFAULT_DATA
 
 DEFAULT_DATA = SAMPLE_DATA
 # The plan's patch is grown at most this many times (by PATCH_MULTIPLE along its smallest axis) to one the
-# network segments: the default UNet needs 32 voxels a side, and a 3D plan of thin volumes may start at 16.
+# network segments: the default UNet halves a window four times and needs more than one voxel left at the
+# bottom, and a 3D plan of thin volumes may start at 16 voxels a side.
 _PATCH_GROWTH_STEPS = 8
 # How the start of a run names each channel's scheme (CalibSegLib.preprocessing.CHANNEL_SCHEMES).
 _SCHEME_TEXT = {"percentile": "per image [min, 99th percentile] → [0, 1]",
