@@ -78,8 +78,7 @@ from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
 from CalibSegLib.quality import review_text, structure_key, summary_columns
 
 __all__ = ["BATCH_TABLE", "case_name", "channel_files", "predict_files", "folder_images", "folder_cases",
-           "batch_row",
-           "predict_folder", "summary_lines", "ProgressReport", "main"]
+           "batch_row", "predict_folder", "summary_lines", "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 JSON_OUTPUTS: tuple[str, ...] = ("metrics", "summary")
