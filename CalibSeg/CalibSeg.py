@@ -33,8 +33,8 @@ from slicer.util import VTKObservationMixin
 
 from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models
 from CalibSegRunner import (BatchJob, BatchOutputs, CalibSegOutputs, CalibSegRequest, InferenceJob,
-                            SegmentationRunner, batch_volumes, install_missing, missing_packages, review_text,
-                            run_batch)
+                            SegmentationRunner, batch_volumes, channel_choice_problem, install_missing,
+                            missing_packages, review_text, run_batch)
 from CalibSegRunner.display import show_outputs, show_table
 
 MODULE_DIR = Path(__file__).resolve().parent
@@ -134,7 +134,10 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
         self._channelSelectors = []
+        self._channelNames = ["image"]
         self.ui.bundlePathLineEdit.connect("currentPathChanged(QString)", self._updateChannelSelectors)
+        self.ui.inputVolumeSelector.connect("currentNodeChanged(vtkMRMLNode*)",
+                                            lambda node: self._onChannelChosen(0))
         self.ui.runButton.connect("clicked(bool)", self.onRun)
         self.ui.cancelButton.connect("clicked(bool)", self.onCancel)
         self.ui.lowConfidenceSlider.connect("valueChanged(double)", self.onThresholdChanged)
@@ -212,7 +215,7 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         while layout.rowCount():
             layout.removeRow(0)
         self._channelSelectors = []
-        names = self.logic.channelNames(bundlePath)
+        names = self._channelNames = self.logic.channelNames(bundlePath)
         self.ui.inputVolumeLabel.text = f"Input volume ({names[0]}):" if len(names) > 1 else "Input volume:"
         for name in names[1:]:
             selector = slicer.qMRMLNodeComboBox()
@@ -224,7 +227,23 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             selector.toolTip = f"The volume of the model's '{name}' channel, on the input volume's grid."
             layout.addRow(f"{name}:", selector)
             self._channelSelectors.append(selector)
+            channel = len(self._channelSelectors)
+            selector.connect("currentNodeChanged(vtkMRMLNode*)",
+                             lambda node, channel=channel: self._onChannelChosen(channel))
         self.ui.channelsWidget.visible = bool(self._channelSelectors)
+
+    def _onChannelChosen(self, channel: int) -> None:
+        """A volume picked for ``channel`` (0: the input selector) that another channel already has is
+        refused: the selector goes back to none and a message says why
+        (:func:`CalibSegRunner.channel_choice_problem`)."""
+        selectors = [self.ui.inputVolumeSelector, *self._channelSelectors]
+        if len(selectors) < 2:
+            return
+        chosen = [selector.currentNode() for selector in selectors]
+        problem = channel_choice_problem(chosen, self._channelNames, changed=channel)
+        if problem:
+            selectors[channel].setCurrentNode(None)
+            slicer.util.errorDisplay(problem, windowTitle="CalibSeg")
 
     def onRun(self) -> None:
         if missing_packages() and not install_missing(slicer.util.confirmOkCancelDisplay):
@@ -350,13 +369,14 @@ class CalibSegLogic(ScriptedLoadableModuleLogic):
         """The input channels a bundle reads, in order (``["image"]`` for one, or when the bundle cannot be read:
         Run then says why)."""
         from CalibSegLib.bundle import load_bundle
+        from CalibSegLib.channels import input_names
         from CalibSegLib.pretrained import resolve_bundle_path
 
         try:
             metadata = load_bundle(resolve_bundle_path(bundlePath)).metadata
         except (ValueError, OSError):
             return ["image"]
-        return list(metadata.channel_names or ["image"])
+        return input_names(metadata)
 
     def run(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
             lowConfidenceThreshold: float | None = None, progress=None, cancel=None,

@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from CalibSegLib.bundle import Bundle, BundleMetadata, load_bundle
+from CalibSegLib.channels import input_names
 from CalibSegLib.device import resolve_device
 from CalibSegLib.preprocessing import (as_channels, channel_intensities, check_volume, in_plane_spacing,
                                        network_grid_shape, normalize_channels, resample_slices, resample_volume,
@@ -266,11 +267,12 @@ class Predictor:
         channels = as_channels(image)
         expected = self.metadata.in_channels
         if len(channels) != expected:
-            names = ", ".join(self.metadata.channel_names or ["image"])
+            names = ", ".join(input_names(self.metadata))
             raise ValueError(f"The bundle takes {expected} channel(s) ({names}) but the image has {len(channels)}; "
                              f"give one {'(z, y, x) volume' if expected == 1 else f'({expected}, z, y, x) array'}.")
-        for channel in channels:
-            check_volume(channel, spacing, slice_axis=slice_axis)
+        for name, channel in zip(input_names(self.metadata), channels):  # of several, name the one at fault
+            what = f"{name} channel" if expected > 1 else "image"
+            check_volume(channel, spacing, slice_axis=slice_axis, what=what)
         return channels
 
     def predict_variants(

@@ -23,6 +23,10 @@ has their shape. The unit is a share of that range, the one the thresholds were 
   always a reason (every training volume has each structure).
 - ``geometry``: the in-plane pixel spacing and field of view (mm).
 
+Beside them one rule needs no statistics: a CT channel holding values outside :data:`HOUNSFIELD_RANGE` is
+unsuitable whatever its histogram (its training window clips a block of 10⁶ HU to the window's top, where the
+quantiles need not move): no scanner measures such values, so the file's rescale slope or intercept is wrong.
+
 Each family's *excursion* (:func:`excursions`) is how far the volume lies outside the training
 range: normalised-intensity units for the two intensity families, the natural logarithm of the
 ratio to the nearest bound for volumes and geometry (0 inside the range). A family whose
@@ -45,12 +49,16 @@ if TYPE_CHECKING:
 
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
            "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases",
-           "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED", "OUTDATED"]
+           "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED",
+           "OUTDATED", "HOUNSFIELD_RANGE"]
 
 # 2: a CT channel scaled over its training window (check_intensities). Version 1 scaled every channel per image,
 # which is the same thing for a bundle without a CT channel (every ACDC bundle), and not otherwise.
 INPUT_STATISTICS_VERSION = 2
 QUANTILE_LEVELS: tuple[float, ...] = (0.05, 0.25, 0.50, 0.75, 0.95)
+# Hounsfield units a CT file can hold: air is -1000, padding outside the field of view down to -3024 on some
+# scanners, and the extended scale for metal reaches about 30,000 (16-bit storage); anything beyond is not CT.
+HOUNSFIELD_RANGE: tuple[float, float] = (-4096.0, 32767.0)
 # The families of statistics, each with one threshold on its excursion.
 FAMILIES: tuple[str, ...] = ("intensity", "structure_intensity", "structure_volume", "geometry")
 # The largest excursion per family still called suitable, decided on acdc_ce_dice's validation patients of
@@ -372,8 +380,26 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
             channel.scheme == "ct" for channel in preprocessing.channel_normalization or ()):
         return {"suitable": None, "reasons": [], "note": OUTDATED}
     observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing)
-    reasons = input_reasons(statistics, observation, metadata.channel_names)
+    reasons = _impossible_hounsfield(image, preprocessing, metadata.channel_names)
+    reasons += input_reasons(statistics, observation, metadata.channel_names)
     return {"suitable": not reasons, "reasons": reasons}
+
+
+def _impossible_hounsfield(image: np.ndarray | Sequence[np.ndarray], preprocessing: Preprocessing,
+                           channel_names: Sequence[str] | None) -> list[str]:
+    """A sentence per CT channel (scheme ``"ct"``) holding values outside :data:`HOUNSFIELD_RANGE`."""
+    schemes = preprocessing.channel_normalization or []
+    channels = as_channels(image if isinstance(image, np.ndarray) else np.stack(list(image)))
+    names = list(channel_names or ["CT"] * len(schemes))
+    reasons = []
+    for name, channel, scheme in zip(names, channels, schemes):
+        low, high = float(channel.min()), float(channel.max())
+        if scheme.scheme == "ct" and (low < HOUNSFIELD_RANGE[0] or high > HOUNSFIELD_RANGE[1]):
+            lowest, highest = HOUNSFIELD_RANGE
+            reasons.append(f"Its {name} channel holds values from {low:.4g} to {high:.4g} HU, beyond any CT "
+                           f"({lowest:.0f} to {highest:.0f} HU): its rescale slope or intercept is wrong, or "
+                           "it is not a CT.")
+    return reasons
 
 
 def input_check_lines(check: Mapping[str, Any]) -> list[str]:

@@ -65,12 +65,13 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, TextIO
 
 import numpy as np
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.analysis import analyse_case
+from CalibSegLib.channels import channel_order, first_collision, first_repeat, input_names
 from CalibSegLib.dicom import (
     DicomSeries,
     choose_series,
@@ -106,9 +107,9 @@ if TYPE_CHECKING:
 # are made.
 REPORT_NAME = "report.html"  # CalibSegLib.report.REPORT_NAME, checked by Testing/test_report.py
 
-__all__ = ["BATCH_TABLE", "CaseInput", "case_name", "case_input", "predict_files", "folder_images",
-           "folder_cases", "folder_inputs", "batch_row", "predict_folder", "summary_lines", "ProgressReport",
-           "main"]
+__all__ = ["BATCH_TABLE", "CaseInput", "case_name", "case_input", "channel_files", "predict_files",
+           "folder_images", "folder_cases", "folder_inputs", "batch_row", "predict_folder", "summary_lines",
+           "ProgressReport", "main"]
 
 OUTPUT_MAPS: tuple[str, ...] = ("labels", "confidence", "entropy")
 ENSEMBLE_MAPS: tuple[str, ...] = ("disagreement",)  # an ensemble bundle's further map
@@ -165,21 +166,50 @@ def case_input(image_paths: str | Path | Sequence[str | Path], series_uid: str |
     return CaseInput(case_name(paths), tuple(paths))
 
 
-def _read_case(predictor: Predictor, case: CaseInput) -> tuple[np.ndarray, Any]:
-    """The ``(z, y, x)`` or ``(K, z, y, x)`` image of ``case`` for ``predictor``'s bundle, and its grid.
+def _file_key(path: Path) -> Hashable:
+    """What makes two paths one file (a link, another spelling of the path): its device and inode."""
+    try:
+        status = path.stat()
+    except OSError:  # read_channels says why it cannot be read
+        return str(path.resolve())
+    return status.st_dev, status.st_ino
+
+
+def channel_files(predictor: Predictor, image_paths: Sequence[Path]) -> list[Path]:
+    """``image_paths`` in the order of ``predictor``'s channels: by their ``_0000`` ... suffixes when they all
+    carry one, else as given (:func:`CalibSegLib.channels.channel_order`).
 
     Raises:
-        ValueError: another number of channels than the bundle has, channels on different grids, or an
-            image or series that cannot be read.
+        ValueError: a file given twice, another number of files than the bundle has channels, or suffixes that
+            do not name exactly the bundle's channels of one case.
     """
+    channel_names = input_names(predictor.metadata)
+    repeat = first_repeat([_file_key(path) for path in image_paths])
+    if repeat is not None:
+        first, second = (image_paths[position] for position in repeat)
+        given = f"{first.name} is given twice" if first.name == second.name else \
+            f"{first.name} and {second.name} are the same file"
+        raise ValueError(f"{given}; give each of the model's {len(channel_names)} channels "
+                         f"({', '.join(channel_names)}) its own file.")
+    order = channel_order([image_stem(path) for path in image_paths], channel_names)
+    return [image_paths[position] for position in order]
+
+
+def _in_channel_order(predictor: Predictor, case: CaseInput) -> CaseInput:
+    """``case`` as ``predictor``'s bundle reads it: its files in the order of the bundle's channels
+    (:func:`channel_files`) and named after them; a DICOM series (one channel) checked against the bundle.
+
+    Raises:
+        ValueError: files that are not the bundle's channels, or a series for a bundle of several channels.
+    """
+    if case.series is None:
+        files = channel_files(predictor, list(case.files))
+        return CaseInput(case_name(files), tuple(files))
     expected = predictor.metadata.in_channels
-    given = 1 if case.series is not None else len(case.files)
-    if given != expected:
-        names = ", ".join(predictor.metadata.channel_names or ["image"])
-        source = "a DICOM series (one channel) was" if case.series is not None else f"{given} image(s) were"
-        raise ValueError(f"The bundle takes {expected} channel(s) ({names}), one --image each in that order, but "
-                         f"{source} given.")
-    return read_series(case.series) if case.series is not None else read_channels(list(case.files))
+    if expected != 1:
+        raise ValueError(f"The model reads {expected} channels ({', '.join(input_names(predictor.metadata))}), but "
+                         "a DICOM series (one channel) was given; give one image file per channel.")
+    return case
 
 
 def predict_files(
@@ -203,13 +233,13 @@ def predict_files(
         "dicom_confidence"]}`` → written paths (the disagreement for an ensemble bundle).
 
     Raises:
-        ValueError: ``out_dir`` cannot take the outputs (checked before anything else), an
-            unreadable image/reference, another number of images than the bundle has channels, channels on
+        ValueError: image files that are not the bundle's channels (:func:`channel_files`), ``out_dir`` cannot
+            take the outputs (both checked before any image is read), an unreadable image/reference, channels on
             different grids, ``dicom_seg`` for an input that is no DICOM series, a reference not on the
             image's grid or with labels the model does not have, an image the predictor refuses, or non-finite
             probabilities. Nothing is written then, and earlier outputs of the same case stay as they were.
     """
-    case = image_path if isinstance(image_path, CaseInput) else case_input(image_path)
+    case = _in_channel_order(predictor, image_path if isinstance(image_path, CaseInput) else case_input(image_path))
     out_dir = Path(out_dir)
     stem = case.name
     maps = OUTPUT_MAPS + (ENSEMBLE_MAPS if predictor.members > 1 else ())
@@ -226,7 +256,7 @@ def predict_files(
                              "folder, or leave out --dicom-seg.")
         for name, ending in DICOM_OUTPUTS.items():
             outputs[name] = check_output_file(out_dir / f"{stem}{ending}")
-    image, geometry = _read_case(predictor, case)
+    image, geometry = read_series(case.series) if case.series is not None else read_channels(list(case.files))
     reference = None
     if reference_path is not None:
         reference, reference_geometry = read_image(reference_path)
@@ -287,9 +317,22 @@ def folder_images(folder: str | Path) -> list[Path]:
     return images
 
 
-def _channel_cases(images: Sequence[Path]) -> list[list[Path]]:
-    return [[images[channels[index]] for index in sorted(channels)]
-            for _, channels in group_channels([image_stem(path) for path in images])]
+def _channel_cases(images: Sequence[Path], folder: Path) -> list[list[Path]]:
+    """``images`` of ``folder`` grouped into cases, channel 0 first.
+
+    Raises:
+        ValueError: two images would be one case (the same name in two formats, ``a.nii.gz`` beside
+            ``a_0000.nii.gz``: :func:`CalibSegLib.channels.first_collision`), which would merge them or write one's
+            outputs over the other's.
+    """
+    stems = [image_stem(path) for path in images]
+    collision = first_collision(stems)
+    if collision is not None:
+        first, second = (images[position] for position in collision)
+        raise ValueError(f"{first.name} and {second.name} in {folder} would both be case "
+                         f"'{case_name([first])}'; rename or move one of them, so that each case gets its "
+                         "own outputs.")
+    return [[images[channels[index]] for index in sorted(channels)] for _, channels in group_channels(stems)]
 
 
 def folder_cases(folder: str | Path) -> list[list[Path]]:
@@ -297,9 +340,9 @@ def folder_cases(folder: str | Path) -> list[list[Path]]:
     together, channel 0 first; every other image a case of its own.
 
     Raises:
-        ValueError: the folder does not exist or holds no image.
+        ValueError: the folder does not exist or holds no image, or two images would be one case.
     """
-    return _channel_cases(folder_images(folder))
+    return _channel_cases(folder_images(folder), Path(folder))
 
 
 def folder_inputs(folder: str | Path) -> tuple[list[CaseInput], list[DicomSeries]]:
@@ -314,7 +357,7 @@ def folder_inputs(folder: str | Path) -> tuple[list[CaseInput], list[DicomSeries
     folder = Path(folder)
     if not folder.is_dir():
         raise ValueError(f"Image folder {folder} does not exist; pass --image-dir with a folder of images.")
-    cases = [CaseInput(case_name(paths), tuple(paths)) for paths in _channel_cases(_listed_images(folder))]
+    cases = [CaseInput(case_name(paths), tuple(paths)) for paths in _channel_cases(_listed_images(folder), folder)]
     every_series = find_series(folder)
     images = [series for series in every_series if series.is_image]
     names = series_case_names(images, folder)
@@ -322,6 +365,11 @@ def folder_inputs(folder: str | Path) -> tuple[list[CaseInput], list[DicomSeries
     if not cases:
         raise ValueError(f"{folder} holds no image ({', '.join(IMAGE_SUFFIXES)}) and no DICOM image series; "
                          "pass --image-dir with a folder of images or DICOM series.")
+    repeat = first_repeat([case.name for case in cases])
+    if repeat is not None:
+        first, second = (cases[position] for position in repeat)
+        raise ValueError(f"{first.shown} and {second.shown} in {folder} would both be case '{first.name}'; rename "
+                         "or move one of them, so that each case gets its own outputs.")
     return cases, [series for series in every_series if not series.is_image]
 
 
@@ -349,10 +397,15 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
         The table's rows and its path.
 
     Raises:
-        ValueError: no case in ``image_dir``, ``dicom_seg`` with image files among the cases, or ``out_dir``
-            cannot take the outputs (before any inference).
+        ValueError: no case in ``image_dir``, cases that would share a name (:func:`folder_inputs`), ``dicom_seg``
+            with image files among the cases, or ``out_dir`` is ``image_dir`` or cannot take the outputs (before
+            any inference).
     """
     cases, others = folder_inputs(image_dir)
+    if Path(out_dir).resolve() == Path(image_dir).resolve():
+        raise ValueError(f"The output folder is the image folder {image_dir}: the outputs "
+                         "(<case>_labels.nii.gz, ...) would be read as cases by the next run; choose another "
+                         "--out-dir.")
     files = [case.shown for case in cases if case.series is None]
     if dicom_seg and files:
         raise ValueError(f"--dicom-seg needs DICOM series, and {image_dir} holds image files too "
@@ -480,7 +533,8 @@ def _parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--image", type=Path, action="append",
                         help="3D image (NIfTI, NRRD, MHA) or a folder of one DICOM series; for a bundle of "
-                             "several channels one --image file per channel, in the bundle's order")
+                             "several channels one --image file per channel: <case>_0000, <case>_0001, ... in any "
+                             "order, or files without these suffixes in the bundle's order")
     source.add_argument("--image-dir", type=Path,
                         help=f"a folder of 3D images and DICOM series: each one a case (<case>_0000 ... "
                              f"_000K files one case of several channels), and {BATCH_TABLE}")

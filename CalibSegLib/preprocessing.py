@@ -172,6 +172,7 @@ def check_volume(
     spacing: Sequence[float] | None = None,
     slice_axis: int = 0,
     min_in_plane: int = MIN_IN_PLANE,
+    what: str = "image",
 ) -> None:
     """Raise one clear ``ValueError`` when ``image`` cannot be segmented.
 
@@ -180,28 +181,29 @@ def check_volume(
         spacing: ``(z, y, x)`` voxel size in mm, or None to skip that check.
         slice_axis: the axis a 2D network steps along; the other two are in-plane.
         min_in_plane: smallest in-plane size (voxels) accepted.
+        what: how the sentences name the volume (``"FLAIR channel"`` for one channel of several).
     """
     if not isinstance(image, np.ndarray):
-        raise ValueError(f"The image must be a NumPy array, got {type(image).__name__}.")
+        raise ValueError(f"The {what} must be a NumPy array, got {type(image).__name__}.")
     if image.ndim != 3:
         raise ValueError(
-            f"The image must be a 3D (z, y, x) volume, got {image.ndim}D with shape {image.shape}."
+            f"The {what} must be a 3D (z, y, x) volume, got {image.ndim}D with shape {image.shape}."
         )
     if image.size == 0:
-        raise ValueError(f"The image is empty (shape {image.shape}); give a volume with voxels in it.")
+        raise ValueError(f"The {what} is empty (shape {image.shape}); give a volume with voxels in it.")
     if not (np.issubdtype(image.dtype, np.integer) or np.issubdtype(image.dtype, np.floating)):
-        raise ValueError(f"The image must hold real numbers, got dtype {image.dtype}.")
+        raise ValueError(f"The {what} must hold real numbers, got dtype {image.dtype}.")
     in_plane = tuple(size for axis, size in enumerate(image.shape) if axis != slice_axis)
     if min(in_plane) < min_in_plane:
         raise ValueError(
-            f"The image's slices are {in_plane[0]}×{in_plane[1]} voxels; "
+            f"The {what}'s slices are {in_plane[0]}×{in_plane[1]} voxels; "
             f"at least {min_in_plane}×{min_in_plane} are needed."
         )
     if np.issubdtype(image.dtype, np.floating) and not np.isfinite(image).all():
-        raise ValueError("The image contains NaN or infinite values; fix or mask them before segmenting.")
+        raise ValueError(f"The {what} contains NaN or infinite values; fix or mask them before segmenting.")
     if image.min() == image.max():
         raise ValueError(
-            f"The image is constant (every voxel is {image.flat[0]}); there is nothing to segment."
+            f"The {what} is constant (every voxel is {image.flat[0]}); there is nothing to segment."
         )
     if spacing is not None:
         try:
@@ -213,8 +215,9 @@ def check_volume(
         in_plane = np.delete(values, slice_axis)
         if not (np.isfinite(in_plane).all() and (in_plane > 0).all()):
             raise ValueError(
-                f"The image's in-plane spacing {tuple(float(value) for value in in_plane)} mm is missing, zero "
-                "or not finite; the model resamples slices by it, so set the image's real voxel size first."
+                f"The {what}'s in-plane spacing {tuple(float(value) for value in in_plane)} mm is missing, "
+                "zero or not finite; the model resamples slices by it, so set the image's real voxel size "
+                "first."
             )
 
 

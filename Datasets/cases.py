@@ -58,6 +58,7 @@ __all__ = [
     "CaseFile",
     "DATASETS",
     "find_cases",
+    "ignored_images",
     "DATASET_DESCRIPTION",
     "DatasetDescription",
     "read_dataset_description",
@@ -166,41 +167,124 @@ def patient_of_case(case_id: str) -> str:
 
 
 def _find_pairs(folder: Path) -> list[CaseFile]:
-    found = []
+    """The ``<case>_image``/``<case>_label`` pairs of ``folder``; DataError for a case with two images (two
+    formats), which would train on one case twice."""
+    found: dict[str, CaseFile] = {}
     for image_path in sorted(folder.iterdir()):
         stem = _strip_extension(image_path.name)
         if stem is None or not stem.endswith("_image"):
             continue
         case = stem[: -len("_image")]
+        if case in found:
+            raise DataError(f"Case {case} has two images in {folder} ({found[case].image_path.name}, "
+                            f"{image_path.name}); remove one of them.")
         extension = image_path.name[len(stem):]
-        found.append(CaseFile(case, patient_of_case(case), image_path, folder / f"{case}_label{extension}", "image"))
-    return found
+        found[case] = CaseFile(case, patient_of_case(case), image_path, folder / f"{case}_label{extension}", "image")
+    return list(found.values())
+
+
+def _image_files(folder: Path, ending: str | None) -> tuple[list[Path], list[Path]]:
+    """The image files of ``folder`` (hidden files and other files left out), sorted: those that count and
+    those ``ending`` (``dataset.json``'s ``file_ending``; None: every image format counts) leaves out."""
+    images = [path for path in sorted(folder.iterdir())
+              if not path.name.startswith(".") and _strip_extension(path.name) is not None]
+    if ending is None:
+        return images, []
+    return ([path for path in images if path.name.endswith(ending)],
+            [path for path in images if not path.name.endswith(ending)])
+
+
+def ignored_images(folder: str | Path) -> list[Path]:
+    """The images of a Decathlon / nnU-Net folder's ``imagesTr`` that its ``dataset.json``'s ``file_ending``
+    leaves out (``a_0000.nrrd`` beside ``a_0000.nii.gz`` when it says ``.nii.gz``): training names them as
+    ignored."""
+    folder = Path(folder)
+    if not (folder / "imagesTr").is_dir():
+        return []
+    description = read_dataset_description(folder)
+    return _image_files(folder / "imagesTr", description.file_ending if description else None)[1]
+
+
+def _dimension(path: Path) -> int:
+    """The number of axes a image file's header declares (0 when it cannot be read: the reading says why)."""
+    import SimpleITK as sitk
+
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(path))
+    try:
+        reader.ReadImageInformation()
+    except RuntimeError:
+        return 0
+    return reader.GetDimension()
+
+
+def _one_file_per_channel(images: Path, case: str, paths: dict[int | None, list[Path]],
+                          count: int) -> list[Path]:
+    """Case ``case``'s file per channel, channel 0 first, from its files by channel suffix (None: no suffix,
+    the one file of a one-channel dataset); DataError naming what is wrong otherwise."""
+    for channel, files in paths.items():
+        if len(files) > 1:
+            named = ", ".join(path.name for path in files)
+            raise DataError(f"Case {case} has {len(files)} files for channel {channel or 0} in {images} "
+                            f"({named}); remove all but one, or give dataset.json a \"file_ending\" that "
+                            "chooses one.")
+    last = f"{case}_{count - 1:04d}"
+    if None in paths:
+        bare = paths[None][0]
+        suffixed = [path.name for channel, files in paths.items() if channel is not None for path in files]
+        if suffixed:
+            raise DataError(f"Case {case} in {images} has {bare.name}, without a channel suffix, beside "
+                            f"{', '.join(suffixed)}; remove one of them, or name every file of the case with "
+                            "its channel suffix.")
+        if count > 1 and _dimension(bare) == 4:
+            raise DataError(f"{bare.name} in {images} holds its channels in one 4D image (the Medical "
+                            "Segmentation Decathlon's original layout); CalibSeg reads one 3D file per "
+                            f"channel: split it into {case}_0000 ... {last} (nnUNetv2_convert_MSD_dataset "
+                            "does this for a whole folder).")
+        if count > 1:
+            raise DataError(f"Case {case} in {images} has one file without a channel suffix ({bare.name}) "
+                            f"but the dataset has {count} channels; name its files {case}_0000 ... {last}, "
+                            "one per channel.")
+    channels = {channel or 0: files[0] for channel, files in paths.items()}
+    if sorted(channels) != list(range(count)):
+        present = ", ".join(f"_{index:04d}" for index in sorted(channels))
+        raise DataError(f"Case {case} in {images} has the channel file(s) {present} but the dataset has "
+                        f"{count} channel(s) (_0000 to _{count - 1:04d}); every case needs one file per "
+                        "channel.")
+    return [channels[index] for index in range(count)]
 
 
 def _find_decathlon(folder: Path) -> list[CaseFile]:
     """The cases of ``imagesTr``: files grouped by case into channels ``_0000`` ... ``_000K``, each case holding
-    every channel the dataset has (``dataset.json``'s count, else the most any case has)."""
-    channels: dict[str, dict[int, Path]] = {}
-    extensions: dict[str, str] = {}
-    for image_path in sorted((folder / "imagesTr").iterdir()):
-        stem = _strip_extension(image_path.name)
-        if stem is None or image_path.name.startswith("."):
-            continue
-        case, channel = case_and_channel(stem)
-        channels.setdefault(case, {})[channel or 0] = image_path
-        extensions[case] = image_path.name[len(stem):]
+    exactly one file for every channel the dataset has (``dataset.json``'s count, else the most any case has),
+    only files ending in its ``file_ending`` counting when it gives one, as many cases as its
+    ``numTraining``."""
+    images = folder / "imagesTr"
     description = read_dataset_description(folder)
+    ending = description.file_ending if description is not None else None
+    counted, ignored = _image_files(images, ending)
+    if ignored and not counted:
+        raise DataError(f"{images} holds no image ending in {ending}, the file_ending of its dataset.json, "
+                        f"but {len(ignored)} of another format (first: {ignored[0].name}); correct "
+                        "file_ending or convert the images.")
+    channels: dict[str, dict[int | None, list[Path]]] = {}
+    for image_path in counted:
+        case, channel = case_and_channel(_strip_extension(image_path.name))
+        channels.setdefault(case, {}).setdefault(channel, []).append(image_path)
     named = description.channel_names if description is not None else None
-    count = len(named) if named else max((max(found) + 1 for found in channels.values()), default=1)
+    most = max((max(channel or 0 for channel in found) + 1 for found in channels.values()), default=1)
+    count = len(named) if named else most
     found = []
     for case, paths in channels.items():
-        if sorted(paths) != list(range(count)):
-            present = ", ".join(f"_{index:04d}" for index in sorted(paths))
-            raise DataError(f"Case {case} in {folder / 'imagesTr'} has the channel file(s) {present} but the dataset "
-                            f"has {count} channel(s) (_0000 to _{count - 1:04d}); every case needs one file per channel.")
-        ordered = [paths[index] for index in range(count)]
-        found.append(CaseFile(case, case, ordered[0], folder / "labelsTr" / f"{case}{extensions[case]}", "image",
+        ordered = _one_file_per_channel(images, case, paths, count)
+        extension = ending or ordered[0].name[len(_strip_extension(ordered[0].name)):]
+        found.append(CaseFile(case, case, ordered[0], folder / "labelsTr" / f"{case}{extension}", "image",
                               tuple(ordered[1:])))
+    expected = description.num_training if description is not None else None
+    if expected is not None and found and expected != len(found):
+        which = f" ending in {ending}" if ending else ""
+        raise DataError(f"{folder / DATASET_DESCRIPTION} says numTraining {expected} but {images} holds "
+                        f"{len(found)} case(s){which}; restore the missing cases or correct numTraining.")
     return found
 
 
@@ -297,13 +381,14 @@ def data_folder(data: dict, given: str | Path | None = None) -> Path:
 @dataclass(frozen=True)
 class DatasetDescription:
     """What a folder's ``dataset.json`` says: ``class_names`` (background, id 0, first), ``channel_names`` (channel
-    0 first; None when it names none), ``file_ending`` (None when not given) and ``test_cases``, the case ids of its
-    ``test`` list (empty without one)."""
+    0 first; None when it names none), ``file_ending`` (None when not given), ``test_cases``, the case ids of
+    its ``test`` list (empty without one), and ``num_training``, its ``numTraining`` (None when not given)."""
 
     class_names: list[str]
     channel_names: list[str] | None
     file_ending: str | None
     test_cases: list[str]
+    num_training: int | None = None
 
 
 def _numbered_names(path: Path, key: str, value: Any) -> list[str]:
@@ -345,7 +430,8 @@ def read_dataset_description(folder: str | Path) -> DatasetDescription | None:
 
     Raises:
         DataError: the file is unreadable, its labels are not the ids 0, 1, ..., C - 1 each named once (nnU-Net's
-            region labels, lists of ids, included), or its channels are not numbered 0, 1, ..., K - 1.
+            region labels, lists of ids, included), its channels are not numbered 0, 1, ..., K - 1, its
+            ``file_ending`` is not an image format CalibSeg reads, or its ``numTraining`` not a whole number.
     """
     path = Path(folder) / DATASET_DESCRIPTION
     if not path.is_file():
@@ -359,9 +445,14 @@ def read_dataset_description(folder: str | Path) -> DatasetDescription | None:
     channel_key = next((key for key in ("channel_names", "modality") if key in values), None)
     channels = _numbered_names(path, channel_key, values[channel_key]) if channel_key else None
     ending = values.get("file_ending")
+    if ending is not None and (not isinstance(ending, str) or ending.lower() not in WRITE_SUFFIXES):
+        raise DataError(f"{path}'s file_ending {ending!r} is not an image format CalibSeg reads; give one of "
+                        f"{', '.join(WRITE_SUFFIXES)} (with its dot).")
+    count = values.get("numTraining")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+        raise DataError(f"{path}'s numTraining must be the number of training cases, got {count!r}.")
     tests = [case for case in map(_test_case, values.get("test") or []) if case]
-    return DatasetDescription(_class_names(path, values.get("labels")), channels,
-                              ending if isinstance(ending, str) else None, tests)
+    return DatasetDescription(_class_names(path, values.get("labels")), channels, ending, tests, count)
 
 
 def default_classes(num_classes: int, dataset: str, names: Sequence[str] | None = None,

@@ -2,6 +2,7 @@
 
     python -m Datasets.phantoms --kind ct --out data/ct_phantom            # Decathlon layout, one CT channel
     python -m Datasets.phantoms --kind multichannel --out data/mr_phantom  # nnU-Net v2 layout, four MRI channels
+    python -m Datasets.phantoms --kind lesion --out data/lesion_phantom    # three MRI channels, a lesion
 
 They exist to train and test CalibSeg on input unlike ACDC's, where a wrong preprocessing choice
 shows as a failed run rather than a slightly worse one:
@@ -18,6 +19,13 @@ shows as a failed run rather than a slightly worse one:
   ``channel_names``, ``labels`` name → id and ``file_ending``). Channel 0 shows the head only; each
   structure k (1-3) is bright in channel k and invisible in the others, so a model must read every
   channel. Each case and channel has its own gain and offset (MRI intensities carry no units).
+- ``lesion``: a three-sequence MRI (T1, T2, FLAIR), nnU-Net v2 layout as ``multichannel``, whose third
+  structure is a small bright lesion (0.1-0.5 % of the voxels) seen in T2 only: about 800 against tissue of
+  380 ± 24. Edema shows in FLAIR, the core in T1. A per-image [min, 99th percentile] scaling clips T2 at about
+  430, where every lesion voxel lands on the clip value together with the brightest 1 % of noise voxels of
+  normal tissue: enhancing tumour in T1ce, multiple-sclerosis lesions in FLAIR and scar in late-enhancement
+  cardiac MRI are this kind of structure. The normalisation must keep the brightest 1 % of intensities apart
+  for a network to learn it.
 
 Every case gets its own random geometry (structure centres, radii, spacing) from ``seed``; the same
 ``seed`` writes byte-identical folders. The folder is written under a temporary name and renamed
@@ -38,13 +46,20 @@ from scipy import ndimage
 
 from CalibSegLib.io import ImageGeometry, check_output_folder, os_error_sentence, write_image
 
-__all__ = ["PHANTOMS", "PhantomCase", "ct_case", "multichannel_case", "write_phantom", "main"]
+__all__ = ["PHANTOMS", "PhantomCase", "ct_case", "multichannel_case", "lesion_case", "write_phantom", "main"]
 
 _AIR_HU, _TISSUE_HU = -1000.0, 40.0
 _CT_ORGANS: dict[str, float] = {"liver": 55.0, "spleen": 70.0, "kidney": 90.0}  # HU
 _CT_NOISE_HU = 12.0
 _MRI_CHANNELS = ("T1", "T1ce", "T2", "FLAIR")
 _MRI_STRUCTURES = ("edema", "necrosis", "enhancing")
+# The lesion phantom: per structure the one channel it shows in and its level there, in units of the case's
+# gain (tissue 1: 380 ± 24 and the lesion 800 at the median gain); the noise sd in the same units.
+_LESION_CHANNELS = ("T1", "T2", "FLAIR")
+_LESION_STRUCTURES: dict[str, tuple[str, float]] = {"edema": ("FLAIR", 2.0), "core": ("T1", 2.0),
+                                                    "lesion": ("T2", 800.0 / 380.0)}
+_LESION_NOISE = 24.0 / 380.0
+_LESION_RADIUS_MM = (4.6, 6.2)  # 0.13-0.34 % of the 48 × 80 × 80 voxels
 
 
 @dataclass
@@ -95,24 +110,59 @@ def ct_case(rng: np.random.Generator, field_of_view: Sequence[float] = (60.0, 96
     return PhantomCase([image.astype(np.float32)], label, spacing)
 
 
-def multichannel_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)) -> PhantomCase:
-    """One four-channel MRI case of ``field_of_view`` mm at 1 mm: structure k shows in channel k only."""
+def _mri_head(field_of_view: Sequence[float]
+              ) -> tuple[tuple[float, float, float], list[np.ndarray], np.ndarray]:
+    """An MRI case's 1 mm grid over ``field_of_view`` mm (z, y, x): its spacing, voxel coordinates and the
+    head's mask."""
     spacing = (1.0, 1.0, 1.0)
     shape = tuple(int(round(extent)) for extent in field_of_view)
     coordinates = _grid(shape, spacing)
     head = _ellipsoid(coordinates, (0.0, 0.0, 0.0), (0.45 * field_of_view[0], 0.42 * field_of_view[1],
                                                       0.36 * field_of_view[2]))
-    label = np.zeros(shape, np.uint8)
+    return spacing, coordinates, head
+
+
+def _mri_channel(head: np.ndarray, structures: Sequence[tuple[np.ndarray, float]], noise: float,
+                 gains: tuple[float, float], offsets: tuple[float, float], rng: np.random.Generator
+                 ) -> np.ndarray:
+    """One MRI channel ``(z, y, x)`` float32: tissue 1 in the head, each ``(mask, level)`` of ``structures``
+    at its level, blurred (partial volume), noise of sd ``noise``, then a gain and an offset drawn from
+    ``gains`` and ``offsets`` (MRI intensities carry no units)."""
+    tissue = np.where(head, 1.0, 0.0)
+    for mask, level in structures:
+        tissue[mask] = level
+    tissue = ndimage.gaussian_filter(tissue, sigma=0.7) + rng.normal(0.0, noise, head.shape)
+    gain, offset = rng.uniform(*gains), rng.uniform(*offsets)
+    return (offset + gain * np.clip(tissue, 0.0, None)).astype(np.float32)
+
+
+def multichannel_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)
+                      ) -> PhantomCase:
+    """One four-channel MRI case of ``field_of_view`` mm at 1 mm: structure k shows in channel k only."""
+    spacing, coordinates, head = _mri_head(field_of_view)
+    label = np.zeros(head.shape, np.uint8)
     for index in range(1, len(_MRI_STRUCTURES) + 1):
         label[_place(coordinates, head, (9, 12, 12), (6, 14, 10), rng)] = index
-    channels = []
-    for channel in range(len(_MRI_CHANNELS)):
-        tissue = np.where(head, 1.0, 0.0)
-        if channel:
-            tissue[label == channel] = 2.0  # this channel's structure, and no other
-        tissue = ndimage.gaussian_filter(tissue, sigma=0.7) + rng.normal(0.0, 0.15, shape)
-        gain, offset = rng.uniform(200.0, 800.0), rng.uniform(0.0, 100.0)
-        channels.append((offset + gain * np.clip(tissue, 0.0, None)).astype(np.float32))
+    # Channel k > 0 shows structure k, and no other; channel 0 the head alone.
+    channels = [_mri_channel(head, [(label == channel, 2.0)] if channel else [], 0.15, (200.0, 800.0),
+                             (0.0, 100.0), rng) for channel in range(len(_MRI_CHANNELS))]
+    return PhantomCase(channels, label, spacing)
+
+
+def lesion_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)) -> PhantomCase:
+    """One three-channel MRI case of ``field_of_view`` mm at 1 mm: edema (label 1) bright in FLAIR, the core
+    (2) in T1, a small lesion (3, a ball of 4.6-6.2 mm radius) in T2 only (see the module docstring)."""
+    spacing, coordinates, head = _mri_head(field_of_view)
+    label = np.zeros(head.shape, np.uint8)
+    label[_place(coordinates, head, (9, 12, 12), (6, 14, 10), rng)] = 1
+    label[_place(coordinates, head, (6, 8, 8), (6, 14, 10), rng)] = 2
+    radius = rng.uniform(*_LESION_RADIUS_MM)
+    centre = [rng.uniform(-reach, reach) for reach in (4.0, 10.0, 8.0)]  # the whole ball inside the head
+    label[_ellipsoid(coordinates, centre, (radius,) * 3)] = 3
+    channels = [_mri_channel(head, [(label == structure, level) for structure, (shown_in, level)
+                                    in enumerate(_LESION_STRUCTURES.values(), start=1)
+                                    if shown_in == channel],
+                             _LESION_NOISE, (300.0, 460.0), (0.0, 20.0), rng) for channel in _LESION_CHANNELS]
     return PhantomCase(channels, label, spacing)
 
 
@@ -134,16 +184,22 @@ def _decathlon_description(count: int) -> dict:
                          for index in range(count)], "test": []}
 
 
-def _nnunet_description(count: int) -> dict:
-    return {"name": "MRPhantom", "description": "CalibSeg's generated four-sequence MRI (Datasets/phantoms.py)",
-            "channel_names": {str(index): name for index, name in enumerate(_MRI_CHANNELS)},
-            "labels": {name: index for index, name in enumerate(["background", *_MRI_STRUCTURES])},
-            "numTraining": count, "file_ending": ".nii.gz"}
+def _nnunet_description(name: str, what: str, channels: Sequence[str], structures: Sequence[str]
+                        ) -> Callable[[int], dict]:
+    """The nnU-Net v2 ``dataset.json`` of a phantom of ``count`` cases."""
+    return lambda count: {
+        "name": name, "description": f"CalibSeg's generated {what} (Datasets/phantoms.py)",
+        "channel_names": {str(index): channel for index, channel in enumerate(channels)},
+        "labels": {structure: index for index, structure in enumerate(["background", *structures])},
+        "numTraining": count, "file_ending": ".nii.gz"}
 
 
 PHANTOMS: dict[str, _Phantom] = {
     "ct": _Phantom(ct_case, "ct", _decathlon_description),
-    "multichannel": _Phantom(multichannel_case, "mr", _nnunet_description),
+    "multichannel": _Phantom(multichannel_case, "mr", _nnunet_description(
+        "MRPhantom", "four-sequence MRI", _MRI_CHANNELS, _MRI_STRUCTURES)),
+    "lesion": _Phantom(lesion_case, "lesion", _nnunet_description(
+        "LesionPhantom", "three-sequence MRI with a small lesion", _LESION_CHANNELS, _LESION_STRUCTURES)),
 }
 
 

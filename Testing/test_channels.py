@@ -16,10 +16,11 @@ from CalibSegLib.predict import folder_cases
 from CalibSegLib.predict import main as predict_main
 from CalibSegLib.preprocessing import Preprocessing, intensity_range, normalize_channels, scale_intensity
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import SAMPLE_DATA, DataError, find_cases, load_cases, read_dataset_description
-from Datasets.phantoms import write_phantom
+from Datasets.cases import (SAMPLE_DATA, SAMPLE_DATASET, Case, DataError, find_cases, load_cases,
+                            read_dataset_description)
+from Datasets.phantoms import lesion_case, write_phantom
 from Datasets.splits import make_split
-from Training.plan import channel_normalization, make_plan, patch_3d
+from Training.plan import channel_normalization, default_scheme, make_plan, patch_3d
 from Training.train import main as train_main
 from tiny_bundles import make_test_metadata
 
@@ -119,7 +120,8 @@ def test_plan_keeps_acdcs_shipped_recipe():
     assert make_plan(cases, ["image"], 128).patch_2d == (128, 128)  # quick and --cpu
     plan = make_plan(cases, ["image"], 224)  # --paper
     assert plan.patch_2d == (224, 224) and plan.target_spacing[1:] == (1.5, 1.5)
-    assert channel_normalization(plan.channels) is None  # no CT channel: bundles keep today's preprocessing
+    # ACDC keeps the shipped models' per-image percentile scaling: its bundles record nothing new
+    assert channel_normalization(plan.channels, default_scheme(SAMPLE_DATASET)) is None
 
 
 def test_a_3d_patch_is_shrunk_along_its_longest_axis_to_the_budget():
@@ -145,6 +147,42 @@ def test_bundles_without_channel_normalization_predict_as_before():
     np.testing.assert_array_equal(predicted, by_hand.transpose(0, 1).numpy())
     np.testing.assert_array_equal(predicted, predictor.predict(image[None], spacing, keep_probabilities=True)
                                   .probabilities)  # (1, z, y, x) is the same one channel
+
+
+def test_a_small_bright_lesion_survives_the_planned_normalisation():
+    """The lesion phantom's T2-only lesion (0.1-0.5 % of the voxels): the plan's per-image z-score keeps it
+    brighter than the tissue around it; the percentile scaling puts all of it on the clip, among tissue."""
+    phantom = lesion_case(np.random.default_rng(3))
+    case = Case("lesion_000", "lesion_000", np.stack(phantom.channels), phantom.label, phantom.spacing)
+    lesion = case.label == 3
+    assert 0.001 <= lesion.mean() <= 0.005
+    plan = make_plan([case], ["T1", "T2", "FLAIR"])
+    schemes = channel_normalization(plan.channels, default_scheme("lesion30"))
+    planned = Preprocessing(channel_normalization=schemes)
+    assert [item.scheme for item in planned.channel_normalization] == ["zscore"] * 3
+    t2 = normalize_channels(case.image, planned)[1]
+    brightest_other = t2[~lesion].max()
+    assert np.mean(t2[lesion] > brightest_other) > 0.9  # the lesion stands apart (its blurred rim aside)
+    assert np.median(t2[lesion]) > brightest_other + 2 * t2[~lesion & (case.label > 0)].std()
+    clipped = normalize_channels(case.image, Preprocessing())[1]  # ACDC's scaling, [min, p99] → [0, 1]
+    on_the_clip = clipped == clipped.max()
+    assert on_the_clip[lesion].all() and np.count_nonzero(on_the_clip & ~lesion) > lesion.sum()
+
+
+def test_z_score_keeps_the_top_one_percent_of_intensities_apart():
+    """An affine map of the whole image, nothing clipped: the order and the distinct values of the brightest
+    1 % survive whatever their range (a long tail, a few extreme voxels)."""
+    rng = np.random.default_rng(0)
+    image = np.concatenate([rng.normal(380, 24, 20_000), rng.lognormal(7, 1.5, 200)]).astype(np.float32)
+    image = image.reshape(20, 10, 101)
+    plan = make_plan([Case("a", "a", image, np.ones(image.shape, np.uint8), (1.0, 1.0, 1.0))], ["image"])
+    zscore = Preprocessing(channel_normalization=channel_normalization(plan.channels))
+    scaled = normalize_channels(image, zscore)
+    scaled, values = scaled.ravel(), image.ravel()
+    top = np.argsort(values)[-len(values) // 100:]
+    assert np.all(np.diff(scaled[top]) >= 0) and len(np.unique(scaled[top])) == len(np.unique(values[top]))
+    expected = (values - image.mean(dtype=np.float64)) / image.std(dtype=np.float64)
+    np.testing.assert_allclose(scaled, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_channel_normalization_is_validated_on_load():
@@ -200,6 +238,8 @@ def test_four_channel_bundle_round_trips_and_predicts(mr_run, mr_folder, tmp_pat
     metadata = load_bundle(mr_run / "model.calibseg").metadata
     assert metadata.in_channels == 4 and metadata.channel_names == ["T1", "T1ce", "T2", "FLAIR"]
     assert metadata.class_names == ["background", "edema", "necrosis", "enhancing"]
+    # MRI channels of one's own data: z-scored per image, nothing clipped (nnU-Net's choice)
+    assert [item.scheme for item in metadata.preprocessing.channel_normalization] == ["zscore"] * 4
     predictor = Predictor(mr_run / "model.calibseg", device="cpu")
     case = load_cases(find_cases(mr_folder)[:1], 4)[0]
     prediction = predictor.predict(case.image, case.spacing)
@@ -220,14 +260,14 @@ def test_predict_refuses_a_wrong_image_count_and_other_grids(mr_run, mr_folder, 
     arguments = ["--bundle", bundle, "--out-dir", str(tmp_path / "out"), "--device", "cpu"]
     assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), [])]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and error.startswith("error: The bundle takes 4 channel(s) (T1, T1ce, T2, FLAIR), "
-                                                       "one --image each in that order, but 3 image(s) were given.")
+    assert error.count("\n") == 1 and error.startswith("error: The model reads 4 channel(s) (T1, T1ce, T2, "
+                                                       "FLAIR), one file each, but 3 file(s) were given.")
     image, geometry = read_image(images[3])
-    write_image(tmp_path / "shifted_0003.nii.gz", image, replace(geometry, origin=(5.0, 0.0, 0.0)))
+    write_image(tmp_path / "mr_001_0003.nii.gz", image, replace(geometry, origin=(5.0, 0.0, 0.0)))
     assert predict_main([*arguments, *sum((["--image", str(path)] for path in images[:3]), []),
-                         "--image", str(tmp_path / "shifted_0003.nii.gz")]) == 2
+                         "--image", str(tmp_path / "mr_001_0003.nii.gz")]) == 2
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and "shifted_0003.nii.gz is not on mr_001_0000.nii.gz's grid" in error
+    assert error.count("\n") == 1 and "mr_001_0003.nii.gz is not on mr_001_0000.nii.gz's grid" in error
     assert not (tmp_path / "out").exists()
 
 

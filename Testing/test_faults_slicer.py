@@ -185,6 +185,8 @@ BAD_BATCHES = {
                     r"threshold must be a number in \[0, 1\], got 5\.0"),
     "hot-spot level NaN": (lambda volume, bundle, broken: run_batch([volume], bundle, hotSpotLevel=math.nan),
                            r"hot-spot level must be a number in \[0, 1\], got nan"),
+    "a volume given twice": (lambda volume, bundle, broken: run_batch([volume, volume], bundle),
+                             r"^The volume 'input' is given twice; give each volume once\.$"),
 }
 
 
@@ -194,6 +196,78 @@ def test_a_batch_that_cannot_start_is_one_sentence_and_adds_nothing(case, bundle
     broken = BROKEN_BUNDLES["NaN weights"][0](bundle, tmp_path / "broken.calibseg")
     volume = make_volume_node(mrml_scene, image())
     assert_one_sentence(refused_without_change(mrml_scene, lambda: action(volume, bundle, broken)), pattern)
+
+
+@pytest.fixture(scope="module")
+def three_channels(tmp_path_factory) -> Path:
+    from tiny_bundles import make_test_bundle
+
+    return make_test_bundle(tmp_path_factory.mktemp("three") / "three.calibseg", patch_size=(32, 32),
+                            in_channels=3, channel_names=["T1", "T2", "FLAIR"])
+
+
+def _channel_volumes(scene, *names: str) -> list:
+    return [make_volume_node(scene, image(), name) for name in names]
+
+
+# Volumes given to a run of the three-channel bundle (T1, T2, FLAIR) → the sentence; nothing added.
+BAD_CHANNEL_RUNS = {
+    "one volume for two channels": (lambda scene: [*_channel_volumes(scene, "a_0000", "a_0001")] * 2,
+                                    (0, 1, 0), r"^The volume 'a_0000' is already chosen for the 'T1' "
+                                               r"channel; choose another volume for 'FLAIR'\.$"),
+    "volumes of two cases": (lambda scene: _channel_volumes(scene, "a_0000", "b_0001", "a_0002"), (0, 1, 2),
+                             r"belong to different cases \(a, b\) by their channel suffixes"),
+    "a channel the model lacks": (lambda scene: _channel_volumes(scene, "a_0000", "a_0001", "a_0003"),
+                                  (0, 1, 2), r"channels _0000, _0001, _0003, but the model reads a_0000 to "
+                                             r"a_0002"),
+    "some named as channels, some not": (lambda scene: _channel_volumes(scene, "a_0000", "T2", "a_0002"),
+                                         (0, 1, 2), "'a_0000' carries a channel suffix but 'T2' does not"),
+    "no volume chosen for a channel": (lambda scene: [*_channel_volumes(scene, "T1", "FLAIR"), None],
+                                       (0, 2, 1), r"^Choose a volume for the model's 'T2' channel\.$"),
+    "four volumes for three channels": (lambda scene: _channel_volumes(scene, "a", "b", "c", "d"),
+                                        (0, 1, 2, 3),
+                                        r"reads 3 channel\(s\) \(T1, T2, FLAIR\), one volume each, but 4"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CHANNEL_RUNS))
+def test_volumes_that_are_not_the_models_channels_are_refused(case, three_channels, mrml_scene):  # noqa: F811
+    make, order, pattern = BAD_CHANNEL_RUNS[case]
+    volumes = make(mrml_scene)
+    given = [volumes[index] for index in order]
+    message = refused_without_change(
+        mrml_scene, lambda: SegmentationRunner().run(given[0], three_channels, channelNodes=given[1:]))
+    assert_one_sentence(message, pattern)
+
+
+def test_one_node_instead_of_a_list_is_a_channel_not_a_type_error(three_channels, mrml_scene):  # noqa: F811
+    """``channelNodes=node`` (not ``[node]``) was Python's TypeError: it is that one further channel, so a
+    three-channel model says how many volumes it reads."""
+    first, second = _channel_volumes(mrml_scene, "T1", "T2")
+    message = refused_without_change(
+        mrml_scene, lambda: SegmentationRunner().run(first, three_channels, channelNodes=second))
+    assert_one_sentence(message, r"^The model reads 3 channel\(s\) \(T1, T2, FLAIR\), one volume each, but 2 "
+                                 r"volume\(s\) were given\.$")
+
+
+# Volume names of a batch → (channels of the bundle, the sentence); refused before any case starts.
+BAD_BATCH_NAMES = {
+    "two volumes named a_0000": (3, ("a_0000", "a_0001", "a_0002", "a_0000"),
+                                 r"^Two volumes are named 'a_0000'; rename one of them \(Data module\)"),
+    "a beside a_0000": (3, ("a", "a_0000", "a_0001", "a_0002"),
+                        r"^The volumes 'a' and 'a_0000' would both be case 'a'; rename one of them"),
+    "two volumes of one name, one channel": (1, ("scan", "other", "scan"), r"^Two volumes are named 'scan'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BATCH_NAMES))
+def test_batch_volumes_that_would_be_one_case_are_refused_before_any_case(case, bundle, three_channels,
+                                                                          mrml_scene):  # noqa: F811
+    channels, names, pattern = BAD_BATCH_NAMES[case]
+    volumes = _channel_volumes(mrml_scene, *names)
+    model = three_channels if channels == 3 else bundle
+    message = refused_without_change(mrml_scene, lambda: run_batch(volumes, model))
+    assert_one_sentence(message, pattern)
 
 
 def test_volumes_removed_while_a_batch_runs_are_reported_in_their_rows(bundle, mrml_scene):  # noqa: F811

@@ -60,6 +60,9 @@ BAD_RUNS = {
     "--lr inf": (_flags("--lr", "inf"), ("--lr must be positive and finite",)),
     "--lr-step-to nan": (_flags("--lr-step-to", "nan"), ("--lr-step-to must be",)),
     "--target-spacing inf": (_flags("--target-spacing", "inf"), ("--target-spacing must be positive and finite",)),
+    "--patch-size 1024": (_flags("--patch-size", "1024"), (
+        "--patch-size 1024 1024 is larger than every training slice",
+        "\\(largest 256×256 voxels at 1.5 mm\\)")),
 }
 if not torch.cuda.is_available():
     BAD_RUNS["--device cuda without CUDA"] = (_flags("--device", "cuda"), ("no CUDA device",))
@@ -191,9 +194,10 @@ def test_ctrl_c_says_whether_a_checkpoint_exists(resume, sample_split, tmp_path,
     message = str(caught.value.code)
     if resume:
         assert_one_sentence(message, "^interrupted: ", "checkpoint.pt is kept", "--resume")
-    else:
-        assert_one_sentence(message, "^interrupted before the first epoch ended", "no checkpoint was written")
-        assert not (run_dir / "checkpoint.pt").exists()
+    else:  # the folder the run made is gone with its split.json: nothing is left to resume or to clean up
+        assert_one_sentence(message, "^interrupted before the first epoch ended", "no checkpoint was written",
+                            "run folder .*run is removed")
+        assert not run_dir.exists()
 
 
 def test_a_run_killed_with_sigkill_leaves_its_folder_free_to_resume(tmp_path):

@@ -58,6 +58,25 @@ def test_multichannel_phantom_shows_each_structure_in_its_own_channel_only(tmp_p
         assert all(abs(value - tissue) < 0.2 * tissue for value in others)  # ... the others invisible
 
 
+def test_lesion_phantom_hides_a_small_bright_lesion_in_t2_only(tmp_path):
+    folder = phantoms.write_phantom(tmp_path / "lesion", "lesion", cases=5, seed=2)
+    description = read_dataset_description(folder)
+    assert description.channel_names == ["T1", "T2", "FLAIR"]
+    assert description.class_names == ["background", "edema", "core", "lesion"]
+    for case in range(5):
+        label, _ = read_image(folder / "labelsTr" / f"lesion_{case:03d}.nii.gz")
+        t1, t2, flair = (read_image(folder / "imagesTr" / f"lesion_{case:03d}_{channel:04d}.nii.gz")[0]
+                         for channel in range(3))
+        assert 0.001 <= np.mean(label == 3) <= 0.005  # 0.1-0.5 % of the voxels
+        head = (label == 0) & (t2 > 0.5 * np.median(t2[label == 1]))  # edema does not show in T2
+        # about 800 against tissue of 380 ± 24 (each case has its own gain)
+        assert 1.8 < np.median(t2[label == 3]) / np.median(t2[head]) < 2.4
+        for image, shown in ((t1, 2), (t2, 3), (flair, 1)):  # each structure bright in its own channel only
+            means, tissue = _means(image, label, 4), float(np.median(image[head]))
+            assert means[shown] > 1.5 * tissue
+            assert all(abs(means[other] - tissue) < 0.2 * tissue for other in (1, 2, 3) if other != shown)
+
+
 def test_the_same_seed_writes_the_same_phantom(tmp_path):
     first = phantoms.write_phantom(tmp_path / "a", "ct", cases=5, seed=7)
     second = phantoms.write_phantom(tmp_path / "b", "ct", cases=5, seed=7)

@@ -182,11 +182,6 @@ def test_schedule_loss_arguments_yield_to_the_flags(flags, expected):
     assert config.loss_args == expected
 
 
-def test_a_crop_larger_than_every_training_slice_is_refused(sample_cases, tmp_path):
-    with pytest.raises(DataError, match="larger than every training slice"):
-        tiny_trainer(tmp_path, sample_cases, patch_size=(1024, 1024))
-
-
 def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):
     trainer = tiny_trainer(tmp_path, sample_cases, epochs=1)
     trainer.fit()

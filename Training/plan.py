@@ -10,9 +10,11 @@ planning, kept small).
   recipe comes out unchanged);
 - a 3D patch: the median shape, shrunk along its longest axis (in mm) until it holds at most
   ``voxel_budget`` voxels, each side a multiple of :data:`PATCH_MULTIPLE`;
-- per channel the foreground intensity statistics (mean, sd, 0.5 and 99.5 percentiles over the training cases'
-  labelled voxels), from which a channel named ``CT`` gets its dataset-level normalisation
-  (:func:`channel_normalization`).
+- per channel the foreground intensity statistics (mean, sd, 0.5 and 99.5 percentiles over the training
+  cases' labelled voxels), from which a channel named ``CT`` gets its dataset-level normalisation; every other
+  channel is z-scored per image without clipping, as nnU-Net does, except ACDC's, which keep the per-image
+  percentile scaling the shipped models were trained with (:func:`channel_normalization`,
+  :func:`default_scheme`).
 
 Every value is overridden by its flag (``--target-spacing``, ``--patch-size``); the plan is printed at the start
 and written to ``run.json`` and the bundle's ``training.plan``.
@@ -25,17 +27,23 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from CalibSegLib.preprocessing import ChannelNormalization, as_channels
-from Datasets.cases import Case, DataError
+from CalibSegLib.preprocessing import (ChannelNormalization, as_channels, in_plane_spacing,
+                                       network_grid_shape, volume_grid_shape)
+from Datasets.cases import ACDC_DATASET, SAMPLE_DATASET, Case, DataError
 
-__all__ = ["PATCH_MULTIPLE", "VOXEL_BUDGET_3D", "CT_CHANNEL", "ChannelStatistics", "Plan", "foreground_statistics",
-           "channel_normalization", "patch_2d", "patch_3d", "make_plan"]
+__all__ = ["PATCH_MULTIPLE", "VOXEL_BUDGET_3D", "CT_CHANNEL", "IMAGE_SCHEMES", "ChannelStatistics", "Plan",
+           "foreground_statistics", "default_scheme", "channel_normalization", "patch_2d", "patch_3d",
+           "largest_extent", "make_plan"]
 
 # Crops are halved four times by the default UNet (strides 2, 2, 2, 2): each side a multiple of 16.
 PATCH_MULTIPLE = 16
 # A 3D patch of at most 128³ voxels: a batch of 2 with MONAI's UNet (16-256 channels) fits in about 8 GiB.
 VOXEL_BUDGET_3D = 128 ** 3
 CT_CHANNEL = "CT"  # the dataset.json channel name that selects the dataset-level CT normalisation
+# How a channel other than CT may be normalised per image (calibseg-train --normalization): "zscore" keeps
+# every intensity apart (an affine map, nothing clipped), so a small bright structure stays brighter than all
+# the tissue around it; "percentile" clips at the image's 99th percentile: everything brighter is one value.
+IMAGE_SCHEMES: tuple[str, ...] = ("zscore", "percentile")
 # Foreground voxels read per case and channel (nnU-Net reads 10,000): enough for the percentiles, bounded memory.
 _VOXELS_PER_CASE = 10_000
 
@@ -109,16 +117,27 @@ def foreground_statistics(cases: Sequence[Case], names: Sequence[str], seed: int
     return tuple(statistics)
 
 
-def channel_normalization(channels: Sequence[ChannelStatistics]) -> list[ChannelNormalization] | None:
+def default_scheme(dataset: str) -> str:
+    """The per-image scheme of a dataset's channels other than CT: ``"percentile"`` for ACDC (``acdc``,
+    ``acdc-sample``: the recipe the shipped models were trained and measured with; its volumes were prepared
+    by that very scaling), ``"zscore"`` for any other data (nnU-Net's choice for MRI: a lesion brighter than
+    the image's 99th percentile stays apart from the tissue around it)."""
+    return "percentile" if dataset in (ACDC_DATASET, SAMPLE_DATASET) else "zscore"
+
+
+def channel_normalization(channels: Sequence[ChannelStatistics], scheme: str = "zscore"
+                          ) -> list[ChannelNormalization] | None:
     """Per channel how it is normalised: a channel named :data:`CT_CHANNEL` clipped to its foreground 0.5–99.5
     percentiles and z-scored with the foreground mean and sd after that clipping (Hounsfield units keep their
-    meaning), the others the per-image percentile scaling; None when no channel is CT (the bundle then records
-    nothing new and normalises as every bundle before it)."""
-    if not any(channel.name == CT_CHANNEL for channel in channels):
+    meaning), the others by ``scheme`` (one of :data:`IMAGE_SCHEMES`, per image); None when every channel is
+    ``"percentile"`` (the bundle then records nothing new and normalises as every bundle before it)."""
+    if scheme not in IMAGE_SCHEMES:
+        raise DataError(f"Unknown normalisation {scheme!r}; choose one of {', '.join(IMAGE_SCHEMES)}.")
+    if scheme == "percentile" and not any(channel.name == CT_CHANNEL for channel in channels):
         return None
     return [ChannelNormalization("ct", (channel.percentile_00_5, channel.percentile_99_5), channel.mean,
                                  max(channel.std, 1e-8)) if channel.name == CT_CHANNEL
-            else ChannelNormalization("percentile") for channel in channels]
+            else ChannelNormalization(scheme) for channel in channels]
 
 
 def patch_2d(median_in_plane: Sequence[float], preferred: int) -> tuple[int, int]:
@@ -139,6 +158,27 @@ def patch_3d(median_shape: Sequence[int], spacing: Sequence[float], voxel_budget
         longest = max(shrinkable, key=lambda axis: patch[axis] * spacing[axis])
         patch[longest] -= PATCH_MULTIPLE
     return tuple(patch)
+
+
+def largest_extent(cases: Sequence[Case], target_spacing: Sequence[float]) -> tuple[int, ...]:
+    """The largest extent, per axis, of any case once resampled to ``target_spacing``: ``(y, x)`` voxels of a
+    slice for a 2D one, ``(z, y, x)`` of the volume for a 3D one (what crops are cut from; shapes only, no
+    resampling).
+
+    Raises:
+        DataError: a case whose spacing puts it outside the model's grid limits (its id and the reason).
+    """
+    extents = []
+    for case in cases:
+        try:
+            if len(target_spacing) == 3:
+                extents.append(volume_grid_shape(case.label.shape, case.spacing, target_spacing))
+            else:
+                extents.append(network_grid_shape(case.label.shape[1:], in_plane_spacing(case.spacing),
+                                                  target_spacing))
+        except ValueError as error:
+            raise DataError(f"{case.case_id}: {error}") from None
+    return tuple(int(value) for value in np.max(extents, axis=0))
 
 
 def make_plan(cases: Sequence[Case], channel_names: Sequence[str], preferred_patch_2d: int = 128,

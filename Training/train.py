@@ -34,10 +34,13 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+from torch import nn
 
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.device import resolve_device
@@ -45,8 +48,8 @@ from CalibSegLib.io import check_output_folder, os_error_sentence, write_json_at
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import NETWORKS, NetworkOptionsError, build_network_on_meta, input_size_problem
 from Datasets.cases import (ACDC_CLASS_NAMES, ACDC_DATASET, DATASETS, SAMPLE_DATA, SAMPLE_DATASET, Case, CaseFile, DataError,
-                           DatasetDescription, dataset_name, default_classes, find_cases, load_cases,
-                           read_dataset_description)
+                           DatasetDescription, dataset_name, default_classes, find_cases, ignored_images,
+                           load_cases, read_dataset_description)
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json, split_reference)
 from Datasets.splits.folds import FOLDS, FOLDS_NAME, default_folds_for, fold_split, folds_json, load_folds, make_folds
@@ -56,7 +59,8 @@ from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.summary import EVALUATION_DIR
 from Training.checkpoint import CheckpointError
 from Training.choices import MIRRORING, TEMPERATURE_FITS
-from Training.plan import Plan, channel_normalization, make_plan
+from Training.plan import (IMAGE_SCHEMES, PATCH_MULTIPLE, Plan, channel_normalization, default_scheme,
+                           largest_extent, make_plan)
 from Training.distributed import Processes, start_processes, stop_processes
 from Training.out_of_fold import complete_out_of_fold, evaluate_out_of_fold, out_of_fold_dir
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME
@@ -68,6 +72,14 @@ __all__ = ["main", "run", "run_cross_validation", "cross_validation_dir", "fold_
 
 DEFAULT_DATA = SAMPLE_DATA
 ALL_FOLDS = "all"
+# The plan's patch is grown at most this many times (by PATCH_MULTIPLE along its smallest axis) to one the
+# network segments: the default UNet halves a window four times and needs more than one voxel left at the
+# bottom, and a 3D plan of thin volumes may start at 16 voxels a side.
+_PATCH_GROWTH_STEPS = 8
+# How the start of a run names each channel's scheme (CalibSegLib.preprocessing.CHANNEL_SCHEMES).
+_SCHEME_TEXT = {"percentile": "per image [min, 99th percentile] → [0, 1]",
+                "zscore": "per image z-score, not clipped",
+                "ct": "training foreground's HU window, then its z-score"}
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-spacing", type=float, nargs="+", default=None, metavar="MM",
                         help="spacing the network works at, mm: S or Y X (default: the plan's, the training cases' "
                              "median; 1.5 for ACDC); with --spatial-dims 3: S or Z Y X")
+    parser.add_argument("--normalization", choices=("auto", *IMAGE_SCHEMES), default="auto",
+                        help="how each channel not named CT is scaled, per image: zscore (no clipping: a "
+                             "lesion brighter than the 99th percentile stays apart), percentile ([min, 99th "
+                             "percentile] to [0, 1]); auto: percentile for ACDC (the shipped models' "
+                             "recipe), zscore for other data. A CT channel always gets the training "
+                             "foreground's HU window")
     parser.add_argument("--foreground-share", type=float, default=1 / 3,
                         help="fraction of crops centred on a foreground voxel (default 1/3)")
     parser.add_argument("--mirroring", choices=MIRRORING, default="auto",
@@ -363,8 +381,10 @@ def channel_names(files: Sequence[CaseFile], description: DatasetDescription | N
 
 
 def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], split_file: Path,
-                    split: dict[str, list[str]], cases: dict[str, list[Case]]) -> list[str]:
-    """What the run reads and where it writes, printed before the first epoch."""
+                    split: dict[str, list[str]], cases: dict[str, list[Case]], ignored: Sequence[Path] = ()
+                    ) -> list[str]:
+    """What the run reads (and the images ``dataset.json``'s ``file_ending`` leaves out, ``ignored``) and
+    where it writes, printed before the first epoch."""
     counts = ", ".join(f"{len(split[side])} {label}" for side, label in zip(SIDES, ("training", "validation", "test")))
     unused = len({file.patient_id for file in files} - {patient for side in SIDES for patient in split[side]})
     if unused:
@@ -372,29 +392,38 @@ def _describe_start(run_dir: Path, dataset: str, files: Sequence[CaseFile], spli
     volumes = ", ".join(str(len(cases[side])) for side in SIDES)
     frames = " (ACDC has an end-diastole and an end-systole volume per patient)" \
         if dataset in (ACDC_DATASET, SAMPLE_DATASET) else ""
+    more = f" and {len(ignored) - 5} more" if len(ignored) > 5 else ""
+    names = ", ".join(path.name for path in ignored[:5]) + more
+    leftover = [f"data: ignored, as dataset.json's file_ending says: {names}"] if ignored else []
     return [f"data: {dataset}, split {split_reference(split_file)}: {counts} patients = {volumes} volumes{frames}",
+            *leftover,
             f"run folder {run_dir}: {CHECKPOINT_NAME} (every epoch; --resume continues it), {HISTORY_NAME} "
             f"(per-epoch losses and validation metrics), tensorboard/ (tensorboard --logdir {run_dir / 'tensorboard'}), "
             f"at the end {BUNDLE_NAME}, {RUN_SUMMARY_NAME} and {EVALUATION_DIR}/"]
 
 
-def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace) -> None:
+def apply_plan(config: TrainConfig, plan: Plan, arguments: argparse.Namespace, dataset: str) -> None:
     """Take the plan's target spacing and patch (2D or 3D, as the network) where no flag gives them, and its channel
-    normalisation;
+    normalisation (``--normalization``, by default :func:`Training.plan.default_scheme` of ``dataset``);
     print the plan and record it in ``config`` (run.json, the bundle)."""
     volumetric = config.spatial_dims == 3
     if arguments.target_spacing is None:
         config.target_spacing = plan.target_spacing if volumetric else plan.target_spacing[1:]
     if arguments.patch_size is None:
         config.patch_size = plan.patch_3d if volumetric else plan.patch_2d
-    config.channel_normalization = channel_normalization(plan.channels)
+    scheme = default_scheme(dataset) if arguments.normalization == "auto" else arguments.normalization
+    config.channel_normalization = channel_normalization(plan.channels, scheme)
     config.plan = plan.to_json()
     print("\n".join(plan.lines()), flush=True)
+    schemes = ([item.scheme for item in config.channel_normalization or []]
+               or ["percentile"] * len(plan.channels))
+    print("normalisation: " + "; ".join(f"{channel.name}: {_SCHEME_TEXT[item]}"
+                                         for channel, item in zip(plan.channels, schemes)), flush=True)
 
 
-def _check_model(config: TrainConfig) -> None:
-    """Build the configured network (on torch's meta device: no memory) and loss, pass a batch of
-    crops through it (shapes only), and resolve the device, so that a bad --network-arg,
+def _check_model(config: TrainConfig, arguments: argparse.Namespace, train_cases: Sequence[Case]) -> None:
+    """Build the configured network (on torch's meta device: no memory) and loss, check the patch against it
+    and the training data (:func:`_check_patch`), and resolve the device, so that a bad --network-arg,
     --patch-size, --loss-arg or --device stops the run before its folder exists."""
     try:
         model = build_network_on_meta(config.network, config.in_channels, config.num_classes, config.spatial_dims,
@@ -404,20 +433,79 @@ def _check_model(config: TrainConfig) -> None:
             f"--network {config.network} cannot be built with --network-arg {config.network_kwargs} "
             f"({error.reason})."
         ) from None
-    # The crop is also the inference window, so one check covers training and validation.
-    problem = input_size_problem(model, config.in_channels, config.patch_size, batch=config.batch_size)
-    if problem:
-        raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
-                        f"{config.network}: {problem}.")
+    largest = largest_extent(train_cases, config.target_spacing)
+    _check_patch(model, config, arguments.patch_size is not None, largest)
     build_loss(config.method, config.num_classes, **config.loss_args)  # unknown hyper-parameter: KeyError
     resolve_device(config.device)
+
+
+def _check_patch(model: nn.Module, config: TrainConfig, given: bool, largest: tuple[int, ...]) -> None:
+    """The crop (also the inference window, so one check covers training and validation) must be one the
+    network segments and not larger than every training item (``largest``: per axis, voxels at the target
+    spacing).
+
+    A patch the user ``given`` is refused in terms of --patch-size; the plan's is first grown, the smallest
+    axis by :data:`~Training.plan.PATCH_MULTIPLE` at a time, to the smallest the network takes (printed), and
+    where even that exceeds the data the refusal is in terms of the plan and the data, never of a flag not
+    given."""
+    size = "×".join(map(str, config.patch_size))
+    items = "slice" if config.spatial_dims == 2 else "volume"
+    extent = f"largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm"
+    problem = input_size_problem(model, config.in_channels, config.patch_size, batch=config.batch_size)
+    if given:
+        if problem:
+            raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} does not fit --network "
+                            f"{config.network}: {problem}.")
+        if all(patch > side for patch, side in zip(config.patch_size, largest)):
+            raise DataError(f"--patch-size {' '.join(map(str, config.patch_size))} is larger than every "
+                            f"training {items} ({extent}); choose a smaller --patch-size.")
+        return
+    patch, grown = list(config.patch_size), 0
+    while input_size_problem(model, config.in_channels, patch, batch=config.batch_size) is not None:
+        if grown == _PATCH_GROWTH_STEPS:
+            raise DataError(f"--network {config.network} cannot segment the plan's {size}-voxel patch nor "
+                            f"any within {_PATCH_GROWTH_STEPS} steps of {PATCH_MULTIPLE} voxels ({problem}); "
+                            "choose a network with fewer down-sampling steps (--network-arg strides=...) or "
+                            "give --patch-size.")
+        patch[min(range(len(patch)), key=lambda axis: patch[axis])] += PATCH_MULTIPLE  # the smallest axis
+        grown += 1
+    if all(side > extent_side for side, extent_side in zip(patch, largest)):
+        raise DataError(f"The training {items}s are too small for --network {config.network}: the smallest "
+                        f"patch it segments from the plan's {size} is {'×'.join(map(str, patch))} voxels, "
+                        f"larger than every training {items} ({extent}); choose a network with fewer "
+                        "down-sampling steps (--network-arg strides=...) or a finer --target-spacing.")
+    if tuple(patch) != tuple(config.patch_size):
+        print(f"plan: patch {size} grown to {'×'.join(map(str, patch))} voxels, the smallest --network "
+              f"{config.network} segments", flush=True)
+        config.patch_size = tuple(patch)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those of its parents that do not exist yet, outermost first: what making it creates."""
+    missing = []
+    while not folder.exists() and folder.parent != folder:
+        missing.insert(0, folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_new_entries(folder: Path, before: set[str]) -> None:
+    """Remove what appeared in ``folder`` since its entries were ``before`` (a refused or interrupted fresh
+    run's split file, TensorBoard folder, history)."""
+    for name in set(os.listdir(folder)) - before:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def run(arguments: argparse.Namespace) -> Path | None:
     """Train (or resume), evaluate, and return the bundle path (None in torchrun's other processes).
 
     Everything that can be wrong with the flags, the output folder and the data is checked
-    before the run folder is created, so a refused run leaves nothing behind.
+    before the run folder is created, so a refused run leaves nothing behind; a fresh run that fails or is
+    interrupted (Ctrl-C) before its first checkpoint removes what it made, folders included.
     """
     description = read_dataset_description(arguments.data)
     class_names = description.class_names if description is not None else None
@@ -432,30 +520,47 @@ def run(arguments: argparse.Namespace) -> Path | None:
     config.channel_names = channel_names(files, description)
     plan = make_plan(cases["train"], config.channel_names or ["image"], _schedule(arguments).patch_size,
                      seed=config.seed)
-    apply_plan(config, plan, arguments)
-    _check_model(config)
     dataset = dataset_name(arguments.data, files)
+    apply_plan(config, plan, arguments, dataset)
+    _check_model(config, arguments, cases["train"])
     config.class_names, config.class_colors = default_classes(config.num_classes, dataset, class_names)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(choice.file), **choice.split}
     if arguments.fold is not None:
         data_description["fold"] = arguments.fold
-    print("\n".join(_describe_start(run_dir, dataset, files, choice.file, choice.split, cases)), flush=True)
+    print("\n".join(_describe_start(run_dir, dataset, files, choice.file, choice.split, cases,
+                                    ignored_images(arguments.data))), flush=True)
+    made = _missing_folders(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     processes = Processes.from_environment()
-    if choice.new is not None and processes.is_main:  # the run can be repeated from it
-        write_json_atomic(choice.file, choice.new)
-        print(choice.announcement, flush=True)
     try:
         # The main process holds the run folder; under torchrun the others train beside it, writing nothing.
         with run_folder_lock(run_dir) if processes.is_main else contextlib.nullcontext():
-            start_processes(processes, resolve_device(config.device))
+            before = set(os.listdir(run_dir))
             try:
-                return _train_and_evaluate(arguments, config, run_dir, cases, data_description, processes)
-            finally:
-                stop_processes(processes)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(_interrupted_text(checkpoint)) from None
+                if choice.new is not None and processes.is_main:  # the run can be repeated from it
+                    write_json_atomic(choice.file, choice.new)
+                    print(choice.announcement, flush=True)
+                start_processes(processes, resolve_device(config.device))
+                try:
+                    return _train_and_evaluate(arguments, config, run_dir, cases, data_description, processes)
+                finally:
+                    stop_processes(processes)
+            except BaseException:
+                if processes.is_main and not arguments.resume and not checkpoint.exists():
+                    # Nothing to resume from: the run leaves nothing, as a refused one does (the lock is held,
+                    # so no other run is adding to the folder meanwhile).
+                    if choice.new is not None:
+                        choice.file.unlink(missing_ok=True)
+                    _remove_new_entries(run_dir, before)
+                raise
+    except BaseException as error:
+        for folder in reversed(made):  # the folders it made: empty unless it trained (rmdir keeps the others)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(error, KeyboardInterrupt):
+            raise KeyboardInterrupt(_interrupted_text(checkpoint, run_dir.exists())) from None
+        raise
 
 
 def cross_validation_dir(arguments: argparse.Namespace) -> Path:
@@ -494,12 +599,14 @@ def run_cross_validation(arguments: argparse.Namespace) -> Path | None:
     return folder / CROSSVAL_DIR
 
 
-def _interrupted_text(checkpoint: Path) -> str:
-    """What a Ctrl-C during training leaves: the last checkpoint to resume from, or none yet."""
+def _interrupted_text(checkpoint: Path, folder_kept: bool) -> str:
+    """What a Ctrl-C during training leaves: the last checkpoint to resume from, or nothing (``folder_kept``:
+    the run folder existed before the run, or holds other files)."""
     if checkpoint.exists():
         return f"interrupted: the last completed epoch's checkpoint {checkpoint} is kept; continue with --resume."
-    return (f"interrupted before the first epoch ended, so no checkpoint was written in {checkpoint.parent}; "
-            "start the run again.")
+    kept = "kept as it was" if folder_kept else "removed"
+    return (f"interrupted before the first epoch ended: no checkpoint was written, and the run folder "
+            f"{checkpoint.parent} is {kept}; start the run again.")
 
 
 def _train_and_evaluate(arguments: argparse.Namespace, config: TrainConfig, run_dir: Path,

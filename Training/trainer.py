@@ -41,8 +41,9 @@ LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 # Steps between progress-bar updates of the loss (each update waits for the device to finish the step).
 _PROGRESS_EVERY = 10
 # Resuming with any of these changed would not continue the same run.
-_RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing", "patch_size",
-                      "batch_size", "lr", "lr_schedule", "lr_step_to", "lr_step_epoch", "seed", "num_classes",
+_RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing",
+                      "patch_size", "channel_normalization", "batch_size", "lr", "lr_schedule", "lr_step_to",
+                      "lr_step_epoch", "seed", "num_classes",
                       "iterations_per_epoch", "augment", "foreground_share", "epochs")
 
 
@@ -200,14 +201,6 @@ class Trainer:
         unit_range = all(item.scheme == "percentile" for item in config.channel_normalization or [])
         self.sampler = CropSampler(train_volumes, config.num_classes, _cache_device(self.device, train_volumes),
                                    unit_range)
-        largest = self.sampler.largest_slice
-        if all(patch > size for patch, size in zip(config.patch_size, largest)):
-            item = "slice" if config.spatial_dims == 2 else "volume"
-            raise DataError(
-                f"The crop size {'×'.join(map(str, config.patch_size))} is larger than every training {item} "
-                f"(largest {'×'.join(map(str, largest))} voxels at {spacing_text(config.target_spacing)} mm); choose a "
-                "smaller --patch-size."
-            )
         self.model = build_network(config.network, config.in_channels, config.num_classes, config.spatial_dims,
                                    **config.network_kwargs).to(self.device)
         self.training_model = _compiled(_data_parallel(self.model, processes, self.device), config.compile)

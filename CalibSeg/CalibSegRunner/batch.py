@@ -14,7 +14,10 @@ publishes a case whose child has ended and starts the next, :attr:`BatchJob.frac
 With a bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) a case is the volumes named
 ``<case>_0000`` ... ``<case>_000K`` (as Slicer names volumes loaded from nnU-Net-style files, and as
 ``calibseg-predict --image-dir`` groups files), channel 0 first; a volume not named so, or a case missing a channel,
-is one sentence in its row. A case's outputs are named after the case (``a CalibSeg segmentation``).
+is one sentence in its row. A case's outputs are named after the case (``a CalibSeg segmentation``). Volumes
+that would be one case (two named ``a_0000``, or ``a`` beside ``a_0000``; for a one-channel bundle two of one
+name) are refused before any case starts: every volume is its case's or its own, with a row and outputs of its
+own.
 
 Each case runs as one :class:`~CalibSegRunner.job.InferenceJob` and is published as a single run's outputs are
 (segmentation, overlays, quality table, named after its volume). A case that fails — an input the library
@@ -88,17 +91,20 @@ class BatchJob:
     Every method runs on the main thread (they add nodes); only the children work in the background.
 
     Raises:
-        ValueError: no volume given; nothing is run then.
+        ValueError: no volume given, a volume given twice, or two volumes that would be one case (the same
+            name, ``a`` beside ``a_0000`` for a multi-channel bundle); nothing is run then.
     """
 
     def __init__(self, runner: SegmentationRunner, volumeNodes: Sequence, settings: RunSettings,
                  python: str | None = None) -> None:
+        from CalibSegLib.channels import input_names
+
         volumes = list(volumeNodes)
         if not volumes:
             raise ValueError("There is no volume to segment; load a scalar volume first.")
         self.runner, self.settings, self.python = runner, settings, python
         self.scene = volumes[0].GetScene()  # the summary table's
-        self.cases = _cases(volumes, list(settings.bundle.metadata.channel_names or ["image"]))
+        self.cases = _cases(volumes, input_names(settings.bundle.metadata))
         self._job: InferenceJob | None = None
         self._running: BatchCase | None = None
         self._cancelled = False
@@ -227,12 +233,34 @@ class BatchJob:
             case.status = f"error: {os_error_sentence(error)}"
 
 
+def _check_distinct(volumes: list, grouped: bool) -> None:
+    """Refuse (ValueError, one sentence) a volume given twice, or two volumes that would be one case's same
+    channel or two cases of one name (:func:`CalibSegLib.channels.first_collision`): their outputs and rows
+    would be one."""
+    from CalibSegLib.channels import first_collision, first_repeat
+    from CalibSegLib.io import case_and_channel
+
+    repeat = first_repeat([volume.GetID() for volume in volumes])
+    if repeat is not None:
+        name = volumes[repeat[0]].GetName()
+        raise ValueError(f"The volume '{name}' is given twice; give each volume once.")
+    names = [volume.GetName() for volume in volumes]
+    collision = first_collision(names, grouped)
+    if collision is not None:
+        first, second = (names[position] for position in collision)
+        clash = (f"Two volumes are named '{first}'" if first == second else
+                 f"The volumes '{first}' and '{second}' would both be case '{case_and_channel(first)[0]}'")
+        raise ValueError(f"{clash}; rename one of them (Data module), so that each case gets its own outputs "
+                         "and row.")
+
+
 def _cases(volumes: list, channel_names: list[str]) -> list[BatchCase]:
     """The batch's cases: each volume alone for a one-channel bundle; else the volumes grouped by their names'
     ``_000K`` suffixes (:func:`CalibSegLib.io.group_channels`), a case without exactly channels 0 ... K - 1 already
-    failed with its sentence."""
+    failed with its sentence. Volumes that would be one case are refused first (:func:`_check_distinct`)."""
     from CalibSegLib.io import case_and_channel, group_channels
 
+    _check_distinct(volumes, grouped=len(channel_names) > 1)
     if len(channel_names) == 1:
         return [BatchCase(volume, volume.GetName()) for volume in volumes]
     expected = list(range(len(channel_names)))

@@ -45,7 +45,8 @@ from .volumes import reference_label_array, same_grid, slice_center_ras, volume_
 if TYPE_CHECKING:  # the library's dependencies may not be installed when the module loads
     from CalibSegLib.analysis import CaseAnalysis
 
-__all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "review_text"]
+__all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "review_text",
+           "channel_choice_problem"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,47 @@ def _checked_whole(value: int, what: str) -> int:
 _SLICE_AXES = (0, 1, 2)  # array axes (z, y, x) of a volume
 
 
+def channel_choice_problem(chosen, channelNames, changed: int | None = None) -> str | None:
+    """Why the volumes chosen for a bundle's channels cannot all be used, or None: ``chosen[k]`` is the volume
+    picked for ``channelNames[k]`` (the input selector's first, None where nothing is picked yet); one volume
+    picked for two channels is refused, naming both. ``changed``: the channel whose volume was just picked,
+    the one the sentence refuses (default: the later of the two); the module's selectors call this on every
+    pick."""
+    from CalibSegLib.channels import first_repeat
+
+    order = [index for index in range(len(chosen)) if index != changed]
+    order += [changed] if changed is not None else []
+    picked = [(index, chosen[index]) for index in order if chosen[index] is not None]
+    repeat = first_repeat([node.GetID() for _, node in picked])
+    if repeat is None:
+        return None
+    (earlier, node), (later, _) = (picked[position] for position in repeat)
+    return (f"The volume '{node.GetName()}' is already chosen for the '{channelNames[earlier]}' channel; "
+            f"choose another volume for '{channelNames[later]}'.")
+
+
+def _channel_volumes(inputVolumeNode, channelNodes, channelNames) -> tuple[list, str | None]:
+    """The input volume and ``channelNodes`` (a list, or one node) in the bundle's channel order, and the
+    case's name when their names carry channel suffixes (``a_0002``, ``a_0000``, ``a_0001``: read as channels
+    2, 0, 1, named ``a``), else None (read in the order given); ValueError with one sentence otherwise."""
+    from CalibSegLib.channels import channel_order
+    from CalibSegLib.io import case_and_channel
+
+    others = [channelNodes] if hasattr(channelNodes, "GetID") else list(channelNodes or ())
+    nodes = [inputVolumeNode, *others]
+    for name, node in zip(channelNames, nodes):
+        if node is None:
+            raise ValueError(f"Choose a volume for the model's '{name}' channel.")
+    names = [node.GetName() for node in nodes]
+    if len(nodes) == len(channelNames):  # another count is channel_order's sentence
+        problem = channel_choice_problem(nodes, channelNames)
+        if problem:
+            raise ValueError(problem)
+    order = channel_order(names, channelNames, "volume")
+    case, channel = case_and_channel(names[0])
+    return [nodes[position] for position in order], case if len(nodes) > 1 and channel is not None else None
+
+
 def review_text(summary: dict) -> str:
     """What the reader is told about a quality summary: :func:`CalibSegLib.quality.review_text`, after the input
     check's warning and reasons when the input is unsuitable (imported on call: the library's dependencies may not
@@ -153,29 +195,28 @@ class SegmentationRunner:
         """Read the input (and reference) arrays from the scene for a run with ``settings``; raises ValueError
         with one sentence (not a 3D scalar volume, a reference off the input's grid, ...).
 
-        A bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) reads ``inputVolumeNode`` as its
-        first channel and ``channelNodes`` as the K - 1 others, in the bundle's order, each on the input's grid."""
-        metadata = settings.bundle.metadata
-        names = list(metadata.channel_names or ["image"])
-        others = list(channelNodes or ())
-        if len(others) + 1 != metadata.in_channels:
-            raise ValueError(f"The model reads {metadata.in_channels} channel(s) ({', '.join(names)}) but "
-                             f"{len(others) + 1} volume(s) were given; choose one volume per channel.")
-        for name, node in zip(names[1:], others):
-            if node is None:
-                raise ValueError(f"Choose a volume for the model's '{name}' channel.")
-            if not same_grid(node, inputVolumeNode):
+        A bundle of K input channels (``channel_names``, e.g. T1, T1ce, T2, FLAIR) reads ``inputVolumeNode``
+        and ``channelNodes`` (the K - 1 others; one node for K = 2), each on the input's grid: volumes named
+        ``<case>_0000`` ... ``_000K`` by their suffixes, whatever the order given (the outputs are then named
+        after the case), others in the order given (:func:`CalibSegLib.channels.channel_order`); one volume
+        for two channels is refused (:func:`channel_choice_problem`)."""
+        from CalibSegLib.channels import input_names
+
+        names = input_names(settings.bundle.metadata)
+        given = volume_array(inputVolumeNode)  # first: its sentence for no volume, or one not a 3D scalar
+        nodes, case = _channel_volumes(inputVolumeNode, channelNodes, names)
+        for name, node in zip(names, nodes):
+            if node is not inputVolumeNode and not same_grid(node, inputVolumeNode):
                 raise ValueError(f"The '{name}' volume '{node.GetName()}' is not on the grid of "
                                  f"'{inputVolumeNode.GetName()}'; resample it onto the first channel's volume first.")
-        image = volume_array(inputVolumeNode)
-        if others:
-            image = np.stack([image, *(volume_array(node) for node in others)])
+        arrays = [given if node is inputVolumeNode else volume_array(node) for node in nodes]
+        image = np.stack(arrays) if len(arrays) > 1 else arrays[0]
         reference = None
         if referenceNode is not None:
             reference = reference_label_array(referenceNode, inputVolumeNode, settings.bundle.metadata.class_names)
         return CalibSegRequest(inputVolumeNode, settings.bundle, image, volume_spacing(inputVolumeNode),
                                referenceNode, reference, settings.device, settings.low_confidence_threshold,
-                               settings.hot_spot_level)
+                               settings.hot_spot_level, output_name=case)
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
                 lowConfidenceThreshold: float | None = None,

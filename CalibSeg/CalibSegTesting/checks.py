@@ -19,7 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from CalibSegRunner import BatchJob, InferenceJob, SegmentationRunner, batch_volumes, review_text
+from CalibSegRunner import (BatchJob, InferenceJob, SegmentationRunner, batch_volumes, channel_choice_problem,
+                            review_text)
 from CalibSegRunner.batch import BATCH_TABLE_NAME, CANCELLED, OK
 from CalibSegRunner.nodes import LOW_CONFIDENCE_SEGMENT
 
@@ -280,8 +281,8 @@ def check_a_multichannel_bundle_reads_one_volume_per_channel(scene, work_dir: Pa
     runner = SegmentationRunner()
     # Refused before anything is added: a channel missing, or one on another grid.
     missing = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path), "one volume for two channels")
-    assert missing == ("The model reads 2 channel(s) (T1, T2) but 1 volume(s) were given; choose one volume per "
-                       "channel."), missing
+    assert missing == ("The model reads 2 channel(s) (T1, T2), one volume each, but 1 volume(s) were "
+                       "given."), missing
     shifted = make_volume_node(scene, second, "T2 shifted", origin=(0.0, 0.0, 0.0))
     elsewhere = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path, channelNodes=[shifted]),
                                           "off grid")
@@ -293,6 +294,53 @@ def check_a_multichannel_bundle_reads_one_volume_per_channel(scene, work_dir: Pa
         mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation,
                                                           _segment_id(outputs.segmentation, label), t1)
         np.testing.assert_array_equal(mask > 0, expected == label)
+
+
+def check_channel_volumes_are_matched_by_name_and_never_taken_twice(scene, work_dir: Path) -> None:
+    """Volumes named ``<case>_0000`` ... are read as the channels their suffixes say, whatever the order they
+    are given in, and the outputs are named after the case; one volume for two channels, suffixes of two cases
+    or of a channel the model lacks are one sentence each, nothing added; one node for the one other channel
+    is that channel (not Python's TypeError)."""
+    import slicer
+
+    from CalibSegLib.inference import Predictor
+
+    arrays = [_phantom(seed=seed)[0] for seed in range(3)]
+    bundle_path = _bundle(work_dir, in_channels=3, channel_names=["T1", "T2", "FLAIR"])
+    t1, t2, flair = (make_volume_node(scene, array, f"a_000{index}") for index, array in enumerate(arrays))
+    runner, logic_names = SegmentationRunner(), ["T1", "T2", "FLAIR"]
+    for chosen, changed, problem in (
+            ([t1, t2, flair], None, None), ([t1, None, flair], 1, None),
+            ([flair, t2, flair], None, "The volume 'a_0002' is already chosen for the 'T1' channel; choose "
+                                       "another volume for 'FLAIR'."),
+            ([flair, t2, flair], 0, "The volume 'a_0002' is already chosen for the 'FLAIR' channel; choose "
+                                    "another volume for 'T1'.")):  # the input selector was picked last
+        assert channel_choice_problem(chosen, logic_names, changed) == problem
+    twice = _scene_is_unchanged_after(scene, lambda: runner.run(flair, bundle_path, channelNodes=[t2, flair]),
+                                      "one volume for two channels")
+    assert twice == ("The volume 'a_0002' is already chosen for the 'T1' channel; choose another volume for "
+                     "'FLAIR'.")
+    other = make_volume_node(scene, arrays[1], "b_0001")
+    mixed = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path, channelNodes=[other, flair]),
+                                      "two cases")
+    assert mixed.startswith("The volumes belong to different cases (a, b) by their channel suffixes;"), mixed
+    fourth = make_volume_node(scene, arrays[2], "a_0003")
+    missing = _scene_is_unchanged_after(scene, lambda: runner.run(t1, bundle_path, channelNodes=[t2, fourth]),
+                                        "a channel the model lacks")
+    assert missing.startswith("Case a's volumes are the channels _0000, _0001, _0003, but the model reads "
+                              "a_0000 to a_0002 (T1, T2, FLAIR)"), missing
+    outputs = runner.run(flair, bundle_path, channelNodes=[t1, t2])  # FLAIR as the input: still channel 2
+    spacing = tuple(reversed(SPACING_XYZ))
+    expected = Predictor(bundle_path, device="cpu").predict(np.stack(arrays), spacing).labels
+    assert outputs.segmentation.GetName() == "a CalibSeg segmentation", outputs.segmentation.GetName()
+    for label in range(1, NUM_CLASSES):
+        mask = slicer.util.arrayFromSegmentBinaryLabelmap(outputs.segmentation,
+                                                          _segment_id(outputs.segmentation, label), flair)
+        np.testing.assert_array_equal(mask > 0, expected == label)
+    (work_dir / "two").mkdir()
+    two_channels = _bundle(work_dir / "two", in_channels=2, channel_names=["T1", "T2"])
+    single = runner.prepare(t1, two_channels, channelNodes=t2)  # one node, not a list
+    np.testing.assert_array_equal(single.image, np.stack(arrays[:2]))
 
 
 def check_metrics_table_equals_calibseglib(scene, work_dir: Path) -> None:

@@ -83,7 +83,9 @@ def build_declared_network(metadata: BundleMetadata, device: str = "cpu") -> nn.
     :class:`~CalibSegLib.networks.MemberNetworks`); :class:`BundleError` when it cannot be built.
 
     It is first built on torch's meta device (shapes only, no memory) and refused when it has
-    more than :data:`MAX_PARAMETERS` numbers; only then, unless ``device="meta"``, for real.
+    more than :data:`MAX_PARAMETERS` numbers or cannot segment the bundle's sliding-window patch (a meta
+    forward pass: a bundle whose window the network cannot take fails here, in one sentence, and not with
+    torch's traceback at the first prediction); only then, unless ``device="meta"``, for real.
     """
     _check_network_kwargs(metadata.network_kwargs)
     declaration = (metadata.network, metadata.in_channels, metadata.num_classes, metadata.spatial_dims)
@@ -105,6 +107,14 @@ def build_declared_network(metadata: BundleMetadata, device: str = "cpu") -> nn.
         raise BundleError(
             f"The bundle's network {metadata.network!r}{f' × {members} members' if members > 1 else ''} would have "
             f"{count:,} parameters, more than the {MAX_PARAMETERS:,} CalibSeg loads; check its network_kwargs."
+        )
+    patch = metadata.sliding_window.patch_size
+    problem = networks.input_size_problem(skeleton, metadata.in_channels, patch)
+    if problem:
+        raise BundleError(
+            f"The bundle's sliding-window patch {'×'.join(map(str, patch))} does not fit its network "
+            f"{metadata.network!r} ({problem}); the bundle is inconsistent: retrain it, or re-export it with "
+            "a patch the network takes."
         )
     build = networks.build_network_on_meta if device == "meta" else networks.build_network
     if members == 1:
