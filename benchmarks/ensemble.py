@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.inference import CASES, RSS_TARGET_GB, benchmark_bundle, random_volume
+from benchmarks.inference import CASES, benchmark_bundle, random_volume, rss_check, volume_cell
 from benchmarks.record import caption, make_record, write_record
 
 from CalibSegLib.bundle import Bundle
@@ -83,8 +83,8 @@ def record_table(record: dict) -> list[str]:
         ratio = ensemble["seconds"] / single["seconds"]
         checks = [f"ratio {'≤' if ratio <= TIME_RATIO_TARGET else '>'} {TIME_RATIO_TARGET:g}"]
         if run["case"] == "ct":
-            checks.append(f"RSS {'<' if ensemble['peak_rss_gb'] < RSS_TARGET_GB else '≥'} {RSS_TARGET_GB} GB")
-        rows.append(f"| {run['case']}, {'×'.join(map(str, run['shape']))} | {single['seconds']:.2f} s | "
+            checks.append(rss_check(ensemble["peak_rss_gb"]))
+        rows.append(f"| {volume_cell(run)} | {single['seconds']:.2f} s | "
                     f"{ensemble['seconds']:.2f} s | {ratio:.2f}× | {single['peak_rss_gb']:.2f} / "
                     f"{ensemble['peak_rss_gb']:.2f} GB | {', '.join(checks)} |")
     return [f"{results['members']} members against one network, CPU, batch {results['batch_size']}, best of "

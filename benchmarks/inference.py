@@ -180,6 +180,16 @@ def _same_outputs(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
         ours["label_fractions"], theirs["label_fractions"], atol=1e-4))
 
 
+def volume_cell(run: dict) -> str:
+    """How a benchmark table names a run's volume: its case and shape (``ct, 300×512×512``)."""
+    return f"{run['case']}, {'×'.join(map(str, run['shape']))}"
+
+
+def rss_check(peak_rss_gb: float) -> str:
+    """The CT-sized volume's peak-memory check against :data:`RSS_TARGET_GB`."""
+    return f"RSS {'<' if peak_rss_gb < RSS_TARGET_GB else '≥'} {RSS_TARGET_GB} GB"
+
+
 def record_table(record: dict) -> list[str]:
     """Markdown lines of an inference record. ``results``: ``batch_size``, ``repeats`` and ``runs``, each
     ``{"case", "shape", "calibseg": measure(), "monai": measure()}`` (:func:`measure`'s dict: seconds,
@@ -191,8 +201,8 @@ def record_table(record: dict) -> list[str]:
         gpu = "" if ours["peak_gpu_gb"] is None else f"{ours['peak_gpu_gb']:.2f} / {theirs['peak_gpu_gb']:.2f} GB"
         checks = ["same outputs" if _same_outputs(ours, theirs) else "OUTPUTS DIFFER"]
         if run["case"] == "ct":
-            checks.append(f"RSS {'<' if ours['peak_rss_gb'] < RSS_TARGET_GB else '≥'} {RSS_TARGET_GB} GB")
-        rows.append(f"| {run['case']}, {'×'.join(map(str, run['shape']))} | {ours['device']} | {ours['seconds']:.2f} s | "
+            checks.append(rss_check(ours["peak_rss_gb"]))
+        rows.append(f"| {volume_cell(run)} | {ours['device']} | {ours['seconds']:.2f} s | "
                     f"{theirs['seconds']:.2f} s | {ours['seconds'] / theirs['seconds']:.2f}× | "
                     f"{ours['peak_rss_gb']:.2f} / {theirs['peak_rss_gb']:.2f} GB | {gpu} | {', '.join(checks)} |")
     return [f"Batch {results['batch_size']}, best of {results['repeats']}; ratio = CalibSeg / MONAI "

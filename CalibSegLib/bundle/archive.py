@@ -4,6 +4,7 @@ within fixed resource limits (see :func:`load_bundle`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -14,7 +15,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 import torch
@@ -366,17 +367,29 @@ def read_metadata(path: str | Path) -> BundleMetadata:
         BundleError: (one sentence) as :func:`load_bundle` for everything but the weights.
     """
     path = Path(path)
+    with _opened(path) as archive:
+        metadata = _read_metadata(path, archive)[1]
+    _declared_tensors(metadata)  # an unknown, unbuildable or oversized network is refused here too
+    return metadata
+
+
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[zipfile.ZipFile]:
+    """The bundle's zip, checked as a container first; a corrupt zip met while reading it is one BundleError."""
     _check_container(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            members = _read_members(path.name, archive)
-            with archive.open(members[METADATA_MEMBER]) as stream:
-                metadata = parse_metadata(path.name, stream.read(_MAX_METADATA_BYTES + 1))
+            yield archive
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError,
-            NotImplementedError) as error:
+            NotImplementedError) as error:  # NotImplementedError: a compression method zipfile lacks
         raise BundleError(f"{path.name} is corrupt or truncated ({error}); re-export or re-download it.") from None
-    _declared_tensors(metadata)  # an unknown, unbuildable or oversized network is refused here too
-    return metadata
+
+
+def _read_metadata(path: Path, archive: zipfile.ZipFile) -> tuple[dict[str, zipfile.ZipInfo], BundleMetadata]:
+    """The checked members of an open bundle and its parsed, validated ``bundle.json``."""
+    members = _read_members(path.name, archive)
+    with archive.open(members[METADATA_MEMBER]) as stream:
+        return members, parse_metadata(path.name, stream.read(_MAX_METADATA_BYTES + 1))
 
 
 def load_bundle(path: str | Path) -> Bundle:
@@ -397,34 +410,25 @@ def load_bundle(path: str | Path) -> Bundle:
             weights holding NaN/inf.
     """
     path = Path(path)
-    _check_container(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            members = _read_members(path.name, archive)
-            with archive.open(members[METADATA_MEMBER]) as stream:
-                metadata = parse_metadata(path.name, stream.read(_MAX_METADATA_BYTES + 1))
-            weights, tensors = members[WEIGHTS_MEMBER], _declared_tensors(metadata)
-            # First pass keeps nothing, so a bad bundle is refused with one piece in memory.
-            digest, non_finite, _ = _stream_weights(
-                path.name, archive, weights, metadata, tensors, keep=False
+    with _opened(path) as archive:
+        members, metadata = _read_metadata(path, archive)
+        weights, tensors = members[WEIGHTS_MEMBER], _declared_tensors(metadata)
+        # First pass keeps nothing, so a bad bundle is refused with one piece in memory.
+        digest, non_finite, _ = _stream_weights(
+            path.name, archive, weights, metadata, tensors, keep=False
+        )
+        if digest != metadata.weights_sha256:
+            raise BundleError(
+                f"{path.name}'s weights do not match their checksum; the file is corrupt, re-export it."
             )
-            if digest != metadata.weights_sha256:
-                raise BundleError(
-                    f"{path.name}'s weights do not match their checksum; the file is corrupt, re-export it."
-                )
-            if non_finite is not None:
-                raise BundleError(
-                    f"{path.name}'s weight {non_finite} holds NaN or infinite values, so the model would "
-                    "give no valid output; re-train or re-export it."
-                )
-            digest, _, state_dict = _stream_weights(
-                path.name, archive, weights, metadata, tensors, keep=True
+        if non_finite is not None:
+            raise BundleError(
+                f"{path.name}'s weight {non_finite} holds NaN or infinite values, so the model would "
+                "give no valid output; re-train or re-export it."
             )
-            if digest != metadata.weights_sha256:
-                raise BundleError(f"{path.name} changed while it was being read; load it again.")
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, OSError, EOFError,
-            NotImplementedError) as error:  # NotImplementedError: a compression method zipfile lacks
-        raise BundleError(
-            f"{path.name} is corrupt or truncated ({error}); re-export or re-download it."
-        ) from None
+        digest, _, state_dict = _stream_weights(
+            path.name, archive, weights, metadata, tensors, keep=True
+        )
+        if digest != metadata.weights_sha256:
+            raise BundleError(f"{path.name} changed while it was being read; load it again.")
     return Bundle(metadata=metadata, state_dict=state_dict, path=path)
