@@ -258,7 +258,7 @@ TABLES: dict[str, Table] = {
     "shipped_quality_report": Table(SHIPPED_METRICS, shipped_quality_report),
     "shipped_comparison": Table(SHIPPED_METRICS, shipped_comparison_table),
     **{f"benchmark_{name}": _benchmark(name)
-       for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement")},
+       for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement", "ensemble")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
