@@ -26,15 +26,14 @@ Records (each written by the tool that measured it):
   ``--record-quick-start RUN_DIR`` from the run's ``run.json`` and ``evaluation/summary.json``
   (:func:`quick_start_entry`);
 - ``benchmark_<name>`` (docs/performance.md): ``docs/records/benchmark_<name>.json`` from
-  ``python benchmarks/<name>.py --record docs/records/benchmark_<name>.json``; each benchmark
-  script formats its own table (``record_table``), here and on its console alike.
+  ``python -m benchmarks.<name> --record docs/records/benchmark_<name>.json``; each benchmark
+  script formats its own table (``record_table``) and keeps it in its record, which is copied here.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import math
 import re
@@ -243,10 +242,13 @@ def quick_start_table(paths: list[Path]) -> list[str]:
 
 
 def _benchmark(name: str) -> Table:
-    """A benchmark's block: its record, formatted by ``record_table`` of ``benchmarks/<name>.py``."""
+    """A benchmark's block: the table its run printed, kept in its record (``benchmarks/record.py``)."""
     def render(paths: list[Path]) -> list[str]:
-        module = importlib.import_module(f"benchmarks.{name}")
-        return module.record_table(json.loads(paths[0].read_text()))
+        record = json.loads(paths[0].read_text())
+        if "table" not in record:
+            raise ValueError(f"{paths[0].name} holds no table; run python -m benchmarks.{name} --record {paths[0]} "
+                             "again.")
+        return list(record["table"])
 
     return Table((f"docs/records/benchmark_{name}.json",), render)
 

@@ -1,6 +1,7 @@
 """docs/architecture.md's claims about the code, checked on the code: the stages import one way, no module imports
 one that imports it back, the core imports no GUI or training-only library, and nothing installed imports code
-that is not installed."""
+that is not installed. ``importlib.import_module("name")`` and ``__import__("name")`` count as imports of that name;
+one whose name is computed at run time could hide any of these, so there is none."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Each stage may import itself and the stages after it (docs/architecture.md, "The stages and their direction").
 STAGES = ("Reporting", "Training", "Evaluation", "Datasets", "CalibSegLib")
 ALLOWED = {stage: set(STAGES[index:]) for index, stage in enumerate(STAGES)} | {"CalibSeg": {"CalibSeg", "CalibSegLib"}}
+COMPUTED = "<a name computed at run time>"  # what a dynamic import of a non-literal name imports, for the checks
 # Libraries the core must not need: a Slicer-free user installs none of them (tqdm is the optional progress bar).
 NOT_IN_CORE = ("slicer", "qt", "vtk", "ctk", "h5py", "tqdm", "tensorboard")
 
@@ -45,7 +47,11 @@ def _imports(path: Path, package: str) -> list[tuple[str, ast.AST, bool]]:
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
-        if isinstance(node, ast.Import):
+        if _is_dynamic_import(node):
+            argument = node.args[0] if node.args else None
+            literal = isinstance(argument, ast.Constant) and isinstance(argument.value, str)
+            found.append((argument.value if literal else COMPUTED, node, id(node) in guarded_nodes))
+        elif isinstance(node, ast.Import):
             found += [(alias.name, node, id(node) in guarded_nodes) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the module's package
@@ -55,6 +61,16 @@ def _imports(path: Path, package: str) -> list[tuple[str, ast.AST, bool]]:
                 name = node.module
             found += [(f"{name}.{alias.name}", node, id(node) in guarded_nodes) for alias in node.names]
     return found
+
+
+def _is_dynamic_import(node: ast.AST) -> bool:
+    """A call of ``importlib.import_module(...)`` or ``__import__(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    function = node.func
+    return (isinstance(function, ast.Name) and function.id == "__import__") or (
+        isinstance(function, ast.Attribute) and function.attr == "import_module"
+        and isinstance(function.value, ast.Name) and function.value.id == "importlib")
 
 
 def _project_graph() -> dict[str, set[str]]:
@@ -123,6 +139,21 @@ def test_installed_packages_are_the_stages_and_import_nothing_else_of_the_reposi
     leaking = [(module, target) for module, targets in _project_graph().items()
                if module.split(".")[0] in STAGES for target in targets if target.split(".")[0] in not_installed]
     assert leaking == []
+
+
+def test_no_module_imports_by_a_name_computed_at_run_time():
+    computed = [f"{path.relative_to(ROOT)}:{node.lineno}" for name, path in _modules().items()
+                for imported, node, _ in _imports(path, name) if imported == COMPUTED]
+    assert computed == []
+
+
+def test_a_dynamic_import_counts_as_an_import(tmp_path):
+    """The checks see ``importlib.import_module``: the literal one as its module, the computed one as such."""
+    module = tmp_path / "dynamic.py"
+    module.write_text("import importlib\nimportlib.import_module('benchmarks.inference')\n"
+                      "name = 'x'\nimportlib.import_module(f'benchmarks.{name}')\n__import__('scripts')\n")
+    assert [imported for imported, _, _ in _imports(module, "Reporting")] == [
+        "importlib", "benchmarks.inference", COMPUTED, "scripts"]
 
 
 @pytest.mark.parametrize("broken", ["upward", "circle"])

@@ -4,6 +4,7 @@ record alone."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 
@@ -12,6 +13,7 @@ import pytest
 from tiny_bundles import make_test_bundle
 from conftest import REPO_ROOT
 from Reporting import readme_tables
+from benchmarks.record import write_record
 
 README = (REPO_ROOT / "README.md").read_text()
 DOCUMENTS = {document: document.read_text() for document in readme_tables.DOCUMENTS}
@@ -179,11 +181,21 @@ def test_benchmark_records_give_their_tables(name, tmp_path):
                               "platform": "Linux"}, "results": results}
     path = tmp_path / "docs" / "records" / f"benchmark_{name}.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(record))
+    write_record(path, record, importlib.import_module(f"benchmarks.{name}").record_table(record))
     text = f"<!-- generated:benchmark_{name} begin -->\n<!-- generated:benchmark_{name} end -->\n"
     new, rebuilt, _ = readme_tables.regenerate(text, tmp_path)
     assert rebuilt == [f"benchmark_{name}"] and expected in new
     assert f"`python benchmarks/{name}.py` on the CPU (x86_64, 2 cores, 2 torch threads" in new
+
+
+def test_a_benchmark_record_without_its_table_is_one_sentence(tmp_path):
+    path = tmp_path / "docs" / "records" / "benchmark_inference.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"benchmark": "inference", "results": {}}))
+    text = "<!-- generated:benchmark_inference begin -->\n<!-- generated:benchmark_inference end -->\n"
+    with pytest.raises(ValueError, match=r"^benchmark_inference.json holds no table; run python -m "
+                                         r"benchmarks.inference --record .* again\.$"):
+        readme_tables.regenerate(text, tmp_path)
 
 
 def test_the_results_page_stays_a_page_of_at_most_500_lines():

@@ -115,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{ensemble['seconds']:.2f} s", flush=True)
     record = make_record("ensemble", {"members": arguments.members, "batch_size": arguments.batch_size,
                                       "repeats": arguments.repeats, "runs": runs}, argv)
-    print("\n".join(record_table(record)))
-    write_record(arguments.record, record)
+    table = record_table(record)
+    print("\n".join(table))
+    write_record(arguments.record, record, table)
     return 0
 
 

@@ -249,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case} on {device}: CalibSeg {ours['seconds']:.2f} s, MONAI {theirs['seconds']:.2f} s", flush=True)
     record = make_record("inference", {"batch_size": arguments.batch_size, "repeats": arguments.repeats, "runs": runs},
                          argv, device="cuda" if "cuda" in devices else "cpu")
-    print("\n".join(record_table(record)))
-    write_record(arguments.record, record)
+    table = record_table(record)
+    print("\n".join(table))
+    write_record(arguments.record, record, table)
     return 0
 
 

@@ -85,8 +85,9 @@ def main() -> None:
 
         results[name] = best_time(forward_backward, arguments.repeats)
     record = make_record("losses", {"shape": list(shape), "step_s": step_time, "losses": results})
-    print("\n".join(record_table(record)))
-    write_record(arguments.record, record)
+    table = record_table(record)
+    print("\n".join(table))
+    write_record(arguments.record, record, table)
 
 
 if __name__ == "__main__":

@@ -93,8 +93,9 @@ def main() -> None:
     record = make_record("metrics", {"shape": list(shape), "foreground_voxels": int(result.pooled["voxels"]),
                                      "chunks": depth, "reference_s": reference_time, "streaming_s": streaming_time,
                                      "peak_bytes": int(peak), "probability_bytes": int(probs.nbytes)})
-    print("\n".join(record_table(record)))
-    write_record(arguments.record, record)
+    table = record_table(record)
+    print("\n".join(table))
+    write_record(arguments.record, record, table)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,9 @@ def main() -> None:
     parser.add_argument("--record", type=Path, default=None, help="write the results as a JSON record here")
     arguments = parser.parse_args()
     record = make_record("mirror_agreement", measure(arguments.repeats))
-    print("\n".join(record_table(record)))
-    write_record(arguments.record, record)
+    table = record_table(record)
+    print("\n".join(table))
+    write_record(arguments.record, record, table)
 
 
 if __name__ == "__main__":

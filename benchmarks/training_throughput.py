@@ -227,8 +227,9 @@ def main() -> None:
             device: validation_dice(device, arguments.method, arguments.dice_epochs) for device in ("cpu", "cuda")}}
     record = make_record("training_throughput", results,
                          device="cuda" if any(name.startswith("cuda") for name in chosen) else "cpu")
-    print("\n".join(record_table(record)))
-    write_record(arguments.record, record)
+    table = record_table(record)
+    print("\n".join(table))
+    write_record(arguments.record, record, table)
 
 
 if __name__ == "__main__":
