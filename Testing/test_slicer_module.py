@@ -129,6 +129,26 @@ def test_ui_binds_every_parameter_to_a_widget():
     assert sorted(bound) == sorted(fields)
 
 
+
+def test_slider_defaults_are_the_library_levels_written_once():
+    """The parameter node starts its sliders at CalibSegLib's levels by name, and the .ui repeats no value a
+    parameter sets (connectGui fills the widgets), so no number is written twice."""
+    tree = ast.parse((MODULE_DIR / "CalibSeg.py").read_text())
+    parameters = next(node for node in tree.body
+                      if isinstance(node, ast.ClassDef) and node.name == "CalibSegParameterNode")
+    defaults = {statement.target.id: statement.value for statement in parameters.body
+                if isinstance(statement, ast.AnnAssign) and statement.value is not None}
+    assert not [name for name, value in defaults.items()
+                if isinstance(value, ast.Constant) and isinstance(value.value, float)]
+    assert ast.unparse(defaults["lowConfidenceThreshold"]) == "LOW_CONFIDENCE_THRESHOLD"
+    assert ast.unparse(defaults["hotSpotLevel"]) == "HOT_SPOT_LEVEL"
+    root = ElementTree.parse(UI_FILE).getroot()
+    bound = [widget for widget in root.iter("widget")
+             if "SlicerParameterName" in {item.get("name") for item in widget.findall("property")}]
+    repeated = [widget.get("name") for widget in bound
+                if "value" in {item.get("name") for item in widget.findall("property")}]
+    assert repeated == []
+
 def _cmake_listed(cmake_file: Path, variable: str) -> list[str]:
     text = cmake_file.read_text()
     block = re.search(rf"set\({variable}\n(.*?)\n\s*\)", text, re.S)

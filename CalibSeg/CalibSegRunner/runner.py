@@ -45,7 +45,7 @@ from .volumes import reference_label_array, same_grid, slice_center_ras, volume_
 if TYPE_CHECKING:  # the library's dependencies may not be installed when the module loads
     from CalibSegLib.analysis import CaseAnalysis
 
-__all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "review_text",
+__all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "input_and_review_text",
            "channel_choice_problem"]
 
 
@@ -152,16 +152,16 @@ def _channel_volumes(inputVolumeNode, channelNodes, channelNames) -> tuple[list,
     return [nodes[position] for position in order], case if len(nodes) > 1 and channel is not None else None
 
 
-def review_text(summary: dict) -> str:
-    """What the reader is told about a quality summary: :func:`CalibSegLib.quality.review_text`, after the input
-    check's warning and reasons when the input is unsuitable (imported on call: the library's dependencies may not
-    be installed when the module loads)."""
+def input_and_review_text(summary: dict) -> str:
+    """What the reader is told about a quality summary: the input check's warning and reasons when the input
+    is unsuitable, then :func:`CalibSegLib.quality.review_sentence` (imported on call: the library's
+    dependencies may not be installed when the module loads)."""
     from CalibSegLib.input_check import input_check_lines
-    from CalibSegLib.quality import review_text as library_review_text
+    from CalibSegLib.quality import review_sentence
 
     check = summary.get("input_check")
     warning = input_check_lines(check) if check is not None and check["suitable"] is False else []
-    return " ".join([*warning, library_review_text(summary)])
+    return " ".join([*warning, review_sentence(summary)])
 
 
 class SegmentationRunner:
