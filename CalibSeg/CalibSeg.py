@@ -369,13 +369,13 @@ class CalibSegLogic(ScriptedLoadableModuleLogic):
     @staticmethod
     def channelNames(bundlePath: str) -> list[str]:
         """The input channels a bundle reads, in order (``["image"]`` for one, or when the bundle cannot be read:
-        Run then says why)."""
-        from CalibSegLib.bundle import load_bundle
+        Run then says why); from its metadata alone, never its weights."""
+        from CalibSegLib.bundle import read_metadata
         from CalibSegLib.channels import input_names
         from CalibSegLib.pretrained import resolve_bundle_path
 
         try:
-            metadata = load_bundle(resolve_bundle_path(bundlePath)).metadata
+            metadata = read_metadata(resolve_bundle_path(bundlePath))
         except (ValueError, OSError):
             return ["image"]
         return input_names(metadata)
