@@ -29,7 +29,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from Datasets.cases import (DEFAULT_CLASS_COUNT, Case, CaseFile, DataError, Data
                             default_classes, default_scheme)
 from Training.fingerprint import ChannelStatistics, Fingerprint, make_fingerprint
 from Training.records import PLAN_NAME
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["VOXEL_BUDGET_3D", "CT_CHANNEL", "IMAGE_SCHEMES", "Plan", "spacing_text", "class_count",
            "channel_names", "channel_normalization", "patch_2d", "patch_3d", "largest_extent", "per_axis",
@@ -234,7 +237,7 @@ def per_axis(flag: str, values: Sequence[float] | None, dims: int) -> tuple[floa
     return tuple(values) * dims if len(values) == 1 else tuple(values)
 
 
-def _planned_network(arguments: argparse.Namespace, in_channels: int, num_classes: int):
+def _planned_network(arguments: argparse.Namespace, in_channels: int, num_classes: int) -> "nn.Module":
     """The flags' network on torch's meta device (no memory): a bad ``--network-arg`` is one sentence here."""
     kwargs = dict(arguments.network_arg)
     try:
@@ -245,8 +248,8 @@ def _planned_network(arguments: argparse.Namespace, in_channels: int, num_classe
                         f"({error.reason}).") from None
 
 
-def _given_patch(model, arguments: argparse.Namespace, patch: tuple[int, ...], in_channels: int,
-                 largest: tuple[int, ...], extent: str) -> tuple[int, ...]:
+def _given_patch(model: "nn.Module", arguments: argparse.Namespace, patch: tuple[int, ...],
+                 in_channels: int, largest: tuple[int, ...], extent: str) -> tuple[int, ...]:
     """``--patch-size``, refused in its own terms when the network cannot take it or no training item holds
     it."""
     items = "slice" if arguments.spatial_dims == 2 else "volume"
@@ -260,8 +263,9 @@ def _given_patch(model, arguments: argparse.Namespace, patch: tuple[int, ...], i
     return patch
 
 
-def _grown_patch(model, arguments: argparse.Namespace, planned: tuple[int, ...], multiple: tuple[int, ...],
-                 in_channels: int, largest: tuple[int, ...], extent: str) -> tuple[int, ...]:
+def _grown_patch(model: "nn.Module", arguments: argparse.Namespace, planned: tuple[int, ...],
+                 multiple: tuple[int, ...], in_channels: int, largest: tuple[int, ...], extent: str
+                 ) -> tuple[int, ...]:
     """The plan's patch grown, its smallest side by the network's stride along it at a time, to the smallest
     the network segments (printed when it grew); refused in terms of the plan and the data, never of a
     flag."""

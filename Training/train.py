@@ -87,8 +87,10 @@ def run(arguments: argparse.Namespace) -> Path | None:
     plan = make_plan(cases["train"], dataset, arguments, schedule.patch_size,
                      channel_names(files, description), description)
     processes = Processes.from_environment()
-    if processes.is_main and not arguments.plan_only:
-        check_stored_plan(run_dir, plan)  # --plan-only's, or a resumed run's: this run must plan the same
+    # A stored plan (--plan-only's, or a resumed run's) must be this run's; only --plan-only replaces one, and
+    # never the plan of a run that has trained.
+    if processes.is_main and not (arguments.plan_only and not checkpoint.exists()):
+        check_stored_plan(run_dir, plan)
     config = train_config(plan, schedule, arguments)
     check_config(config)
     # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
