@@ -32,9 +32,10 @@ from slicer.ScriptedLoadableModule import (
 from slicer.util import VTKObservationMixin
 
 from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models
+from CalibSegLib.uncertainty_levels import HOT_SPOT_LEVEL, LOW_CONFIDENCE_THRESHOLD
 from CalibSegRunner import (BatchJob, BatchOutputs, CalibSegOutputs, CalibSegRequest, InferenceJob,
                             SegmentationRunner, batch_volumes, channel_choice_problem, install_missing,
-                            missing_packages, review_text, run_batch)
+                            missing_packages, input_and_review_text, run_batch)
 from CalibSegRunner.display import show_outputs, show_table
 
 MODULE_DIR = Path(__file__).resolve().parent
@@ -58,9 +59,10 @@ how sure the model is: <b>confidence</b> (largest class probability, viridis) an
 (normalised entropy, inferno), both on a fixed 0–1 scale; the uncertainty is drawn only at its
 <b>hot spots</b> (entropy above the chosen level), so the anatomy stays visible. Without any reference
 the <b>quality table</b> lists per structure its volume, mean confidence and entropy, a <b>predicted
-Dice</b> with an interval and a <b>REVIEW</b> marker (predicted Dice below 0.80), and the <b>most
-uncertain slices</b> are listed: select one to jump there. The <i>low-confidence</i> segment marks
-voxels below the chosen threshold. With <i>Segment all loaded volumes</i>, Run segments every loaded
+Dice</b> with an interval and a <b>REVIEW</b> marker (predicted Dice below the model's review
+threshold, which each bundle carries), and the <b>most uncertain slices</b> are listed: select one to jump
+there. The <i>low-confidence</i> segment marks voxels below the chosen threshold. With <i>Segment all loaded
+volumes</i>, Run segments every loaded
 volume in turn (one progress for the batch; Cancel keeps the volumes finished so far) and adds a summary table
 over them. With a reference segmentation the module reports Dice, HD95 and
 ASD per class and the calibration metrics ECE, class-wise ECE, TACE, Brier score and NLL, and draws
@@ -102,8 +104,8 @@ class CalibSegParameterNode:
     bundlePath: Path
     device: Annotated[str, Choice(["auto", "cpu", "cuda"])] = "auto"
     showLowConfidence: bool = False
-    lowConfidenceThreshold: Annotated[float, WithinRange(0.0, 1.0)] = 0.6
-    hotSpotLevel: Annotated[float, WithinRange(0.0, 1.0)] = 0.4  # CalibSegLib.quality.HOT_SPOT_LEVEL
+    lowConfidenceThreshold: Annotated[float, WithinRange(0.0, 1.0)] = LOW_CONFIDENCE_THRESHOLD
+    hotSpotLevel: Annotated[float, WithinRange(0.0, 1.0)] = HOT_SPOT_LEVEL
     segmentAllVolumes: bool = False  # Run segments every loaded volume in turn (CalibSegRunner.batch)
 
 
@@ -319,7 +321,7 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def _showQuality(self, summary) -> None:
         """The review sentence and the most uncertain slices of the last run."""
-        self.ui.reviewLabel.text = review_text(summary) if summary else ""
+        self.ui.reviewLabel.text = input_and_review_text(summary) if summary else ""
         self.ui.uncertainSlicesList.clear()
         for index in (summary or {}).get("uncertain_slices", []):
             self.ui.uncertainSlicesList.addItem(f"slice {index}")
@@ -367,13 +369,13 @@ class CalibSegLogic(ScriptedLoadableModuleLogic):
     @staticmethod
     def channelNames(bundlePath: str) -> list[str]:
         """The input channels a bundle reads, in order (``["image"]`` for one, or when the bundle cannot be read:
-        Run then says why)."""
-        from CalibSegLib.bundle import load_bundle
+        Run then says why); from its metadata alone, never its weights."""
+        from CalibSegLib.bundle import read_metadata
         from CalibSegLib.channels import input_names
         from CalibSegLib.pretrained import resolve_bundle_path
 
         try:
-            metadata = load_bundle(resolve_bundle_path(bundlePath)).metadata
+            metadata = read_metadata(resolve_bundle_path(bundlePath))
         except (ValueError, OSError):
             return ["image"]
         return input_names(metadata)

@@ -16,7 +16,20 @@ from monai.networks import nets
 from torch import nn
 
 __all__ = ["NETWORKS", "NetworkOptionsError", "MemberNetworks", "build_network", "build_network_on_meta",
-           "input_size_problem"]
+           "input_size_problem", "network_stride"]
+
+# Each network's options where a caller gives none (any of them overridden by the caller's keyword arguments).
+_DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {
+    "unet": {"channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2), "num_res_units": 2},
+    "attention_unet": {"channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2)},
+    "unetpp": {"features": (16, 16, 32, 64, 128, 16)},
+    "basic_unet": {"features": (16, 16, 32, 64, 128, 16)},
+    # nnU-Net-like: five resolution levels, stride-2 down-sampling, instance norm.
+    "dynunet": {"kernel_size": (3,) * 5, "strides": (1, 2, 2, 2, 2), "upsample_kernel_size": (2,) * 4,
+                "filters": (16, 32, 64, 128, 256), "norm_name": "instance"},
+}
+# MONAI's BasicUNet and BasicUNetPlusPlus max-pool every axis by 2 four times whatever their options.
+_FIXED_STRIDES: dict[str, tuple[int, ...]] = {"unetpp": (2, 2, 2, 2), "basic_unet": (2, 2, 2, 2)}
 
 
 class NetworkOptionsError(ValueError):
@@ -62,17 +75,17 @@ def _refuse_deep_supervision(name: str, options: dict[str, Any]) -> None:
 
 
 def _unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
-    options = {"channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2), "num_res_units": 2, **kw}
+    options = {**_DEFAULT_OPTIONS["unet"], **kw}
     return nets.UNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
 
 
 def _attention_unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
-    options = {"channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2), **kw}
+    options = {**_DEFAULT_OPTIONS["attention_unet"], **kw}
     return nets.AttentionUnet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
 
 
 def _unetpp(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
-    options = {"features": (16, 16, 32, 64, 128, 16), **kw}
+    options = {**_DEFAULT_OPTIONS["unetpp"], **kw}
     _refuse_deep_supervision("unetpp", options)
     network = nets.BasicUNetPlusPlus(
         spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options
@@ -81,20 +94,12 @@ def _unetpp(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) ->
 
 
 def _basic_unet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
-    options = {"features": (16, 16, 32, 64, 128, 16), **kw}
+    options = {**_DEFAULT_OPTIONS["basic_unet"], **kw}
     return nets.BasicUNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
 
 
 def _dynunet(spatial_dims: int, in_channels: int, num_classes: int, **kw: Any) -> nn.Module:
-    # nnU-Net-like defaults: five resolution levels, stride-2 down-sampling, instance norm.
-    options = {
-        "kernel_size": [3, 3, 3, 3, 3],
-        "strides": [1, 2, 2, 2, 2],
-        "upsample_kernel_size": [2, 2, 2, 2],
-        "filters": [16, 32, 64, 128, 256],
-        "norm_name": "instance",
-        **kw,
-    }
+    options = {**_DEFAULT_OPTIONS["dynunet"], **kw}
     _refuse_deep_supervision("dynunet", options)
     return nets.DynUNet(spatial_dims=spatial_dims, in_channels=in_channels, out_channels=num_classes, **options)
 
@@ -130,7 +135,7 @@ def build_network(
 
     Returns:
         A module mapping ``(B, in_channels, *spatial)`` to ``(B, num_classes, *spatial)`` logits
-        (spatial sizes divisible by the product of the strides, 16 with the defaults).
+        (spatial sizes divisible by the product of the strides, :func:`network_stride`: 16 with the defaults).
     """
     if name not in _BUILDERS:
         raise KeyError(f"Unknown network {name!r}; choose one of {', '.join(NETWORKS)}.")
@@ -198,3 +203,21 @@ def _output_size(model: nn.Module, in_channels: int, size: tuple[int, ...], batc
     except Exception:  # noqa: BLE001 — any shape rule inside MONAI or torch may refuse the size
         return None
     return tuple(logits.shape[2:])
+
+
+def network_stride(name: str, spatial_dims: int, **kw: Any) -> tuple[int, ...]:
+    """How many times network ``name`` (with the options ``kw`` it was built with) shrinks each spatial axis
+    at its deepest level: the product of its strides per axis (``(16, 16)`` for the default 2D UNet). A
+    window side that is a multiple of it halves evenly at every level; a stride is a number or one per axis.
+
+    Raises:
+        KeyError: ``name`` is not one of :data:`NETWORKS`.
+    """
+    if name not in _BUILDERS:
+        raise KeyError(f"Unknown network {name!r}; choose one of {', '.join(NETWORKS)}.")
+    strides = _FIXED_STRIDES.get(name) or {**_DEFAULT_OPTIONS[name], **kw}["strides"]
+    factor = [1] * spatial_dims
+    for stride in strides:
+        per_axis = [stride] * spatial_dims if isinstance(stride, int) else list(stride)
+        factor = [total * int(step) for total, step in zip(factor, per_axis)]
+    return tuple(factor)

@@ -97,7 +97,7 @@ from CalibSegLib.io import (
     write_json_atomic,
 )
 from CalibSegLib.pretrained import bundle_label, pretrained_models, resolve_bundle_path
-from CalibSegLib.quality import review_text, structure_key, summary_columns
+from CalibSegLib.quality import review_sentence, structure_key, summary_columns
 
 if TYPE_CHECKING:
     from CalibSegLib.report import ReportCase
@@ -459,7 +459,7 @@ def summary_lines(summary: dict[str, Any], metrics: dict[str, float] | None = No
 
     First the input check (:func:`CalibSegLib.input_check.input_check_lines`), then one line per structure: volume (mL), mean confidence, predicted Dice with its interval (when
     the bundle has a quality model), the measured Dice when ``metrics`` (``<stem>_metrics.json``)
-    are given, and REVIEW or ok; then :func:`CalibSegLib.quality.review_text`.
+    are given, and REVIEW or ok; then :func:`CalibSegLib.quality.review_sentence`.
     """
     structures = summary["structures"]
     width = max(len(name) for name in structures)
@@ -478,7 +478,7 @@ def summary_lines(summary: dict[str, Any], metrics: dict[str, float] | None = No
             cells.append(f"measured Dice {metrics[f'dice_{structure_key(name)}']:.2f}")
         flag = {True: "REVIEW", False: "ok", None: ""}[entry["review"]]
         lines.append(f"  {name:<{width}}  {'  '.join(cells)}  {flag}".rstrip())
-    lines.append(review_text(summary))
+    lines.append(review_sentence(summary))
     return lines
 
 

@@ -33,7 +33,7 @@ from CalibSegLib.analysis import CaseAnalysis
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.input_check import input_check_lines
 from CalibSegLib.io import atomic_output
-from CalibSegLib.quality import review_text, structure_key
+from CalibSegLib.quality import review_sentence, structure_key
 from CalibSegLib.slice_pictures import SlicePicture, case_pictures, hot_spot_colors
 
 __all__ = ["REPORT_NAME", "ReportCase", "report_case", "lowest_predicted_dice", "worst_first", "report_html",
@@ -185,7 +185,7 @@ def _case_section(number: int, case: ReportCase) -> str:
         parts.append(f'<p>Measured over the reference foreground: ECE {_number(case.metrics.get("ece"), 3)}, '
                      f'mean Dice {_number(case.metrics.get("dice_mean"), 3)}, mean HD95 '
                      f'{_number(case.metrics.get("hd95_mean"))} mm.</p>')
-    parts.append(f"<p><b>{_text(review_text(summary))}</b></p>")
+    parts.append(f"<p><b>{_text(review_sentence(summary))}</b></p>")
     figures = [f"<figure>{_image(picture.png, f'{case.name}, slice {picture.index}')}<figcaption>slice "
                f"{picture.index}: {picture.hot_spots} hot-spot voxels</figcaption></figure>"
                for picture in case.pictures]

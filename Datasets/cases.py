@@ -52,6 +52,7 @@ __all__ = [
     "ACDC_ENVIRONMENT",
     "ACDC_CLASS_NAMES",
     "ACDC_CLASS_COLORS",
+    "DEFAULT_CLASS_COUNT",
     "ACDC_TERMINOLOGY",
     "DataError",
     "Case",
@@ -64,6 +65,8 @@ __all__ = [
     "read_dataset_description",
     "default_classes",
     "default_terminology",
+    "default_scheme",
+    "volumes_note",
     "dataset_name",
     "recorded_dataset",
     "data_folder",
@@ -82,6 +85,8 @@ ACDC_CLASS_NAMES: list[str] = ["background", "right ventricle", "myocardium", "l
 ACDC_CLASS_COLORS: list[tuple[float, float, float]] = [
     (0.0, 0.0, 0.0), (0.90, 0.30, 0.25), (0.30, 0.70, 0.35), (0.25, 0.45, 0.90),
 ]
+# Classes, background included, of data whose folder names none (no dataset.json): ACDC's, as the sample's.
+DEFAULT_CLASS_COUNT = len(ACDC_CLASS_NAMES)
 # SNOMED CT codes of ACDC's structures (bundle.json's class_terminology, CalibSegLib.terminology): right and left
 # ventricle from Slicer's Modules/Loadable/Terminologies/Resources/SegmentationCategoryTypeModifier-DICOM-Master.json
 # (Slicer 583e9b37, "Anatomical Structure" 123037004; types 53085002 and 87878005), the myocardium from
@@ -471,6 +476,21 @@ def default_classes(num_classes: int, dataset: str, names: Sequence[str] | None 
 def default_terminology(class_names: Sequence[str]) -> dict[str, dict[str, dict[str, str]]] | None:
     """The ``class_terminology`` of a bundle with these classes: :data:`ACDC_TERMINOLOGY` for ACDC's, else None."""
     return ACDC_TERMINOLOGY if list(class_names) == ACDC_CLASS_NAMES else None
+
+
+def default_scheme(dataset: str) -> str:
+    """How a dataset's channels other than CT are normalised per image (training's plan): ``"percentile"`` for
+    ACDC (``acdc``, ``acdc-sample``: the recipe the shipped models were trained and measured with; its
+    volumes were prepared by that very scaling), ``"zscore"`` for any other data (nnU-Net's choice for MRI: a
+    lesion brighter than the image's 99th percentile stays apart from the tissue around it)."""
+    return "percentile" if dataset in (ACDC_DATASET, SAMPLE_DATASET) else "zscore"
+
+
+def volumes_note(dataset: str) -> str:
+    """What a run's start says about a dataset's volumes per patient (ACDC: two frames), or ``""``."""
+    if dataset in (ACDC_DATASET, SAMPLE_DATASET):
+        return " (ACDC has an end-diastole and an end-systole volume per patient)"
+    return ""
 
 
 def _read_acdc(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:

@@ -42,7 +42,7 @@ from CalibSegLib.temperature import temperature_text
 from Datasets.cases import recorded_dataset
 from Reporting.benchmark import VARIANT_TITLES, RunResult, benchmark_csv, collect_run, ranked_table, table_caption
 from Reporting.formatting import format_value, markdown_table
-from Training.train import SCHEDULES
+from Training.schedules import SCHEDULES
 from Training.records import RunSummary, read_history
 
 __all__ = ["PAPER_ACDC_UNET", "BEGIN_MARKER", "END_MARKER", "training_wall_seconds", "paper_comparison",

@@ -156,6 +156,13 @@ def test_a_dynamic_import_counts_as_an_import(tmp_path):
         "importlib", "benchmarks.inference", COMPUTED, "scripts"]
 
 
+def test_the_training_stage_names_no_dataset():
+    """What is one dataset's (ACDC's classes, their count, its normalisation) lives in Datasets/, where the
+    dataset knowledge is; Training/ plans from the data and never names a dataset."""
+    naming = [f"{path.relative_to(ROOT)}:{number}" for path in sorted((ROOT / "Training").rglob("*.py"))
+              for number, line in enumerate(path.read_text().splitlines(), start=1) if "ACDC" in line]
+    assert naming == []
+
 @pytest.mark.parametrize("broken", ["upward", "circle"])
 def test_the_checks_fail_on_a_broken_graph(broken, monkeypatch):
     """The graph checks can fail: an upward import and a circle are found."""

@@ -16,11 +16,13 @@ from CalibSegLib.predict import folder_cases
 from CalibSegLib.predict import main as predict_main
 from CalibSegLib.preprocessing import Preprocessing, intensity_range, normalize_channels, scale_intensity
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import (SAMPLE_DATA, SAMPLE_DATASET, Case, DataError, find_cases, load_cases,
-                            read_dataset_description)
+from Datasets.cases import (SAMPLE_DATA, SAMPLE_DATASET, Case, DataError, default_scheme, find_cases,
+                            load_cases, read_dataset_description)
 from Datasets.phantoms import lesion_case, write_phantom
 from Datasets.splits import make_split
-from Training.plan import channel_normalization, default_scheme, make_plan, patch_3d
+from Training.command_line import parser
+from Training.fingerprint import make_fingerprint
+from Training.plan import Plan, channel_normalization, make_plan, patch_3d
 from Training.train import main as train_main
 from tiny_bundles import make_test_metadata
 
@@ -98,30 +100,55 @@ def test_bundle_channel_names_are_validated():
 
 
 # ----------------------------------------------------------------- the plan
+def _plan(folder: Path, flags: list[str], preferred_patch_2d: int = 128) -> Plan:
+    """The plan calibseg-train makes of ``folder``'s cases (all of them as training cases) with ``flags``."""
+    description = read_dataset_description(folder)
+    cases = load_cases(find_cases(folder), len(description.class_names) if description else 4)
+    names = description.channel_names if description else None
+    dataset = SAMPLE_DATASET if folder == SAMPLE_DATA else folder.name
+    return make_plan(cases, dataset, parser().parse_args(["--data", str(folder), *flags]), preferred_patch_2d,
+                     names, description)
+
+
 def test_plan_of_the_ct_phantom_reads_its_spacing_shape_and_foreground(ct_folder):
-    files = find_cases(ct_folder)
-    cases = load_cases(files, 4)
-    plan = make_plan(cases, ["CT"], preferred_patch_2d=128)
+    cases = load_cases(find_cases(ct_folder), 4)
+    plan, volumetric = _plan(ct_folder, []), _plan(ct_folder, ["--spatial-dims", "3"])
     spacings = np.array([case.spacing for case in cases])
-    np.testing.assert_allclose(plan.target_spacing, np.median(spacings, axis=0))
+    np.testing.assert_allclose(volumetric.target_spacing, np.median(spacings, axis=0))
+    assert plan.target_spacing == volumetric.target_spacing[1:]  # a 2D network works at the in-plane pair
     # The phantom's 96 mm field of view at its median in-plane spacing: slices of about 96 / 0.8 = 120 voxels.
-    assert abs(plan.median_shape[1] - 96 / plan.target_spacing[1]) <= 2
-    assert plan.patch_2d == (112, 112)  # 128 does not fit a 120-voxel slice; the largest multiple of 16 that does
-    assert all(side % 16 == 0 for side in plan.patch_3d) and np.prod(plan.patch_3d) <= 128 ** 3
-    (ct,) = plan.channels
+    median = plan.fingerprint.median_shape(plan.fingerprint.median_spacing())
+    assert abs(median[1] - 96 / plan.target_spacing[0]) <= 2
+    assert plan.patch_size == (112, 112)  # 128 does not fit a 120-voxel slice; 112, a multiple of 16, does
+    assert all(side % 16 == 0 for side in volumetric.patch_size)
+    assert np.prod(volumetric.patch_size) <= 128 ** 3
+    (ct,) = plan.fingerprint.channels
     # The organs and the body (40-90 HU, 12 HU noise) are the foreground: air (-1000 HU) is clipped out.
     assert 40 < ct.mean < 90 and 0 < ct.percentile_00_5 < 40 < 90 < ct.percentile_99_5 < 150
-    normalization = channel_normalization(plan.channels)
-    assert normalization[0].scheme == "ct" and normalization[0].clip == (ct.percentile_00_5, ct.percentile_99_5)
+    (normalization,) = plan.channel_normalization
+    assert normalization.scheme == "ct" and normalization.clip == (ct.percentile_00_5, ct.percentile_99_5)
+    assert plan.class_names == ("background", "liver", "spleen", "kidney") and plan.channel_names == ("CT",)
 
 
 def test_plan_keeps_acdcs_shipped_recipe():
-    cases = load_cases(find_cases(SAMPLE_DATA), 4)
-    assert make_plan(cases, ["image"], 128).patch_2d == (128, 128)  # quick and --cpu
-    plan = make_plan(cases, ["image"], 224)  # --paper
-    assert plan.patch_2d == (224, 224) and plan.target_spacing[1:] == (1.5, 1.5)
+    assert _plan(SAMPLE_DATA, []).patch_size == (128, 128)  # quick and --cpu
+    plan = _plan(SAMPLE_DATA, ["--paper"], 224)
+    assert plan.patch_size == (224, 224) and plan.target_spacing == (1.5, 1.5)
     # ACDC keeps the shipped models' per-image percentile scaling: its bundles record nothing new
-    assert channel_normalization(plan.channels, default_scheme(SAMPLE_DATASET)) is None
+    assert plan.channel_normalization is None and default_scheme(SAMPLE_DATASET) == "percentile"
+    assert plan.class_names[1:] == ("right ventricle", "myocardium", "left ventricle")
+
+
+def test_the_plans_patch_is_a_multiple_of_the_networks_own_stride(ct_folder):
+    """The plan's patch follows the network's down-sampling: multiples of 16 for the default UNet (four
+    halvings), of 2 for one that halves once, which can then take a patch of the median slice's own size."""
+    default = _plan(ct_folder, ["--spatial-dims", "3"])
+    once = _plan(ct_folder, ["--spatial-dims", "3", "--network-arg", "channels=[4,8]", "--network-arg",
+                             "strides=[2]", "--network-arg", "num_res_units=0"])
+    median = default.fingerprint.median_shape(default.fingerprint.median_spacing())
+    assert all(side % 16 == 0 for side in default.patch_size)
+    assert all(side % 2 == 0 for side in once.patch_size) and any(side % 16 for side in once.patch_size)
+    assert all(abs(side - size) < 2 for side, size in zip(once.patch_size, median))
 
 
 def test_a_3d_patch_is_shrunk_along_its_longest_axis_to_the_budget():
@@ -156,8 +183,8 @@ def test_a_small_bright_lesion_survives_the_planned_normalisation():
     case = Case("lesion_000", "lesion_000", np.stack(phantom.channels), phantom.label, phantom.spacing)
     lesion = case.label == 3
     assert 0.001 <= lesion.mean() <= 0.005
-    plan = make_plan([case], ["T1", "T2", "FLAIR"])
-    schemes = channel_normalization(plan.channels, default_scheme("lesion30"))
+    fingerprint = make_fingerprint([case], ["T1", "T2", "FLAIR"])
+    schemes = channel_normalization(fingerprint.channels, default_scheme("lesion30"))
     planned = Preprocessing(channel_normalization=schemes)
     assert [item.scheme for item in planned.channel_normalization] == ["zscore"] * 3
     t2 = normalize_channels(case.image, planned)[1]
@@ -175,8 +202,9 @@ def test_z_score_keeps_the_top_one_percent_of_intensities_apart():
     rng = np.random.default_rng(0)
     image = np.concatenate([rng.normal(380, 24, 20_000), rng.lognormal(7, 1.5, 200)]).astype(np.float32)
     image = image.reshape(20, 10, 101)
-    plan = make_plan([Case("a", "a", image, np.ones(image.shape, np.uint8), (1.0, 1.0, 1.0))], ["image"])
-    zscore = Preprocessing(channel_normalization=channel_normalization(plan.channels))
+    fingerprint = make_fingerprint([Case("a", "a", image, np.ones(image.shape, np.uint8), (1.0, 1.0, 1.0))],
+                                   ["image"])
+    zscore = Preprocessing(channel_normalization=channel_normalization(fingerprint.channels))
     scaled = normalize_channels(image, zscore)
     scaled, values = scaled.ravel(), image.ravel()
     top = np.argsort(values)[-len(values) // 100:]
@@ -225,13 +253,13 @@ def test_ct_run_records_names_plan_and_its_normalization(ct_run):
     assert metadata.channel_names == ["CT"] and metadata.class_names == ["background", "liver", "spleen", "kidney"]
     plan = metadata.training["plan"]
     (ct,) = metadata.preprocessing.channel_normalization
-    assert ct.scheme == "ct" and list(ct.clip) == [plan["channels"][0]["percentile_00_5"],
-                                                   plan["channels"][0]["percentile_99_5"]]
-    assert ct.mean == plan["channels"][0]["mean"] and ct.std == plan["channels"][0]["std"]
-    assert tuple(metadata.preprocessing.target_spacing) == tuple(plan["target_spacing"][1:])
-    assert tuple(metadata.sliding_window.patch_size) == tuple(plan["patch_2d"])
+    (channel,) = plan["fingerprint"]["channels"]
+    assert ct.scheme == "ct" and list(ct.clip) == [channel["percentile_00_5"], channel["percentile_99_5"]]
+    assert ct.mean == channel["mean"] and ct.std == channel["std"]
+    assert list(metadata.preprocessing.target_spacing) == plan["target_spacing"]
+    assert list(metadata.sliding_window.patch_size) == plan["patch_size"]
     run = json.loads((ct_run / "run.json").read_text())
-    assert run["config"]["plan"] == plan
+    assert run["config"]["plan"] == plan == json.loads((ct_run / "plan.json").read_text())
 
 
 def test_four_channel_bundle_round_trips_and_predicts(mr_run, mr_folder, tmp_path):

@@ -18,6 +18,8 @@ from fault_checks import assert_one_sentence, tree_snapshot
 from Evaluation import evaluate as evaluate_cli
 from Training import fit_quality as fit_quality_cli
 from Training import train as train_cli
+from Training.command_line import parser
+from Training.run_folder import run_folder
 from Datasets import convert_acdc
 from Datasets.cases import (ACDC_ENVIRONMENT, SAMPLE_DATA, DataError, data_folder, dataset_name, find_cases,
                            recorded_dataset)
@@ -53,8 +55,8 @@ def test_train_records_the_dataset_by_name_and_prints_where_everything_goes(tmp_
 
 def test_default_run_folder_is_under_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    arguments = train_cli._parser().parse_args([])
-    assert train_cli._run_dir(arguments, "crac") == Path("runs") / "crac"
+    arguments = parser().parse_args([])
+    assert run_folder(arguments) == Path("runs") / "crac"
 
 
 def test_dataset_names_and_where_readers_find_them(tmp_path, monkeypatch):

@@ -13,10 +13,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from CalibSegLib import io as image_io
 from CalibSegLib import predict
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
+from CalibSegLib.io import images as image_files
+from CalibSegLib.io import outputs as output_files
 from tiny_bundles import make_test_bundle
 from fault_checks import BROKEN_BUNDLES, assert_one_sentence, normal_file_mode, tree_snapshot
 from Evaluation import evaluate
@@ -65,7 +66,7 @@ def no_inference(monkeypatch) -> None:
 
 def fail_on_second_write(monkeypatch, error: BaseException) -> None:
     """The second image written raises ``error`` after writing part of its file."""
-    real, calls = image_io.sitk.WriteImage, []
+    real, calls = image_files.sitk.WriteImage, []
 
     def write(image, name, useCompression=False):
         calls.append(name)
@@ -74,7 +75,7 @@ def fail_on_second_write(monkeypatch, error: BaseException) -> None:
             raise error
         real(image, name, useCompression=useCompression)
 
-    monkeypatch.setattr(image_io.sitk, "WriteImage", write)
+    monkeypatch.setattr(image_files.sitk, "WriteImage", write)
 
 
 def _out_is_file(case, tmp_path, monkeypatch) -> Path:
@@ -93,7 +94,7 @@ def _out_unwritable(case, tmp_path, monkeypatch) -> Path:
     # Tests may run as root, for whom chmod does not take away write access: ask os.access instead.
     no_inference(monkeypatch)
     (tmp_path / "locked").mkdir()
-    monkeypatch.setattr(image_io.os, "access", lambda path, mode: Path(path) != tmp_path / "locked")
+    monkeypatch.setattr(output_files.os, "access", lambda path, mode: Path(path) != tmp_path / "locked")
     return tmp_path / "locked" / "out"
 
 
@@ -189,7 +190,7 @@ def test_rename_failure_midway_restores_the_replaced_outputs(case, previous, tmp
                 raise OSError(5, "Input/output error")
         real(source, destination)
 
-    monkeypatch.setattr(image_io.os, "replace", replace)
+    monkeypatch.setattr(output_files.os, "replace", replace)
     before = tree_snapshot(tmp_path)
     assert predict_cli(case, previous) == 2
     assert_one_sentence(capsys.readouterr().err, "Input/output error")
@@ -219,7 +220,7 @@ def _evaluate_out_is_file(tmp_path, monkeypatch) -> list[str]:
 
 
 def _evaluate_out_unwritable(tmp_path, monkeypatch) -> list[str]:
-    monkeypatch.setattr(image_io.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(output_files.os, "access", lambda path, mode: False)
     return ["--out", str(tmp_path / "evaluation")]
 
 
@@ -254,7 +255,7 @@ def test_evaluate_refuses_a_nan_bundle_with_one_sentence(case, tmp_path):
 def truncate_second_write_silently(monkeypatch) -> None:
     """The second image written is cut in half without an error, as ITK's NIfTI writer leaves a file when
     the disk fills (it prints a warning and returns normally)."""
-    real, calls = image_io.sitk.WriteImage, []
+    real, calls = image_files.sitk.WriteImage, []
 
     def write(image, name, useCompression=False):
         calls.append(name)
@@ -263,7 +264,7 @@ def truncate_second_write_silently(monkeypatch) -> None:
             data = Path(name).read_bytes()
             Path(name).write_bytes(data[: len(data) // 2])
 
-    monkeypatch.setattr(image_io.sitk, "WriteImage", write)
+    monkeypatch.setattr(image_files.sitk, "WriteImage", write)
 
 
 def test_a_silently_truncated_write_fails_the_command_and_keeps_the_previous_set(case, previous, tmp_path,

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from CalibSegLib import io as image_io
 from CalibSegLib.bundle import Bundle, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, read_image, write_image
+from CalibSegLib.io import images as image_files
 from CalibSegLib.preprocessing import intensity_range, normalize_intensity, scale_intensity
 from tiny_bundles import make_test_bundle
 from fault_checks import assert_one_sentence, tree_snapshot
@@ -252,7 +252,7 @@ def test_header_that_disagrees_with_its_data_is_refused_before_allocation(case, 
     make, pattern = HEADER_FAULTS[case]
     path = make(tmp_path)
     before = tree_snapshot(tmp_path)
-    monkeypatch.setattr(image_io.sitk, "ImageFileReader", _NoPixelReader)
+    monkeypatch.setattr(image_files.sitk, "ImageFileReader", _NoPixelReader)
     with pytest.raises(ValueError) as caught:
         read_image(path)
     assert_one_sentence(str(caught.value), "^" + re_name(path), pattern, "fix or re-export the file")
@@ -295,7 +295,7 @@ def _silently_truncating(fraction: float):
 def test_a_write_cut_short_raises_and_keeps_the_previous_file(suffix, fraction, tmp_path, monkeypatch):
     path = write_image(tmp_path / f"out{suffix}", volume(), GRID)
     before = tree_snapshot(tmp_path)
-    monkeypatch.setattr(image_io.sitk, "WriteImage", _silently_truncating(fraction))
+    monkeypatch.setattr(image_files.sitk, "WriteImage", _silently_truncating(fraction))
     with pytest.raises(OSError) as caught:
         write_image(path, volume() + 1, GRID)
     assert_one_sentence(str(caught.value), f"^Cannot write out{re.escape(suffix)} ", "check the free space")

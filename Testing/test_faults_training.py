@@ -18,9 +18,12 @@ from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.networks import build_network
 from tiny_bundles import TINY_UNET, make_test_bundle, make_test_metadata
 from fault_checks import assert_one_sentence, normal_file_mode, tree_snapshot
+from Datasets.cases import read_dataset_description
 from Training import train
 from Training.checkpoint import load_checkpoint, save_checkpoint
+from Training.command_line import parser
 from Training.run_lock import LOCK_NAME, RunFolderBusy, run_folder_lock
+from Training.split_choice import load_split_cases
 
 
 def _file(tmp_path: Path) -> list[str]:
@@ -140,13 +143,14 @@ def test_save_bundle_refuses_non_finite_weights_before_writing(value, half, patt
 
 @pytest.fixture(scope="module")
 def sample_split(sample_acdc_dir):
-    """What ``train._load_split_cases`` gives for the shipped sample, loaded once for the tests below."""
-    return train._load_split_cases(train._parser().parse_args(["--data", str(sample_acdc_dir)]), 4,
-                                   sample_acdc_dir / "no-run", 0, train.read_dataset_description(sample_acdc_dir))
+    """What ``load_split_cases`` gives for the shipped sample, loaded once for the tests below."""
+    return load_split_cases(parser().parse_args(["--data", str(sample_acdc_dir)]), 4,
+                            sample_acdc_dir / "no-run", read_dataset_description(sample_acdc_dir))
 
 
 def _cached_data(monkeypatch, loaded) -> None:
-    monkeypatch.setattr(train, "_load_split_cases", lambda arguments, num_classes, run_dir, seed, description: loaded)
+    monkeypatch.setattr(train, "load_split_cases",
+                        lambda arguments, num_classes, run_dir, description: loaded)
 
 
 def test_a_second_run_on_a_locked_run_folder_is_refused_and_changes_nothing(sample_split, tmp_path, monkeypatch):
@@ -173,6 +177,39 @@ def test_the_run_folder_lock_is_exclusive_and_released(tmp_path):
     with run_folder_lock(tmp_path):  # free again once the holder is done
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def _plan_of_other_flags(run_dir: Path) -> None:
+    train.main(["--out", str(run_dir), "--plan-only", "--patch-size", "64"])
+
+
+def _no_plan(run_dir: Path) -> None:
+    run_dir.mkdir()
+    (run_dir / "plan.json").write_text('{"patch_size": [64, 64]')
+
+
+# case → (make the run folder's plan.json, regexes of the sentence)
+BAD_STORED_PLANS = {
+    "plan.json of other flags": (_plan_of_other_flags, (
+        "plan.json plans patch size 64×64 but these flags and data plan 128×128", "remove it to plan again")),
+    "plan.json that is no plan": (_no_plan, (
+        "plan.json is not a plan calibseg-train wrote", "JSONDecodeError", "remove it to plan again")),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_STORED_PLANS))
+def test_a_stored_plan_the_run_would_not_make_is_one_sentence_and_kept(case, sample_split, tmp_path,
+                                                                       monkeypatch):
+    _cached_data(monkeypatch, sample_split)
+    make, patterns = BAD_STORED_PLANS[case]
+    run_dir = tmp_path / "run"
+    make(run_dir)
+    monkeypatch.setattr(train, "Trainer", lambda *args, **kwargs: pytest.fail("another plan trained"))
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        train.main(["--out", str(run_dir), "--no-eval"])
+    assert_one_sentence(str(caught.value.code), "^error: ", *patterns)
+    assert tree_snapshot(tmp_path) == before
 
 
 class _InterruptedTrainer:

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from CalibSegLib import io as image_io
-from CalibSegLib.io import ImageGeometry, image_stem, read_image, write_image, write_json_atomic
+from CalibSegLib.io import (ImageGeometry, group_channels, image_stem, read_image, write_image,
+                            write_json_atomic)
+from CalibSegLib.io import images as image_files
 
 # Anisotropic spacing and an oblique (rotated about z, then tilted) direction.
 _ANGLE = math.radians(30)
@@ -67,7 +68,7 @@ def test_failed_write_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, 
             handle.write(b"partial")
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(image_io.sitk, "WriteImage", crash_half_way)
+    monkeypatch.setattr(image_files.sitk, "WriteImage", crash_half_way)
     with pytest.raises(OSError, match="Cannot write out.nrrd \\(disk full\\)"):
         write_image(path, np.zeros((2, 8, 8), np.float32), OBLIQUE)
     assert path.read_bytes() == before
@@ -135,7 +136,7 @@ def test_image_stem_drops_image_extensions(name, stem):
 
 def test_group_channels_gathers_a_cases_channel_images_in_order_of_first_appearance():
     stems = ["b_0001", "a", "b_0000", "c_0002", "a_0000", "b_0003"]
-    assert image_io.group_channels(stems) == [
+    assert group_channels(stems) == [
         ("b", {1: 0, 0: 2, 3: 5}),  # a gap (no b_0002) is kept for the caller to name
         ("a", {0: 1}),  # an image without a channel suffix is a case of its own, even beside a_0000
         ("c", {2: 3}),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from CalibSegLib.networks import NETWORKS, build_network
+from CalibSegLib.networks import (NETWORKS, build_network, build_network_on_meta, input_size_problem,
+                                  network_stride)
 
 # Small overrides per network, given as a bundle would store them in network_kwargs.
 SMALL = {
@@ -80,3 +81,19 @@ def test_bad_dimensions_are_refused(arguments, message):
     options = {"in_channels": 1, "num_classes": 2, **arguments}
     with pytest.raises(ValueError, match=message):
         build_network("unet", **options)
+
+
+# A 3D DynUNet that halves z once and y, x twice (strides per axis).
+_ANISOTROPIC = {"kernel_size": [3, 3, 3], "strides": [[1, 1, 1], [1, 2, 2], [2, 2, 2]],
+                "upsample_kernel_size": [[1, 2, 2], [2, 2, 2]], "filters": [4, 8, 8]}
+
+
+@pytest.mark.parametrize("name,options,dims,expected", [
+    ("unet", {}, 2, (16, 16)), ("unet", SMALL["unet"], 3, (2, 2, 2)), ("attention_unet", {}, 2, (16, 16)),
+    ("dynunet", {}, 3, (16, 16, 16)), ("dynunet", _ANISOTROPIC, 3, (2, 4, 4)),
+    ("basic_unet", SMALL["basic_unet"], 2, (16, 16)), ("unetpp", {}, 3, (16, 16, 16))])
+def test_network_stride_is_the_product_of_its_strides_per_axis(name, options, dims, expected):
+    """What the training plan rounds its patch to: windows of twice the stride per axis go through."""
+    assert network_stride(name, dims, **options) == expected
+    model = build_network_on_meta(name, 1, 2, dims, **options)
+    assert input_size_problem(model, 1, tuple(2 * side for side in expected)) is None

@@ -52,6 +52,58 @@ def _without_orientation(add_volume_like):
     return broken
 
 
+
+def test_the_module_process_never_reads_weights_in_a_background_run(mrml_scene, tmp_path,  # noqa: F811
+                                                                    monkeypatch):
+    """Slicer's process reads bundle metadata only: the widget's channel list, prepare, a background run and a
+    batch (through the inference child, which alone deserialises the weights) and their publishing all work
+    while every weight read in this process fails; the in-process run, which reads the weights where it
+    predicts, meets the trap, so the trap would catch a host that read them."""
+    from CalibSegLib.bundle import archive
+    from CalibSegRunner import BatchJob, InferenceJob, SegmentationRunner
+    from CalibSegTesting import make_volume_node
+    from tiny_bundles import make_test_bundle
+
+    bundle = make_test_bundle(tmp_path / "tiny.calibseg", patch_size=(32, 32))
+    images = [np.random.default_rng(seed).random((3, 32, 32)).astype(np.float32) for seed in range(2)]
+    volumes = [make_volume_node(mrml_scene, image, f"case{index}") for index, image in enumerate(images)]
+    reads = []
+
+    def no_weights_here(*arguments, **keywords):
+        reads.append(arguments)
+        raise AssertionError("Slicer's process deserialised a bundle's weights")
+
+    monkeypatch.setattr(archive, "_stream_weights", no_weights_here)
+    runner = SegmentationRunner()
+    two_channels = make_test_bundle(tmp_path / "two.calibseg", in_channels=2, channel_names=["T1", "T2"])
+    assert _logic_channel_names(two_channels) == ["T1", "T2"]  # not its fallback for an unreadable one
+    job = InferenceJob(runner, runner.prepare(volumes[0], bundle)).start()
+    assert job.wait(timeout=120)
+    outputs = job.finish()
+    assert outputs.segmentation.GetScene() is mrml_scene and set(outputs.summary["structures"]) == {
+        "class 1", "class 2", "class 3"}
+    batch = BatchJob(runner, volumes, runner.settings(bundle)).start()
+    assert batch.wait(timeout=240)
+    assert [case.status for case in batch.finish().cases] == ["ok", "ok"]
+    assert reads == []
+    with pytest.raises(AssertionError, match="deserialised"):
+        runner.run(volumes[0], bundle)
+    assert len(reads) == 1
+
+
+def _logic_channel_names(bundle: Path) -> list[str]:
+    """``CalibSegLogic.channelNames`` (the widget's channel selectors) without the Qt application."""
+    tree = ast.parse((MODULE_DIR / "CalibSeg.py").read_text())
+    logic = next(node for node in tree.body
+                 if isinstance(node, ast.ClassDef) and node.name == "CalibSegLogic")
+    method = next(node for node in logic.body
+                  if isinstance(node, ast.FunctionDef) and node.name == "channelNames")
+    method.decorator_list = []
+    namespace: dict = {}
+    exec(compile(ast.Module([method], type_ignores=[]), "CalibSeg.py", "exec"), namespace)
+    return namespace["channelNames"](str(bundle))
+
+
 def test_offscreen_slice_view_shows_hot_spots_outlines_and_legend(mrml_scene, tmp_path):  # noqa: F811
     import matplotlib.image
     import slicer
@@ -128,6 +180,26 @@ def test_ui_binds_every_parameter_to_a_widget():
     fields = [statement.target.id for statement in parameters.body if isinstance(statement, ast.AnnAssign)]
     assert sorted(bound) == sorted(fields)
 
+
+
+def test_slider_defaults_are_the_library_levels_written_once():
+    """The parameter node starts its sliders at CalibSegLib's levels by name, and the .ui repeats no value a
+    parameter sets (connectGui fills the widgets), so no number is written twice."""
+    tree = ast.parse((MODULE_DIR / "CalibSeg.py").read_text())
+    parameters = next(node for node in tree.body
+                      if isinstance(node, ast.ClassDef) and node.name == "CalibSegParameterNode")
+    defaults = {statement.target.id: statement.value for statement in parameters.body
+                if isinstance(statement, ast.AnnAssign) and statement.value is not None}
+    assert not [name for name, value in defaults.items()
+                if isinstance(value, ast.Constant) and isinstance(value.value, float)]
+    assert ast.unparse(defaults["lowConfidenceThreshold"]) == "LOW_CONFIDENCE_THRESHOLD"
+    assert ast.unparse(defaults["hotSpotLevel"]) == "HOT_SPOT_LEVEL"
+    root = ElementTree.parse(UI_FILE).getroot()
+    bound = [widget for widget in root.iter("widget")
+             if "SlicerParameterName" in {item.get("name") for item in widget.findall("property")}]
+    repeated = [widget.get("name") for widget in bound
+                if "value" in {item.get("name") for item in widget.findall("property")}]
+    assert repeated == []
 
 def _cmake_listed(cmake_file: Path, variable: str) -> list[str]:
     text = cmake_file.read_text()

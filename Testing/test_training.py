@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Callable
 
 import h5py
@@ -16,14 +17,28 @@ from Reporting import benchmark as benchmark_cli
 from Reporting import results as results_cli
 from Reporting import ship as ship_cli
 from Training import train as train_cli
-from Training.checkpoint import CheckpointError, load_checkpoint
-from Datasets.cases import ACDC_TERMINOLOGY, DataError, find_cases, load_cases
+from Training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from Datasets.cases import (ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, ACDC_TERMINOLOGY, DataError, find_cases,
+                            load_cases)
 from Datasets.splits import SPLITS_DIR, load_split, make_split
+from Training.command_line import parser
+from Training.config import TrainConfig, train_config
 from Training.distributed import SINGLE_PROCESS
+from Training.fingerprint import Fingerprint
+from Training.plan import Plan, read_plan, spacing_text
 from Training.records import RunSummary
-from Training.trainer import TrainConfig, Trainer, spacing_text
+from Training.schedules import chosen_schedule
+from Training.trainer import Trainer
 
 TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
+# Every choice of a tiny 2D run on the sample's cases; each test replaces what it varies.
+TINY_CONFIG = dict(method="crac", loss_args={}, network="unet", network_kwargs=TINY, epochs=2,
+                   iterations_per_epoch=3, batch_size=4, lr=1e-3, lr_schedule="step", lr_step_to=1e-4,
+                   lr_step_epoch=1, spatial_dims=2, target_spacing=(1.5, 1.5), patch_size=(64, 64),
+                   foreground_share=1 / 3, augment=True, compile=False, temperature_fit="auto",
+                   mirroring="auto", device="cpu", amp=None, seed=0, val_every=1, deterministic=True,
+                   num_classes=4, class_names=list(ACDC_CLASS_NAMES), class_colors=list(ACDC_CLASS_COLORS),
+                   channel_names=None, channel_normalization=None, plan=None, workers=0, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +50,7 @@ def sample_cases(sample_acdc_dir):
 
 
 def tiny_trainer(tmp_path, cases, method="crac", processes=SINGLE_PROCESS, **overrides) -> Trainer:
-    options = dict(method=method, network_kwargs=TINY, epochs=2, batch_size=4, patch_size=(64, 64), device="cpu",
-                   lr_step_epoch=1, deterministic=True, progress=False, augment=True, iterations_per_epoch=3)
-    config = TrainConfig(**{**options, **overrides})
+    config = TrainConfig(**{**TINY_CONFIG, "method": method, **overrides})
     train_cases, val_cases = cases
     return Trainer(config, train_cases, val_cases, tmp_path, {"dataset": "test"}, processes)
 
@@ -178,8 +191,10 @@ def test_learning_rate_follows_its_schedule_step_by_step(sample_cases, tmp_path,
     (["--method", "ce_dice"], {}),
 ])
 def test_schedule_loss_arguments_yield_to_the_flags(flags, expected):
-    config = train_cli.parse_config(train_cli._parser().parse_args(flags))
-    assert config.loss_args == expected
+    plan = Plan("test", Fingerprint((), (), (), ()), 2, (1.5, 1.5), (64, 64), None, None, ("background", "a"),
+                ((0.0, 0.0, 0.0), (1.0, 0.0, 0.0)))
+    arguments = parser().parse_args(flags)
+    assert train_config(plan, chosen_schedule(arguments), arguments).loss_args == expected
 
 
 def test_corrupt_checkpoint_is_refused_and_kept(sample_cases, tmp_path):
@@ -331,6 +346,54 @@ def test_training_without_a_split_makes_one_writes_it_and_resumes_with_it(tmp_pa
     assert "seeded patient-level split" not in capsys.readouterr().out
 
 
+def test_a_run_writes_its_plan_and_a_config_built_from_it_reproduces_the_run(tmp_path):
+    data = tmp_path / "data"
+    _write_cases(data)
+    out = tmp_path / "run"
+    flags = ["--data", str(data), "--num-classes", "2", *TINY_FLAGS, "--out", str(out)]
+    assert train_cli.main(flags) == 0
+    arguments = parser().parse_args(flags)
+    config = train_config(read_plan(out), chosen_schedule(arguments), arguments)
+    recorded = json.loads(json.dumps(asdict(config), default=str))
+    checkpointed = json.loads(load_checkpoint(out / "checkpoint.pt")["config"])
+    assert recorded == RunSummary.read(out).config == checkpointed
+    assert config.patch_size == (32, 32) and config.class_names == ["background", "class 1"]
+
+
+def test_plan_only_writes_the_plan_alone_and_the_run_keeps_it(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "data"
+    _write_cases(data)  # no shipped split covers it: a real run would write its own split.json
+    out = tmp_path / "runs" / "own"
+    flags = ["--data", str(data), "--num-classes", "2", *TINY_FLAGS, "--out", str(out)]
+    monkeypatch.setattr(train_cli, "Trainer", lambda *arguments, **options: pytest.fail("it trained"))
+    assert train_cli.main([*flags, "--plan-only"]) == 0
+    assert [path.name for path in out.iterdir()] == ["plan.json"]
+    assert "plan.json only (--plan-only)" in capsys.readouterr().out
+    planned = (out / "plan.json").read_text()
+    monkeypatch.undo()
+    assert train_cli.main(flags) == 0
+    assert (out / "plan.json").read_text() == planned and (out / "split.json").is_file()
+
+
+def test_a_run_folder_from_before_plans_resumes_and_gains_its_plan(tmp_path):
+    """A run folder written before plan.json existed (the checkpoint's config holds the old plan record, the
+    folder no plan.json) resumes: the run plans again, as that run did, and writes its plan."""
+    data = tmp_path / "data"
+    _write_cases(data)
+    out = tmp_path / "run"
+    flags = ["--data", str(data), "--num-classes", "2", *TINY_FLAGS, "--out", str(out)]
+    assert train_cli.main(flags) == 0
+    planned = read_plan(out)
+    (out / "plan.json").unlink()
+    state = load_checkpoint(out / "checkpoint.pt")
+    config = json.loads(state["config"])
+    config["plan"] = {"target_spacing": [3.0, 1.5, 1.5], "median_shape": [4, 32, 32], "patch_2d": [32, 32],
+                      "patch_3d": [16, 32, 32], "channels": config["plan"]["fingerprint"]["channels"]}
+    save_checkpoint(out / "checkpoint.pt", {**state, "config": json.dumps(config)})
+    assert train_cli.main([*flags, "--resume"]) == 0
+    assert read_plan(out) == planned
+
+
 @pytest.mark.parametrize("labels", [{"background": 0, "liver": 1}, {"0": "background", "1": "liver"}])
 def test_class_names_and_their_number_come_from_dataset_json_in_either_form(tmp_path, labels):
     data = tmp_path / "data"
@@ -343,6 +406,10 @@ def test_class_names_and_their_number_come_from_dataset_json_in_either_form(tmp_
         train_cli.main(["--data", str(data), "--num-classes", "3", *TINY_FLAGS, "--out", str(tmp_path / "other")])
     (data / "dataset.json").write_text(json.dumps({"labels": {"background": 0, "liver": 2}}))
     with pytest.raises(SystemExit, match=r"labels must give the ids 0 to 1 one name each"):
+        train_cli.main(["--data", str(data), *TINY_FLAGS, "--out", str(tmp_path / "other")])
+    (data / "dataset.json").write_text(json.dumps({"labels": {"background": 0}}))
+    with pytest.raises(SystemExit, match=r"^error: The data's dataset.json \(one class\) leaves nothing to "
+                                         r"segment; a run needs the background and one class more\.$"):
         train_cli.main(["--data", str(data), *TINY_FLAGS, "--out", str(tmp_path / "other")])
     assert not (tmp_path / "other").exists()
 

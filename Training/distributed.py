@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 __all__ = ["Processes", "SINGLE_PROCESS", "start_processes", "stop_processes"]
 
-# Non-main processes wait in a collective while the main one validates (once per epoch): on full
-# ACDC on a CPU that takes minutes, beyond NCCL's 10-minute default.
+# Non-main processes wait in a collective while the main one validates (once per epoch): on the full
+# cardiac dataset on a CPU that takes minutes, beyond NCCL's 10-minute default.
 _COLLECTIVE_TIMEOUT = timedelta(minutes=60)
 
 

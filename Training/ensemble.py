@@ -2,7 +2,7 @@
 their out-of-fold predictions.
 
     calibseg-ensemble runs/ce_dice-cv                     # → runs/ce_dice-cv/ensemble.calibseg
-    calibseg-ensemble runs/ce_dice-cv --out acdc_ce_dice.calibseg --data "$CALIBSEG_ACDC"
+    calibseg-ensemble runs/ce_dice-cv --out acdc_ce_dice.calibseg --data data/full
 
 The folds of ``calibseg-train --fold all`` (or ``--fold K`` for every K) each validated on patients no other step
 of their run saw; together they predict every labelled patient once, out of fold. nnU-Net ships such folds as an

@@ -6,10 +6,10 @@
 The training patients the bundle records (``bundle.json``: ``data["train"]``) are read from ``--data``
 or the folder of the dataset the bundle records, and :func:`CalibSegLib.input_check.statistics_of_cases`
 computes ``input_statistics`` from their images and reference labels with the decided
-:data:`CalibSegLib.input_check.THRESHOLDS`; a bundle with ACDC's classes and no ``class_terminology`` also gets
-:data:`Datasets.cases.ACDC_TERMINOLOGY`. No prediction is run. The bundle is rewritten atomically
-(default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same weights in the same
-dtype, so its checksum and predictions stay as they were.
+:data:`CalibSegLib.input_check.THRESHOLDS`; a bundle without ``class_terminology`` gets its classes' codes
+where Datasets knows them (:func:`Datasets.cases.default_terminology`). No prediction is run. The bundle
+is rewritten atomically (default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same
+weights in the same dtype, so its checksum and predictions stay as they were.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ __all__ = ["refit_input_check", "main"]
 
 
 def refit_input_check(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None) -> Path:
-    """Write ``bundle`` with ``input_statistics`` from its training patients (and ACDC's terminology); its path.
+    """Write ``bundle`` with ``input_statistics`` from its training patients (and its classes' codes); its
+    path.
 
     Raises:
         BundleError, DataError, InputStatisticsError: unreadable bundle, missing data or training patients (one

@@ -1,5 +1,5 @@
 """What a training run leaves in its folder, typed: the file names, ``run.json`` (:class:`RunSummary`) and
-``history.jsonl`` (:class:`EpochRecord` a line).
+``history.jsonl`` (:class:`EpochRecord` a line); ``plan.json`` is :class:`Training.plan.Plan`'s.
 
 The later stages (``Reporting/``) read runs through these alone, never through the trainer.
 """
@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "OUT_OF_FOLD_DIR", "RunSummary",
-           "EpochRecord", "read_history"]
+__all__ = ["CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "PLAN_NAME",
+           "OUT_OF_FOLD_DIR", "RunSummary", "EpochRecord", "read_history"]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 BUNDLE_NAME = "model.calibseg"
 HISTORY_NAME = "history.jsonl"
 RUN_SUMMARY_NAME = "run.json"
+PLAN_NAME = "plan.json"  # written before the first step; a run's configuration is built from it
 # A cross-validation fold's bundle evaluated on its own validation patients (calibseg-evaluate's files).
 OUT_OF_FOLD_DIR = "out_of_fold"
 

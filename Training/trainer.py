@@ -11,7 +11,7 @@ import math
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,17 +25,17 @@ from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.losses import build_loss
 from CalibSegLib.networks import build_network
 from CalibSegLib.postprocessing import Postprocessing
-from CalibSegLib.preprocessing import ChannelNormalization, Preprocessing
+from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.sliding_window import SlidingWindow, windows_per_pass
-from Datasets.cases import (ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, Case, DataError, GridVolume, default_terminology,
-                            to_model_grid)
+from Datasets.cases import Case, DataError, GridVolume, default_terminology, to_model_grid
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
 from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, validation_pass, volume_dice
+from Training.config import TrainConfig
 from Training.distributed import SINGLE_PROCESS, Processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME, EpochRecord, RunSummary
 
-__all__ = ["TrainConfig", "TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES", "spacing_text"]
+__all__ = ["TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES"]
 
 LR_SCHEDULES: tuple[str, ...] = ("poly", "step")
 # Steps between progress-bar updates of the loss (each update waits for the device to finish the step).
@@ -45,50 +45,6 @@ _RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spati
                       "patch_size", "channel_normalization", "batch_size", "lr", "lr_schedule", "lr_step_to",
                       "lr_step_epoch", "seed", "num_classes",
                       "iterations_per_epoch", "augment", "foreground_share", "epochs")
-
-
-@dataclass
-class TrainConfig:
-    """Every training choice (the CLI flags of ``Training/train.py``)."""
-
-    method: str = "crac"
-    loss_args: dict[str, Any] = field(default_factory=dict)
-    network: str = "unet"
-    network_kwargs: dict[str, Any] = field(default_factory=dict)
-    epochs: int = 100
-    iterations_per_epoch: int | None = None  # None: one pass over the slices
-    batch_size: int = 16
-    lr: float = 1e-3
-    lr_schedule: str = "step"  # "poly": lr·(1 − step/steps)^0.9 per step; "step": × lr_step_to/lr at lr_step_epoch
-    lr_step_to: float = 1e-4
-    lr_step_epoch: int = 50
-    spatial_dims: int = 2  # 2: slice-wise network on (y, x) crops; 3: volumetric network on (z, y, x) crops
-    target_spacing: tuple[float, ...] = (1.5, 1.5)  # mm of the model's grid: (y, x), or (z, y, x) in 3D
-    patch_size: tuple[int, ...] = (224, 224)  # training crop = inference window, voxels at target_spacing
-    foreground_share: float = 1 / 3  # crops centred on a foreground voxel
-    augment: bool = True
-    compile: bool = False  # torch.compile the training forward/backward (CPU: 1.6× faster steps)
-    temperature_fit: str = "auto"  # voxels the temperature is fitted on: all, foreground, or the better
-    mirroring: str = "auto"  # test-time mirroring: chosen on validation ("auto") or never ("off")
-    device: str = "auto"
-    amp: bool | None = None  # bfloat16 autocast; None: on CUDA, not on a CPU (slower there without bf16 units)
-    seed: int = 0
-    val_every: int = 1
-    deterministic: bool = False
-    num_classes: int = 4
-    class_names: list[str] = field(default_factory=lambda: list(ACDC_CLASS_NAMES))
-    class_colors: list[tuple[float, float, float]] = field(default_factory=lambda: list(ACDC_CLASS_COLORS))
-    channel_names: list[str] | None = None  # the input channels in order (None: one, the image)
-    # Per channel how it is normalised (Training/plan.py; None: the per-image percentile scaling of every channel).
-    channel_normalization: list[ChannelNormalization] | None = None
-    plan: dict[str, Any] | None = None  # what Training/plan.py read from the training cases, for the records
-    workers: int = 0  # background threads assembling batches ahead of the step (0: in the loop)
-    progress: bool = True
-
-    @property
-    def in_channels(self) -> int:
-        """The network's input channels."""
-        return len(self.channel_names) if self.channel_names else 1
 
 
 @dataclass
@@ -107,13 +63,6 @@ class EpochStatistics:
     loss: float
     slices_per_second: float
     data_wait_share: float
-
-
-def spacing_text(spacing: tuple[float, ...]) -> str:
-    """``1.5`` for an isotropic spacing in mm, ``3.68×0.834×0.834`` for any other (as the console shows it: three
-    significant digits, as the plan prints it)."""
-    values = [f"{value:.3g}" for value in spacing]
-    return values[0] if len(set(values)) == 1 else "×".join(values)
 
 
 def _seed_everything(seed: int, deterministic: bool) -> None:
@@ -219,7 +168,7 @@ class Trainer:
         self.writer = None
         # One predictor around the live network for every validation: no weights copied, no bundle written.
         # It runs the shipped windows (overlap 0.5): windows that only tile the slice cut structures at
-        # their borders and scored 0.07 Dice lower on ACDC validation (docs/training.md).
+        # their borders and scored 0.07 Dice lower on the cardiac validation patients (docs/training.md).
         self.validator = Predictor.from_network(self.model, self._metadata(), device=self.device,
                                                 batch_size=config.batch_size)
 

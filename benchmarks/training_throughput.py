@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import torch
 
 from benchmarks.record import caption, make_record, write_record
+from Training.schedules import SCHEDULES
 
 SETTINGS: dict[str, dict] = {
     "fp32": {},
@@ -68,8 +69,8 @@ SETTINGS: dict[str, dict] = {
     "cuda_ddp": {"device": "cuda", "processes": "gpus"},
 }
 WARMUP_STEPS = 3
-# The quick schedule's batches per epoch (Training/train.py), for --dice.
-_DICE_ITERATIONS = 100
+# The quick schedule's batches per epoch, for --dice.
+_DICE_ITERATIONS = SCHEDULES["quick"].iterations_per_epoch
 
 
 def _process_count(setting: str) -> int:
@@ -90,10 +91,15 @@ def measure(setting: str, steps: int, method: str) -> dict:
     this process (one of torchrun's for the distributed settings: None in all but the main one).
 
     The device is waited for only after the warm-up and after the last step, as the training loop does."""
-    from Datasets.cases import find_cases, load_cases
+    from dataclasses import replace
+
+    from Datasets.cases import SAMPLE_DATASET, find_cases, load_cases
     from Datasets.splits import SPLITS_DIR, load_split
+    from Training.command_line import parser
+    from Training.config import train_config
     from Training.distributed import Processes, start_processes, stop_processes
-    from Training.trainer import TrainConfig, Trainer
+    from Training.plan import make_plan
+    from Training.trainer import Trainer
 
     options = dict(SETTINGS[setting])
     if "threads" in options:
@@ -106,8 +112,11 @@ def measure(setting: str, steps: int, method: str) -> dict:
     split = load_split(SPLITS_DIR / "acdc_sample.json")
     train = load_cases([f for f in files if f.patient_id in split["train"]], 4)
     val = load_cases([f for f in files if f.patient_id in split["val"][:1]], 4)
-    config = TrainConfig(method=method, patch_size=options.pop("patch_size", (128, 128)), progress=False,
-                         iterations_per_epoch=steps + WARMUP_STEPS, **options)
+    # calibseg-train's configuration of the quick schedule (eager: "compile" is a setting), then the setting
+    arguments = parser().parse_args(["--method", method, "--no-compile", "--patch-size", "128",
+                                     "--iterations-per-epoch", str(steps + WARMUP_STEPS)])
+    plan = make_plan(train, SAMPLE_DATASET, arguments, SCHEDULES["quick"].patch_size, None, None)
+    config = replace(train_config(plan, SCHEDULES["quick"], arguments), progress=False, **options)
     with tempfile.TemporaryDirectory() as run_dir:  # the trainer writes nothing before fit()
         trainer = Trainer(config, train, val, Path(run_dir), {}, processes)
         if channels_last:

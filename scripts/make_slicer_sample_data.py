@@ -138,7 +138,7 @@ def render_readme_picture(bundle_path: Path, metadata, case: Case, score: float)
 
     scene = new_scene()
     import slicer
-    from CalibSegRunner import SegmentationRunner, review_text
+    from CalibSegRunner import SegmentationRunner, input_and_review_text
     from scripts.render_slice_view import render_slice_view
 
     volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", case.case_id)
@@ -148,7 +148,7 @@ def render_readme_picture(bundle_path: Path, metadata, case: Case, score: float)
     outputs = SegmentationRunner().run(volume, bundle_path, device="cpu")
     slice_index = outputs.summary["uncertain_slices"][0] if outputs.summary["uncertain_slices"] else None
     heading = (f"{case.case_id} (test patient), slice {slice_index} (its most uncertain), {bundle_path.stem}: "
-               f"measured Dice {score:.2f}. {review_text(outputs.summary)}")
+               f"measured Dice {score:.2f}. {input_and_review_text(outputs.summary)}")
     title = "\n".join(textwrap.wrap(heading, 80))
     path, _ = render_slice_view(scene, volume, outputs, metadata.class_names, metadata.class_colors, PICTURE,
                                 slice_index=slice_index, title=title, zoom=PICTURE_ZOOM)

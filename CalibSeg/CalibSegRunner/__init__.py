@@ -11,8 +11,8 @@ from .batch import BatchJob, BatchOutputs, batch_volumes, run_batch
 from .install import install_missing, missing_packages
 from .job import InferenceJob
 from .runner import (CalibSegOutputs, CalibSegRequest, RunSettings, SegmentationRunner,
-                     channel_choice_problem, review_text)
+                     channel_choice_problem, input_and_review_text)
 
 __all__ = ["SegmentationRunner", "RunSettings", "CalibSegRequest", "CalibSegOutputs", "InferenceJob", "BatchJob",
-           "BatchOutputs", "batch_volumes", "run_batch", "missing_packages", "install_missing", "review_text",
-           "channel_choice_problem"]
+           "BatchOutputs", "batch_volumes", "run_batch", "missing_packages", "install_missing",
+           "input_and_review_text", "channel_choice_problem"]

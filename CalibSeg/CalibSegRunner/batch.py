@@ -104,7 +104,7 @@ class BatchJob:
             raise ValueError("There is no volume to segment; load a scalar volume first.")
         self.runner, self.settings, self.python = runner, settings, python
         self.scene = volumes[0].GetScene()  # the summary table's
-        self.cases = _cases(volumes, input_names(settings.bundle.metadata))
+        self.cases = _cases(volumes, input_names(settings.metadata))
         self._job: InferenceJob | None = None
         self._running: BatchCase | None = None
         self._cancelled = False

@@ -5,7 +5,8 @@ progress bar, and calls :meth:`InferenceJob.finish` on the main thread once :met
 true; MRML is only touched there. The network runs in a child Python process
 (:mod:`CalibSegLib.analysis_process`, as SlicerMONAIAuto3DSeg and SlicerTotalSegmentator run theirs): a crash,
 an out-of-memory kill or a hung CUDA call there ends that process, never the user's Slicer session, and
-becomes one sentence with the scene unchanged.
+becomes one sentence with the scene unchanged. The child alone reads the bundle's weights; this process has
+read its metadata only (:meth:`~CalibSegRunner.runner.SegmentationRunner.settings`).
 """
 
 from __future__ import annotations
@@ -68,13 +69,10 @@ class InferenceJob:
         from CalibSegLib.analysis_process import write_request
 
         request = self.request
-        if request.bundle.path is None:
-            raise ValueError("The bundle was not loaded from a file, so the inference process cannot read it; save "
-                             "it with CalibSegLib.bundle.save_bundle first.")
         self._folder = Path(tempfile.mkdtemp(prefix="calibseg-job-"))
         try:
-            write_request(self._folder, request.bundle.path, request.image, request.spacing, request.reference,
-                          request.device, request.hot_spot_level)
+            write_request(self._folder, request.bundle_path, request.image, request.spacing,
+                          request.reference, request.device, request.hot_spot_level)
             with (self._folder / "stderr.txt").open("w") as stderr:
                 self._process = subprocess.Popen(
                     [self.python, "-m", "CalibSegLib.analysis_process", str(self._folder)], stdout=subprocess.PIPE,

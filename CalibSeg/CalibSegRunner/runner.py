@@ -13,6 +13,10 @@ on arrays only (any thread, see :class:`~CalibSegRunner.job.InferenceJob`), and
 :meth:`SegmentationRunner.publish` adds all output nodes at once (main thread), removing them
 again if anything fails — so an error or a cancel leaves the scene as it was.
 
+Preparing and publishing read the bundle's metadata alone (:func:`CalibSegLib.bundle.read_metadata`: classes,
+colours, channels, terminology); the weights are read where the network runs, once per run: by
+:meth:`SegmentationRunner.compute` in the calling thread, or by the inference child of a background job.
+
 Without a reference the outputs already say what to check: the quality table (per structure:
 review marker, predicted Dice and interval, volume, mean confidence and entropy), the
 uncertainty volume shown only at its hot spots, and the most uncertain slices
@@ -43,9 +47,12 @@ from .nodes import (
 from .volumes import reference_label_array, same_grid, slice_center_ras, volume_array, volume_spacing
 
 if TYPE_CHECKING:  # the library's dependencies may not be installed when the module loads
-    from CalibSegLib.analysis import CaseAnalysis
+    from pathlib import Path
 
-__all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "review_text",
+    from CalibSegLib.analysis import CaseAnalysis
+    from CalibSegLib.bundle import BundleMetadata
+
+__all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRunner", "input_and_review_text",
            "channel_choice_problem"]
 
 
@@ -53,7 +60,8 @@ __all__ = ["RunSettings", "CalibSegRequest", "CalibSegOutputs", "SegmentationRun
 class RunSettings:
     """What every run with the same choices shares, checked once by :meth:`SegmentationRunner.settings`."""
 
-    bundle: object  # CalibSegLib.bundle.Bundle, read and checked once
+    bundle_path: "Path"  # the .calibseg file (a shipped model's name resolved)
+    metadata: "BundleMetadata"  # its checked bundle.json, read once without the weights
     device: str
     low_confidence_threshold: float | None
     hot_spot_level: float  # CalibSegLib.quality.HOT_SPOT_LEVEL unless chosen
@@ -64,7 +72,8 @@ class CalibSegRequest:
     """What to run: arrays read from the scene plus the user's choices."""
 
     input_node: object
-    bundle: object  # CalibSegLib.bundle.Bundle, read and checked once by prepare()
+    bundle_path: "Path"  # the .calibseg file whose weights the run reads
+    metadata: "BundleMetadata"  # its checked bundle.json, read once by settings()
     image: np.ndarray
     spacing: tuple[float, float, float]
     reference_node: object | None = None
@@ -152,16 +161,16 @@ def _channel_volumes(inputVolumeNode, channelNodes, channelNames) -> tuple[list,
     return [nodes[position] for position in order], case if len(nodes) > 1 and channel is not None else None
 
 
-def review_text(summary: dict) -> str:
-    """What the reader is told about a quality summary: :func:`CalibSegLib.quality.review_text`, after the input
-    check's warning and reasons when the input is unsuitable (imported on call: the library's dependencies may not
-    be installed when the module loads)."""
+def input_and_review_text(summary: dict) -> str:
+    """What the reader is told about a quality summary: the input check's warning and reasons when the input
+    is unsuitable, then :func:`CalibSegLib.quality.review_sentence` (imported on call: the library's
+    dependencies may not be installed when the module loads)."""
     from CalibSegLib.input_check import input_check_lines
-    from CalibSegLib.quality import review_text as library_review_text
+    from CalibSegLib.quality import review_sentence
 
     check = summary.get("input_check")
     warning = input_check_lines(check) if check is not None and check["suitable"] is False else []
-    return " ".join([*warning, library_review_text(summary)])
+    return " ".join([*warning, review_sentence(summary)])
 
 
 class SegmentationRunner:
@@ -170,15 +179,16 @@ class SegmentationRunner:
 
     def settings(self, bundlePath, device: str = "auto", lowConfidenceThreshold: float | None = None,
                  hotSpotLevel: float | None = None) -> RunSettings:
-        """Check the choices a run (or every case of a batch) shares and load the bundle once; raises ValueError
-        (``BundleError`` among them) with one sentence.
+        """Check the choices a run (or every case of a batch) shares and read the bundle's metadata once (not
+        its weights: :meth:`compute` or the inference child reads those); raises ValueError (``BundleError``
+        among them) with one sentence.
 
         ``bundlePath`` is a ``.calibseg`` file or a shipped model's name (e.g. ``"acdc_crac"``);
         ``lowConfidenceThreshold`` None or a confidence in [0, 1].
         ``hotSpotLevel`` the normalised entropy from which the uncertainty overlay is shown
         (default :data:`CalibSegLib.quality.HOT_SPOT_LEVEL`).
         """
-        from CalibSegLib.bundle import load_bundle
+        from CalibSegLib.bundle import read_metadata
         from CalibSegLib.pretrained import resolve_bundle_path
         from CalibSegLib.quality import HOT_SPOT_LEVEL
 
@@ -186,8 +196,8 @@ class SegmentationRunner:
         hotSpotLevel = _checked_fraction(hotSpotLevel, "hot-spot level")
         if not bundlePath:
             raise ValueError("Choose a model bundle (.calibseg file).")
-        bundle = load_bundle(resolve_bundle_path(bundlePath))
-        return RunSettings(bundle, device, lowConfidenceThreshold,
+        path = resolve_bundle_path(bundlePath)
+        return RunSettings(path, read_metadata(path), device, lowConfidenceThreshold,
                            HOT_SPOT_LEVEL if hotSpotLevel is None else hotSpotLevel)
 
     @staticmethod
@@ -202,7 +212,7 @@ class SegmentationRunner:
         for two channels is refused (:func:`channel_choice_problem`)."""
         from CalibSegLib.channels import input_names
 
-        names = input_names(settings.bundle.metadata)
+        names = input_names(settings.metadata)
         given = volume_array(inputVolumeNode)  # first: its sentence for no volume, or one not a 3D scalar
         nodes, case = _channel_volumes(inputVolumeNode, channelNodes, names)
         for name, node in zip(names, nodes):
@@ -213,10 +223,10 @@ class SegmentationRunner:
         image = np.stack(arrays) if len(arrays) > 1 else arrays[0]
         reference = None
         if referenceNode is not None:
-            reference = reference_label_array(referenceNode, inputVolumeNode, settings.bundle.metadata.class_names)
-        return CalibSegRequest(inputVolumeNode, settings.bundle, image, volume_spacing(inputVolumeNode),
-                               referenceNode, reference, settings.device, settings.low_confidence_threshold,
-                               settings.hot_spot_level, output_name=case)
+            reference = reference_label_array(referenceNode, inputVolumeNode, settings.metadata.class_names)
+        return CalibSegRequest(inputVolumeNode, settings.bundle_path, settings.metadata, image,
+                               volume_spacing(inputVolumeNode), referenceNode, reference, settings.device,
+                               settings.low_confidence_threshold, settings.hot_spot_level, output_name=case)
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
                 lowConfidenceThreshold: float | None = None,
@@ -228,12 +238,12 @@ class SegmentationRunner:
 
     def compute(self, request: CalibSegRequest, progress: Callable[[float], None] | None = None,
                 cancel: threading.Event | None = None) -> "CaseAnalysis":
-        """Run the network, the quality summary and, with a reference, the metrics (one
-        :func:`CalibSegLib.analysis.analyse_case`); touches no MRML node."""
+        """Read the bundle's weights, then run the network, the quality summary and, with a reference, the
+        metrics (one :func:`CalibSegLib.analysis.analyse_case`); touches no MRML node."""
         from CalibSegLib.analysis import analyse_case
         from CalibSegLib.inference import Predictor
 
-        predictor = Predictor(request.bundle, device=request.device)
+        predictor = Predictor(request.bundle_path, device=request.device)
         # Slices are ranked at the run's hot-spot level, so the list points where the overlay shows.
         analysis = analyse_case(predictor, request.image, request.spacing, request.reference, progress=progress,
                                 cancel=cancel, hot_spot_level=request.hot_spot_level)
@@ -248,7 +258,7 @@ class SegmentationRunner:
         if scene is None:  # the user deleted the input while its inference ran
             raise ValueError(f"The volume '{request.input_node.GetName()}' was removed from the scene before its "
                              "results were added; nothing was added.")
-        metadata = request.bundle.metadata
+        metadata = request.metadata
         base = request.output_name or request.input_node.GetName()
         prediction = analysis.prediction
         with NodeTransaction(scene):

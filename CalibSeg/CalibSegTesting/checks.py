@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from CalibSegRunner import (BatchJob, InferenceJob, SegmentationRunner, batch_volumes, channel_choice_problem,
-                            review_text)
+                            input_and_review_text)
 from CalibSegRunner.batch import BATCH_TABLE_NAME, CANCELLED, OK
 from CalibSegRunner.nodes import LOW_CONFIDENCE_SEGMENT
 
@@ -597,7 +597,7 @@ def check_quality_table_without_a_reference_shows_the_summary(scene, work_dir: P
             np.testing.assert_allclose(columns["Predicted Dice"][row], predicted, rtol=1e-12)
         if metadata.quality_model is not None:
             assert columns["Review"][0] == "REVIEW" and columns["Predicted Dice"][0] == 0.5
-            assert review_text(outputs.summary).startswith("Review: class 1 (predicted Dice 0.50)")
+            assert input_and_review_text(outputs.summary).startswith("Review: class 1 (predicted Dice 0.50)")
         else:
             assert all(marker in ("no quality model", "REVIEW") for marker in columns["Review"])
 
@@ -610,15 +610,16 @@ def check_review_text_names_what_to_check(scene, work_dir: Path) -> None:
         case = True if True in flags else (None if None in flags else False)
         return {"structures": structures, "review": case, "quality_model": {"review_below": 0.8} if model else None}
 
-    assert review_text(summary((True, 0.612), (False, 0.9), (True, None))) == \
+    assert input_and_review_text(summary((True, 0.612), (False, 0.9), (True, None))) == \
         "Review: class 1 (predicted Dice 0.61), class 3 (predicted nowhere)."
-    assert review_text(summary((False, 0.85), (False, 0.9))) == \
+    assert input_and_review_text(summary((False, 0.85), (False, 0.9))) == \
         "No structure flagged: every predicted Dice is 0.80 or more."
-    assert review_text(summary((None, None), (None, None), model=False)).startswith("This bundle has no quality model")
+    assert input_and_review_text(summary((None, None), (None, None), model=False)).startswith(
+        "This bundle has no quality model")
     unsuitable = {**summary((False, 0.85)), "input_check": {"suitable": False, "reasons": ["No class 2 was found."]}}
-    assert review_text(unsuitable) == ("INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can "
-                                       "be trusted. No class 2 was found. No structure flagged: every predicted Dice "
-                                       "is 0.80 or more.")
+    assert input_and_review_text(unsuitable) == (
+        "INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can be trusted. No class 2 "
+        "was found. No structure flagged: every predicted Dice is 0.80 or more.")
 
 
 def check_quality_table_with_a_reference_puts_measured_beside_predicted_dice(scene, work_dir: Path) -> None:

@@ -22,7 +22,7 @@ from CalibSegLib.quality.fitting import (Observation, QualityCase, check_referen
 from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
                                        MIRROR_AGREEMENT, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
                                        QualityModel, QualityModelError, StructureQuality, structure_key)
-from CalibSegLib.quality.summary import (quality_summary, review_text,
+from CalibSegLib.quality.summary import (quality_summary, review_sentence,
                                          summary_columns, with_predicted_dice)
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
     "quality_summary",
     "summary_columns",
     "with_predicted_dice",
-    "review_text",
+    "review_sentence",
     "check_references",
     "observe_cases",
     "fit_from_observations",

@@ -12,14 +12,13 @@ import numpy as np
 from scipy import ndimage
 
 from CalibSegLib.quality.model import BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, MIRROR_AGREEMENT
+from CalibSegLib.uncertainty_levels import HOT_SPOT_LEVEL
 
 if TYPE_CHECKING:
     from CalibSegLib.inference import Prediction
 
 __all__ = ["HOT_SPOT_LEVEL", "MAX_UNCERTAIN_SLICES", "structure_features", "uncertain_slices"]
 
-# Normalised entropy of a 75/25 split between two of four classes: the second class is a real option.
-HOT_SPOT_LEVEL = 0.4
 MAX_UNCERTAIN_SLICES = 10
 _CHUNK_SLICES = 32  # slabs of the first axis per bincount, so no float64 copy of a whole volume is made
 

@@ -14,13 +14,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from CalibSegLib.uncertainty_levels import LOW_CONFIDENCE_THRESHOLD
+
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
            "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "MEAN_DISAGREEMENT",
            "OPTIONAL_FEATURES", "FORMS", "AVERAGED",
            "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "structure_key", "StructureQuality", "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
-LOW_CONFIDENCE_THRESHOLD = 0.6  # the Slicer module's default low-confidence slider
 REVIEW_BELOW = 0.80  # the default: a structure predicted below Dice 0.80 goes to review
 INTERVAL_COVERAGE = 0.8
 BOUNDARY_RING = 2  # face-neighbour steps around a structure counted by the boundary_* features

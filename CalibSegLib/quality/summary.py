@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
     from CalibSegLib.inference import Prediction
 
-__all__ = ["quality_summary", "review_text", "summary_columns",
+__all__ = ["quality_summary", "review_sentence", "summary_columns",
            "with_predicted_dice"]
 
 _SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")  # in the summary as they are
@@ -142,7 +142,7 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
     }
 
 
-def review_text(summary: dict[str, Any]) -> str:
+def review_sentence(summary: dict[str, Any]) -> str:
     """One sentence for the reader on a :func:`quality_summary`: which structures to review and why
     (the Slicer module, the command line and the README picture show it)."""
     flagged = [(name, entry) for name, entry in summary["structures"].items() if entry["review"]]
