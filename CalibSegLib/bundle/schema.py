@@ -29,7 +29,9 @@ from CalibSegLib.terminology import TerminologyError, parse_class_terminology
 __all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError",
            "BundleMetadata", "check_schema_version", "parse_metadata", "is_int", "is_number"]
 
-SCHEMA_VERSION = 2
+# 3: input_statistics of version 3, which may hold the network's feature statistics; a CalibSeg that
+# reads schema 2 refuses such a bundle in one sentence (update CalibSeg) rather than misread them.
+SCHEMA_VERSION = 3
 # Schema 1 bundles resized every slice to a fixed size instead of resampling by spacing; their
 # networks expect inputs this CalibSeg no longer produces.
 OLDEST_SCHEMA_VERSION = 2
