@@ -44,7 +44,7 @@ checked against the network's features. Pure NumPy: no torch, no bundle.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
@@ -200,7 +200,7 @@ class InputStatistics:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON for ``bundle.json``."""
-        ranges = {key: _plain(value) for key, value in asdict(self).items() if key != "features"}
+        ranges = {item.name: _plain(getattr(self, item.name)) for item in fields(self) if item.name != "features"}
         return {"version": INPUT_STATISTICS_VERSION, "quantile_levels": list(QUANTILE_LEVELS), **ranges,
                 "features": None if self.features is None else self.features.to_dict()}
 
