@@ -14,6 +14,7 @@ import numpy as np
 
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.evaluation import CaseEvaluation, case_metrics_row, evaluate_variants
+from CalibSegLib.features import feature_distance
 from CalibSegLib.inference import Prediction, Predictor
 from CalibSegLib.input_check import check_input
 from CalibSegLib.metrics.calibration import Reliability
@@ -27,7 +28,8 @@ class CaseAnalysis:
     """One predicted volume and what is known about it.
 
     ``summary``: ``input_check`` (:func:`CalibSegLib.input_check.check_input`: is the image like the training
-    data?) and :func:`CalibSegLib.quality.quality_summary` (what a reader sees without a reference);
+    data, to the statistics and to the network's features?) and
+    :func:`CalibSegLib.quality.quality_summary` (what a reader sees without a reference);
     ``evaluation``, ``metrics`` (the flat row of :func:`CalibSegLib.evaluation.case_metrics_row` with the
     predicted Dice beside each measured one) and ``reliability`` (the reference foreground's reliability bins):
     None without a reference (``evaluation`` also for a case read back from a child process,
@@ -58,10 +60,12 @@ def analyse_variants(predictor: Predictor, image: np.ndarray, spacing: Sequence[
     else:
         evaluations = evaluate_variants(predictor, image, reference, spacing, temperatures, progress, cancel)
         predictions = [evaluation.prediction for evaluation in evaluations]
+    # One network, one input: the variants share its features (they differ in temperature and quality model).
+    distance = feature_distance(predictor.model, predictor.metadata, image, spacing, predictor.batch_size)
     analyses = []
     for metadata, prediction, evaluation in zip(variants, predictions, evaluations):
         # The input check first: a reader should know the image is unlike the training data before any Dice.
-        summary = {"input_check": check_input(metadata, image, spacing, prediction.labels),
+        summary = {"input_check": check_input(metadata, image, spacing, prediction.labels, distance),
                    **quality_summary(prediction, spacing, metadata, hot_spot_level)}
         if evaluation is None:
             analyses.append(CaseAnalysis(prediction, summary))

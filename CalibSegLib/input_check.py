@@ -21,7 +21,10 @@ has their shape. The unit is a share of that range, the one the thresholds were 
   are not compared here.
 - ``structure_volume``: each structure's predicted volume in mL; a structure predicted nowhere is
   always a reason (every training volume has each structure).
-- ``geometry``: the in-plane pixel spacing and field of view (mm).
+- ``geometry``: the in-plane pixel spacing as a multiple of the model's grid (``target_spacing``),
+  judged by what resampling can take (:data:`RESAMPLING_RANGE`), not by the training volumes' spacings
+  (ACDC's HDF5 files carry none, so every training volume sits at the nominal 1.5 mm); and the field of
+  view (mm) against the training range.
 
 Beside them one rule needs no statistics: a CT channel holding values outside :data:`HOUNSFIELD_RANGE` is
 unsuitable whatever its histogram (its training window clips a block of 10⁶ HU to the window's top, where the
@@ -29,19 +32,28 @@ quantiles need not move): no scanner measures such values, so the file's rescale
 
 Each family's *excursion* (:func:`excursions`) is how far the volume lies outside the training
 range: normalised-intensity units for the two intensity families, the natural logarithm of the
-ratio to the nearest bound for volumes and geometry (0 inside the range). A family whose
+ratio to the nearest bound for volumes and geometry (0 inside the range; for the pixel spacing, of
+its ratio to the grid outside :data:`RESAMPLING_RANGE`). A family whose
 excursion exceeds its threshold (``InputStatistics.thresholds``, decided on validation volumes
-and degraded copies: docs/input_check.md) gives one sentence. Pure NumPy: no torch, no bundle.
+and degraded copies: docs/input_check.md) gives one sentence.
+
+A fifth judge is the network itself: statistics of version 3 also hold ``features``
+(:class:`~CalibSegLib.feature_statistics.FeatureStatistics`: the distribution of the training volumes'
+encoder features and a distance threshold chosen on the validation volumes); the caller gives the
+volume's distance (:func:`CalibSegLib.features.feature_distance`), and a distance above the threshold is
+one more sentence, the first. Older statistics keep the four families and say the volume was not
+checked against the network's features. Pure NumPy: no torch, no bundle.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from CalibSegLib.feature_statistics import FeatureStatistics, FeatureStatisticsError
 from CalibSegLib.preprocessing import Preprocessing, as_channels, in_plane_spacing, intensity_range, scale_intensity
 
 if TYPE_CHECKING:
@@ -50,11 +62,13 @@ if TYPE_CHECKING:
 __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
            "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases",
            "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED",
-           "OUTDATED", "HOUNSFIELD_RANGE"]
+           "OUTDATED", "HOUNSFIELD_RANGE", "RESAMPLING_RANGE", "FEATURES_NOT_STORED", "FEATURES_NOT_MEASURED",
+           "feature_lines"]
 
 # 2: a CT channel scaled over its training window (check_intensities). Version 1 scaled every channel per image,
 # which is the same thing for a bundle without a CT channel (every ACDC bundle), and not otherwise.
-INPUT_STATISTICS_VERSION = 2
+# 3: the network's features (a "features" field, null where none were fitted); bundles of schema 3 carry it.
+INPUT_STATISTICS_VERSION = 3
 QUANTILE_LEVELS: tuple[float, ...] = (0.05, 0.25, 0.50, 0.75, 0.95)
 # Hounsfield units a CT file can hold: air is -1000, padding outside the field of view down to -3024 on some
 # scanners, and the extended scale for metal reaches about 30,000 (16-bit storage); anything beyond is not CT.
@@ -66,9 +80,18 @@ FAMILIES: tuple[str, ...] = ("intensity", "structure_intensity", "structure_volu
 # intensity families and log(1.5) (a factor 1.5 beyond the training range) for volumes and geometry.
 THRESHOLDS: dict[str, float] = {"intensity": 0.08, "structure_intensity": 0.05, "structure_volume": math.log(1.5),
                                 "geometry": math.log(1.5)}
+# The in-plane pixel spacing, as a multiple of the model's grid, that resampling to the grid takes with
+# little loss: a finer image is averaged down (anti-aliased), a coarser one enlarged. Measured on
+# acdc_ce_dice's validation volumes resampled in-plane (docs/input_check.md). The geometry threshold is the
+# tolerance around it: with log(1.5), pixels from 1/6 of the grid to 2.25 times it (0.25-3.4 mm for a
+# 1.5 mm model) are suitable.
+RESAMPLING_RANGE: tuple[float, float] = (0.25, 1.5)
 _MAX_STRUCTURES = 255  # labels are uint8
 NOT_CHECKED = ("input not checked: this bundle stores no statistics of its training inputs "
                "(add them with python -m Training.fit_input_check --bundle <bundle>)")
+FEATURES_NOT_STORED = ("not checked against the network's features: this bundle stores none (add them with "
+                       "python -m Training.fit_input_check --bundle <bundle>)")
+FEATURES_NOT_MEASURED = "not checked against the network's features: no distance was computed for this volume"
 OUTDATED = ("input not checked: this bundle's statistics of its training inputs scaled its CT channels per image, "
             "not over their Hounsfield window (refit them with python -m Training.fit_input_check --bundle <bundle>)")
 
@@ -85,7 +108,8 @@ class VolumeObservation:
     ``quantiles``: ``(channels, len(QUANTILE_LEVELS))`` normalised intensities; ``structure_intensity``:
     per structure the median normalised intensity inside it (first channel), None where it is absent;
     ``structure_volume_ml``: per structure its volume in mL (0 when absent); ``spacing_mm`` and
-    ``field_of_view_mm``: the two in-plane values, mm.
+    ``field_of_view_mm``: the two in-plane values, mm; ``grid_mm``: the in-plane spacing (mm) of the
+    model's grid, which the slices are resampled to.
     """
 
     quantiles: np.ndarray
@@ -93,6 +117,7 @@ class VolumeObservation:
     structure_volume_ml: dict[str, float]
     spacing_mm: tuple[float, float]
     field_of_view_mm: tuple[float, float]
+    grid_mm: tuple[float, float]
 
 
 def check_intensities(image: np.ndarray, preprocessing: Preprocessing) -> np.ndarray:
@@ -136,8 +161,9 @@ def observe_volume(channels: np.ndarray | Sequence[np.ndarray], spacing: Sequenc
         intensity[name] = float(np.median(normalized[0][mask])) if count else None
     pixel = in_plane_spacing(spacing, preprocessing.slice_axis)
     shape = [size for axis, size in enumerate(labels.shape) if axis != preprocessing.slice_axis]
+    grid = preprocessing.target_spacing[-2:]  # a 3D model's (z, y, x) grid: its in-plane pair
     return VolumeObservation(quantiles, intensity, volume_ml, pixel,
-                             (shape[0] * pixel[0], shape[1] * pixel[1]))
+                             (shape[0] * pixel[0], shape[1] * pixel[1]), (float(grid[0]), float(grid[1])))
 
 
 def _range(values: Any, phrase: str, positive: bool = False) -> tuple[float, float]:
@@ -165,9 +191,10 @@ class InputStatistics:
     ``intensity``: per channel, per :data:`QUANTILE_LEVELS` level, the ``(low, high)`` range of that
     normalised quantile over the training volumes; ``structure_intensity`` and ``structure_volume_ml``:
     per foreground structure the range of its median normalised intensity and of its volume (mL);
-    ``spacing_mm`` / ``field_of_view_mm``: the in-plane ranges (mm); ``thresholds``: per
-    :data:`FAMILIES` entry the largest excursion still suitable; ``volumes``: how many training
-    volumes the ranges come from.
+    ``spacing_mm`` / ``field_of_view_mm``: the in-plane ranges (mm; the spacing is a record, the check
+    judges it by the model's grid); ``thresholds``: per :data:`FAMILIES` entry the largest excursion still
+    suitable; ``volumes``: how many training volumes the ranges come from; ``features``: the network's
+    features (version 3), None where the statistics have none.
     """
 
     intensity: tuple[tuple[tuple[float, float], ...], ...]
@@ -177,11 +204,13 @@ class InputStatistics:
     field_of_view_mm: tuple[float, float]
     thresholds: dict[str, float] = field(default_factory=dict)
     volumes: int = 0
+    features: FeatureStatistics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON for ``bundle.json``."""
-        return {"version": INPUT_STATISTICS_VERSION, "quantile_levels": list(QUANTILE_LEVELS),
-                **{key: _plain(value) for key, value in asdict(self).items()}}
+        ranges = {item.name: _plain(getattr(self, item.name)) for item in fields(self) if item.name != "features"}
+        return {"version": INPUT_STATISTICS_VERSION, "quantile_levels": list(QUANTILE_LEVELS), **ranges,
+                "features": None if self.features is None else self.features.to_dict()}
 
     @classmethod
     def from_dict(cls, values: Any, class_names: Sequence[str], in_channels: int = 1) -> "InputStatistics":
@@ -192,13 +221,20 @@ class InputStatistics:
         """
         if not isinstance(values, dict):
             raise InputStatisticsError(f"it must be an object, got {type(values).__name__}")
+        version = values.get("version")
+        if isinstance(version, bool) or version not in (1, 2, INPUT_STATISTICS_VERSION):
+            raise InputStatisticsError(f"version {version!r} is not 1, 2 or {INPUT_STATISTICS_VERSION}")
         expected = {"version", "quantile_levels", "intensity", "structure_intensity", "structure_volume_ml",
                     "spacing_mm", "field_of_view_mm", "thresholds", "volumes"}
+        expected |= {"features"} if version == 3 else set()
         if set(values) != expected:
             wrong = sorted(set(values) ^ expected)
             raise InputStatisticsError(f"its fields must be {', '.join(sorted(expected))} (wrong: {', '.join(wrong)})")
-        if values["version"] not in (1, INPUT_STATISTICS_VERSION):
-            raise InputStatisticsError(f"version {values['version']!r} is not 1 or {INPUT_STATISTICS_VERSION}")
+        try:
+            stored = values.get("features")
+            features = None if stored is None else FeatureStatistics.from_dict(stored)
+        except FeatureStatisticsError as error:
+            raise InputStatisticsError(str(error)) from None
         if values["quantile_levels"] != list(QUANTILE_LEVELS):
             raise InputStatisticsError(f"quantile_levels must be {list(QUANTILE_LEVELS)}")
         intensity = values["intensity"]
@@ -227,6 +263,7 @@ class InputStatistics:
             field_of_view_mm=_range(values["field_of_view_mm"], "field_of_view_mm", positive=True),
             thresholds={family: float(thresholds[family]) for family in FAMILIES},
             volumes=volumes,
+            features=features,
         )
 
 
@@ -272,12 +309,14 @@ def fit_input_statistics(observations: Sequence[VolumeObservation], thresholds: 
 
 
 def statistics_of_cases(metadata: "BundleMetadata", cases: Sequence[Any],
-                        thresholds: Mapping[str, float] = THRESHOLDS) -> dict[str, Any]:
+                        thresholds: Mapping[str, float] = THRESHOLDS,
+                        features: FeatureStatistics | None = None) -> dict[str, Any]:
     """``bundle.json``'s ``input_statistics`` from a bundle's training ``cases`` (each with ``image``, ``label``
-    and ``spacing`` (z, y, x) mm, as :class:`Datasets.cases.Case`), under the bundle's preprocessing."""
+    and ``spacing`` (z, y, x) mm, as :class:`Datasets.cases.Case`), under the bundle's preprocessing, with the
+    network's ``features`` (:func:`CalibSegLib.features.fit_network_features`; None: none)."""
     observations = [observe_volume(case.image, case.spacing, case.label, metadata.class_names,
                                    metadata.preprocessing) for case in cases]
-    return fit_input_statistics(observations, thresholds).to_dict()
+    return replace(fit_input_statistics(observations, thresholds), features=features).to_dict()
 
 
 def _outside(value: float, bounds: tuple[float, float]) -> float:
@@ -332,11 +371,14 @@ def _findings(statistics: InputStatistics, observation: VolumeObservation,
                       f"The predicted {name} measures {value:.1f} mL, where training volumes have "
                       f"{volumes[name][0]:.1f}–{volumes[name][1]:.1f} mL.")
              for name, value in observation.structure_volume_ml.items()), key=lambda finding: finding.excursion)
+    tolerance = math.exp(statistics.thresholds["geometry"])
     geometry = max(
-        [_Finding(_log_outside(value, statistics.spacing_mm),
-                  f"Its in-plane pixel spacing, {value:.2f} mm, is far from the training volumes' "
-                  f"{statistics.spacing_mm[0]:.2f}–{statistics.spacing_mm[1]:.2f} mm.")
-         for value in observation.spacing_mm]
+        [_Finding(_log_outside(value / grid, RESAMPLING_RANGE),
+                  f"Its in-plane pixel spacing, {value:.2f} mm, is {value / grid:.2g} times the model's "
+                  f"{grid:.2f} mm grid, beyond what resampling to it can take "
+                  f"({RESAMPLING_RANGE[0] * grid / tolerance:.2f}–"
+                  f"{RESAMPLING_RANGE[1] * grid * tolerance:.2f} mm pixels).")
+         for value, grid in zip(observation.spacing_mm, observation.grid_mm)]
         + [_Finding(_log_outside(value, statistics.field_of_view_mm),
                     f"Its in-plane field of view, {value:.0f} mm, is far from the training volumes' "
                     f"{statistics.field_of_view_mm[0]:.0f}–{statistics.field_of_view_mm[1]:.0f} mm.")
@@ -358,8 +400,43 @@ def input_reasons(statistics: InputStatistics, observation: VolumeObservation,
             if finding.excursion > statistics.thresholds[family]]
 
 
+def _feature_entry(features: FeatureStatistics | None, distance: float | None) -> dict[str, Any]:
+    """A check's ``features``: the volume's distance beside the threshold, or a note saying why none."""
+    if features is None:
+        return {"note": FEATURES_NOT_STORED}
+    if distance is None:
+        return {"note": FEATURES_NOT_MEASURED}
+    return {"distance": float(distance), "threshold": features.threshold,
+            "false_alarm_rate": features.false_alarm_rate, "validation_volumes": features.validation_volumes,
+            "validation_within": features.validation_within}
+
+
+def _unlike_features(entry: Mapping[str, Any]) -> bool:
+    return "distance" in entry and entry["distance"] > entry["threshold"]
+
+
+def _validation_share(entry: Mapping[str, Any]) -> str:
+    """``all 20 validation volumes`` or ``95 % of the 40 validation volumes``: those at or below the
+    threshold."""
+    count, within = entry["validation_volumes"], entry["validation_within"]
+    return (f"all {count} validation volumes" if within == count
+            else f"{within / count:.0%} of the {count} validation volumes")
+
+
+def feature_lines(entry: Mapping[str, Any]) -> list[str]:
+    """What a check's ``features`` entry says in one line: the distance against the threshold, or the note."""
+    if "distance" not in entry:
+        return [entry["note"]]
+    distance, threshold, share = entry["distance"], entry["threshold"], _validation_share(entry)
+    if _unlike_features(entry):
+        return [f"Unlike the training images the network saw: feature distance {distance:.3g}, above {share} "
+                f"(≤ {threshold:.3g})."]
+    return [f"network features: distance {distance:.3g}, like the training images the network saw ({share} "
+            f"≤ {threshold:.3g})"]
+
+
 def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float],
-                labels: np.ndarray) -> dict[str, Any]:
+                labels: np.ndarray, feature_distance: float | None = None) -> dict[str, Any]:
     """Is ``image`` like the bundle's training inputs? The ``input_check`` of a case's summary.
 
     Args:
@@ -367,10 +444,15 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
         image: the ``(z, y, x)`` volume as read, its ``(K, z, y, x)`` channels, or one volume per input channel.
         spacing: its ``(z, y, x)`` voxel size in mm.
         labels: the bundle's ``(z, y, x)`` prediction on it.
+        feature_distance: the volume's distance in the network's feature space
+            (:func:`CalibSegLib.features.feature_distance`), None where none was computed.
 
     Returns:
-        ``{"suitable": bool, "reasons": [one sentence each]}`` (no reason when suitable), or for a
-        bundle without statistics ``{"suitable": None, "reasons": [], "note": "input not checked: ..."}``.
+        ``{"suitable": bool, "reasons": [one sentence each], "features": {...}}`` (no reason when suitable;
+        impossible Hounsfield values come first, then a feature distance above its threshold), ``features`` holding ``distance``,
+        ``threshold``, ``false_alarm_rate``, ``validation_volumes`` and ``validation_within``, or a ``note``
+        saying why the volume was not checked against the network's features; for a bundle without statistics
+        ``{"suitable": None, "reasons": [], "note": "input not checked: ..."}``.
     """
     if metadata.input_statistics is None:
         return {"suitable": None, "reasons": [], "note": NOT_CHECKED}
@@ -380,9 +462,11 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
             channel.scheme == "ct" for channel in preprocessing.channel_normalization or ()):
         return {"suitable": None, "reasons": [], "note": OUTDATED}
     observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing)
+    features = _feature_entry(statistics.features, feature_distance)
     reasons = _impossible_hounsfield(image, preprocessing, metadata.channel_names)
-    reasons += input_reasons(statistics, observation, metadata.channel_names)
-    return {"suitable": not reasons, "reasons": reasons}
+    reasons += (feature_lines(features) if _unlike_features(features) else []) + input_reasons(
+        statistics, observation, metadata.channel_names)
+    return {"suitable": not reasons, "reasons": reasons, "features": features}
 
 
 def _impossible_hounsfield(image: np.ndarray | Sequence[np.ndarray], preprocessing: Preprocessing,
@@ -404,10 +488,13 @@ def _impossible_hounsfield(image: np.ndarray | Sequence[np.ndarray], preprocessi
 
 def input_check_lines(check: Mapping[str, Any]) -> list[str]:
     """What a reader sees first about a case: ``input suitable``, or ``INPUT UNSUITABLE`` and its reasons,
-    or the not-checked note (the command line and the Slicer table print these)."""
+    or the not-checked note, then the network's feature distance against its threshold (or why it is not
+    there; nothing more where it is already a reason). The command line and the Slicer tables print these."""
     if check["suitable"] is None:
         return [check["note"]]
+    features = check.get("features")  # summaries written before the features have none
+    distance = [] if features is None or _unlike_features(features) else feature_lines(features)
     if check["suitable"]:
-        return ["input suitable: like the model's training volumes"]
+        return ["input suitable: like the model's training volumes", *distance]
     return ["INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can be trusted.",
-            *check["reasons"]]
+            *check["reasons"], *distance]

@@ -376,13 +376,16 @@ def folder_inputs(folder: str | Path) -> tuple[list[CaseInput], list[DicomSeries
 def batch_row(case: str, status: str, summary: dict[str, Any] | None = None) -> dict[str, Any]:
     """One row of :data:`BATCH_TABLE` (and of the Slicer module's batch table): the case, its status (``ok``,
     ``error: <sentence>``, ...) and, when it was segmented, its input check (the lines
-    :func:`~CalibSegLib.input_check.input_check_lines` prints, joined, as the Slicer quality table shows them),
+    :func:`~CalibSegLib.input_check.input_check_lines` prints, joined, as the Slicer quality table shows
+    them; the network's feature distance and its threshold as numbers, None where not checked),
     its review flag, per structure the volume (mL) and the :func:`~CalibSegLib.quality.summary_columns` of its
     ``summary``."""
     if summary is None:
         return {"case": case, "status": status}
     volumes = {f"volume_ml_{structure_key(name)}": entry["volume_ml"] for name, entry in summary["structures"].items()}
+    features = summary["input_check"].get("features") or {}  # none where the input was not checked
     return {"case": case, "status": status, "input_check": " ".join(input_check_lines(summary["input_check"])),
+            "feature_distance": features.get("distance"), "feature_threshold": features.get("threshold"),
             "review": summary["review"], **volumes, **summary_columns(summary)}
 
 

@@ -19,7 +19,8 @@ current folder, never inside the installed package), each file atomically:
   confidence, mean normalised entropy in the predicted foreground; after each class's measured
   Dice its predicted Dice, interval and review flag (:mod:`CalibSegLib.quality`; NaN for the
   ``uncalibrated`` variant, which the quality model was not fitted for); ``input_suitable``: 1 or 0 as
-  :func:`CalibSegLib.input_check.check_input` calls the volume (NaN for a bundle without input statistics);
+  :func:`CalibSegLib.input_check.check_input` calls the volume (NaN for a bundle without input statistics) and
+  ``feature_distance`` its distance in the network's feature space (NaN without feature statistics);
 - ``summary.json``: the case and patient ids; per variant, mean/std/count/undefined count of
   every column (``ece`` there is the mean of the per-volume ECEs), pooled calibration (all
   volumes' voxels together) and its reliability bins, and the Spearman correlation between
@@ -109,9 +110,10 @@ def _evaluate_variants(bundle: Bundle, cases: Sequence[Case], device: str, batch
         for variant, analysis in zip(variants, analyses):
             rows, pooled = results[variant]
             pooled.merge(analysis.evaluation.statistics)
-            suitable = analysis.summary["input_check"]["suitable"]
-            rows.append({"case": case.case_id, **analysis.metrics,
-                         "input_suitable": math.nan if suitable is None else float(suitable)})
+            check = analysis.summary["input_check"]
+            suitable = math.nan if check["suitable"] is None else float(check["suitable"])
+            rows.append({"case": case.case_id, **analysis.metrics, "input_suitable": suitable,
+                         "feature_distance": check.get("features", {}).get("distance", math.nan)})
     return results
 
 

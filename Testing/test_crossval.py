@@ -233,6 +233,11 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
         [fold.metadata.weights_sha256 for fold in folds]
     assert sorted(metadata.data["train"]) == sorted(p for fold in folds for p in fold.metadata.data["val"])
     assert metadata.data["val"] == [] and metadata.data["test"] == folds[0].metadata.data["test"]
+    # the input check sees through the first member: its features, its training patients, its unseen fold
+    features = metadata.input_statistics["features"]
+    assert features["layer"].startswith("members.0.") and features["validation_volumes"] == 2 * len(
+        folds[0].metadata.data["val"])
+    assert features["training_volumes"] == 2 * len(folds[0].metadata.data["train"])
     record = json.loads((tmp_path / "ensemble.json").read_text())
     assert record["choices"]["volumes"] == 16 and record["choices"]["temperature"]["fitted_on"] in (
         "none", "all", "foreground")

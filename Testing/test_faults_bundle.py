@@ -135,6 +135,25 @@ def _metadata_bytes(raw: bytes) -> Callable:
         parts, folder / "json.calibseg", members=[(METADATA_MEMBER, raw), (WEIGHTS_MEMBER, parts[1])])
 
 
+def _input_statistics(version: int = 3, **features) -> dict:
+    """Input statistics of the good bundle's classes with the network's features (fitted on random vectors),
+    ``features`` replacing fields of those."""
+    import numpy as np
+
+    from CalibSegLib.feature_statistics import fit_feature_statistics
+    from CalibSegLib.input_check import THRESHOLDS, fit_input_statistics, observe_volume
+
+    rng = np.random.default_rng(0)
+    labels = np.tile(np.arange(4, dtype=np.uint8).repeat(4), (2, 16, 1))  # every class present
+    observation = observe_volume(rng.random((2, 16, 16)), (1.0, 1.0, 1.0), labels,
+                                 ["background", "class 1", "class 2", "class 3"])
+    vectors = [rng.normal(size=(2, 8)) for _ in range(25)]
+    statistics = fit_input_statistics([observation], THRESHOLDS).to_dict()
+    fitted = fit_feature_statistics("model.1", vectors[:20], vectors[20:])
+    statistics["features"] = {**fitted.to_dict(), **features}
+    return {**statistics, "version": version}
+
+
 def _weights(make_weights: Callable[[Path, bytes], bytes], checksum: bool = True) -> Callable:
     return lambda parts, good, folder: variant(
         parts, folder / "w.calibseg", weights=make_weights(good, parts[1]), checksum=checksum)
@@ -194,6 +213,20 @@ BAD_BUNDLES: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "data shorter than the header says": (
         _weights(lambda g, w: truncated_data(w)), ("bytes but its header describes",)),
     "checksum of other weights": (_weights(lambda g, w: with_value(g, 0.5), checksum=False), ("checksum",)),
+    "feature statistics of 5000 features": (
+        _field(input_statistics=_input_statistics(mean=[0.0] * 5000)),
+        ("input_statistics are malformed", "features' mean must be a list of 1 to 2048 finite numbers")),
+    "feature axes not orthonormal": (
+        _field(input_statistics=_input_statistics(axes=[[1.0] * 8] * 7)),
+        ("features' axes must be orthonormal",)),
+    "NaN feature threshold": (
+        _field(input_statistics=_input_statistics(threshold=float("nan"))),
+        ("features' threshold must be a positive number, got nan",)),
+    "features in version-2 input statistics": (
+        _field(input_statistics=_input_statistics(version=2)),
+        ("input_statistics are malformed", "wrong: features")),
+    "input statistics of version 4": (
+        _field(input_statistics=_input_statistics(version=4)), ("version 4 is not 1, 2 or 3",)),
 }
 
 
@@ -265,3 +298,17 @@ def test_good_bundle_still_loads_and_predicts(good):
     prediction = Predictor(bundle, device="cpu").predict(
         torch.rand(2, 16, 16).numpy() * 100, (1.0, 1.0, 1.0))
     assert prediction.labels.shape == (2, 16, 16)
+
+
+def test_feature_statistics_of_another_network_are_one_sentence_at_prediction(good, tmp_path):
+    """A layer the declared network lacks cannot be checked on load (the network is not built there):
+    the first analysis says it in one sentence, and nothing is written."""
+    from CalibSegLib.analysis import analyse_case
+
+    path = _field(input_statistics=_input_statistics(layer="model.9"))(bundle_parts(good), good, tmp_path)
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(BundleError) as caught:
+        analyse_case(Predictor(path, device="cpu"), torch.rand(2, 16, 16).numpy() * 100, (1.0, 1.0, 1.0))
+    assert_one_sentence(str(caught.value), "feature statistics do not fit its network",
+                        "has no layer 'model.9'", "refit them with python -m Training.fit_input_check")
+    assert tree_snapshot(tmp_path) == before

@@ -21,7 +21,7 @@ from CalibSegLib.io import outputs as output_files
 from tiny_bundles import make_test_bundle
 from fault_checks import BROKEN_BUNDLES, assert_one_sentence, normal_file_mode, tree_snapshot
 from Evaluation import evaluate
-from Training import fit_quality
+from Training import fit_input_check, fit_quality
 
 GRID = ImageGeometry(spacing=(5.0, 1.2, 0.9), origin=(-20.0, 4.0, 9.5))
 MAPS = ("labels", "confidence", "entropy")
@@ -322,9 +322,8 @@ def test_predict_on_a_full_disk_exits_with_one_sentence_and_keeps_the_earlier_se
     assert tree_snapshot(out) != earlier
 
 
-@pytest.fixture()
-def recorded_data(tmp_path) -> tuple[Path, Path]:
-    """A folder of four image/label pairs and a tiny bundle recording p1, p2, p3 as validation and p4 as test."""
+def _patient_images(tmp_path: Path) -> Path:
+    """A folder of four image/label pairs, patients p1 ... p4."""
     data = tmp_path / "data"
     rng = np.random.default_rng(4)
     for patient in ("p1", "p2", "p3", "p4"):
@@ -332,8 +331,14 @@ def recorded_data(tmp_path) -> tuple[Path, Path]:
         label[:, 4:12, 3:9], label[:, 12:20, 9:15], label[:, 5:9, 14:18] = 1, 2, 3
         write_image(data / f"{patient}_image.nii.gz", rng.normal(300, 60, label.shape).astype(np.float32), GRID)
         write_image(data / f"{patient}_label.nii.gz", label, GRID)
+    return data
+
+
+@pytest.fixture()
+def recorded_data(tmp_path) -> tuple[Path, Path]:
+    """A folder of four image/label pairs and a tiny bundle recording p1, p2, p3 as validation, p4 as test."""
     recorded = {"dataset": "data", "train": [], "val": ["p1", "p2", "p3"], "test": ["p4"]}
-    return data, make_test_bundle(tmp_path / "run" / "model.calibseg", data=recorded)
+    return _patient_images(tmp_path), make_test_bundle(tmp_path / "run" / "model.calibseg", data=recorded)
 
 
 def _interrupt(*args, **kwargs):
@@ -347,6 +352,32 @@ def test_ctrl_c_in_fit_quality_is_one_line_and_keeps_the_bundle(recorded_data, t
     with pytest.raises(SystemExit) as caught:
         fit_quality.main(["--bundle", str(bundle), "--data", str(data), "--device", "cpu"])
     assert_one_sentence(str(caught.value.code), "^interrupted: ", "model.calibseg was not written")
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_ctrl_c_in_fit_input_check_is_one_line_and_keeps_the_bundle(tmp_path, monkeypatch):
+    data = _patient_images(tmp_path)
+    bundle = make_test_bundle(tmp_path / "run" / "model.calibseg",
+                              data={"dataset": "data", "train": ["p1", "p2"], "val": ["p3"], "test": ["p4"]})
+    monkeypatch.setattr(fit_input_check, "fit_network_features", _interrupt)  # while the network runs
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        fit_input_check.main(["--bundle", str(bundle), "--data", str(data), "--device", "cpu"])
+    assert_one_sentence(str(caught.value.code), "^interrupted: ", "model.calibseg was not written")
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_fit_input_check_without_validation_patients_is_one_sentence_and_keeps_the_bundle(tmp_path):
+    """The feature distance's threshold is chosen on validation volumes: a bundle recording none is refused
+    before the network runs."""
+    data = _patient_images(tmp_path)
+    bundle = make_test_bundle(tmp_path / "run" / "model.calibseg",
+                              data={"dataset": "data", "train": ["p1", "p2", "p3"], "test": ["p4"]})
+    before = tree_snapshot(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        fit_input_check.main(["--bundle", str(bundle), "--data", str(data), "--device", "cpu"])
+    assert_one_sentence(str(caught.value.code), "^error: model.calibseg records no validation patients",
+                        "nothing to choose its feature distance threshold on")
     assert tree_snapshot(tmp_path) == before
 
 

@@ -14,9 +14,12 @@ import pytest
 from tiny_bundles import make_test_bundle, make_test_metadata
 
 from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.analysis import analyse_case
 from CalibSegLib.inference import Predictor
-from CalibSegLib.input_check import (FAMILIES, QUANTILE_LEVELS, THRESHOLDS, InputStatistics, check_input,
-                                     excursions, fit_input_statistics, input_check_lines, observe_volume)
+from CalibSegLib.feature_statistics import fit_feature_statistics
+from CalibSegLib.input_check import (FAMILIES, FEATURES_NOT_MEASURED, FEATURES_NOT_STORED, QUANTILE_LEVELS,
+                                     THRESHOLDS, InputStatistics, check_input, excursions,
+                                     fit_input_statistics, input_check_lines, observe_volume)
 from CalibSegLib.terminology import parse_class_terminology
 from Datasets.cases import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY, find_cases, load_cases
 from Datasets.splits import select_patients
@@ -24,6 +27,8 @@ from Training.fit_input_check import refit_input_check
 
 NAMES = ["background", "class 1", "class 2", "class 3"]
 SPACING = (10.0, 1.5, 1.5)
+# what a suitable volume gets from statistics without the network's features
+SUITABLE = {"suitable": True, "reasons": [], "features": {"note": FEATURES_NOT_STORED}}
 
 
 def _case(seed: int, scale: float = 1.0, shape=(4, 40, 48)) -> tuple[np.ndarray, np.ndarray]:
@@ -75,17 +80,101 @@ def _metadata_with_statistics(statistics: InputStatistics):
     return make_test_metadata(input_statistics=statistics.to_dict())
 
 
+def _with_features(statistics: InputStatistics) -> InputStatistics:
+    """``statistics`` with network features fitted on random vectors (10 validation volumes, the largest of
+    their distances the threshold)."""
+    rng = np.random.default_rng(3)
+    volumes = [rng.normal(size=(2, 6)) for _ in range(30)]
+    features = fit_feature_statistics("model.1", volumes[:20], volumes[20:])
+    return dataclasses.replace(statistics, features=features)
+
+
+def test_spacing_is_judged_by_the_models_grid_not_by_the_training_volumes():
+    """Every training volume at 1.5 mm, the model's grid 1.5 mm: finer pixels down to 1/6 of it and coarser
+    ones up to 2.25 times it (a factor 1.5 beyond what resampling takes with little loss) are suitable."""
+    statistics = _statistics()
+    assert statistics.spacing_mm == (1.5, 1.5)  # a degenerate range, not a rule
+    image, labels = _case(7)
+
+    def at(pixel: float) -> dict[str, float]:  # the same field of view at another pixel size
+        factor = 1.5 / pixel
+        shape = (4, round(40 * factor), round(48 * factor))
+        index = tuple(np.minimum((np.indices(shape)[axis] / (factor if axis else 1)).astype(int), size - 1)
+                      for axis, size in enumerate(image.shape))
+        observation = observe_volume(image[index], (10.0, pixel, pixel), labels[index], NAMES)
+        return excursions(statistics, observation)
+
+    for pixel in (0.375, 0.75, 1.5, 2.25):
+        assert at(pixel)["geometry"] == pytest.approx(0.0, abs=0.02), pixel  # the field of view rounds
+    assert at(3.0)["geometry"] == pytest.approx(math.log(2.0 / 1.5), abs=0.02)  # within log 1.5: suitable
+    assert at(4.5)["geometry"] == pytest.approx(math.log(2.0), abs=0.02)  # beyond: unsuitable
+    assert at(0.2)["geometry"] == pytest.approx(math.log(0.25 * 1.5 / 0.2), abs=0.02)
+    metadata = _metadata_with_statistics(statistics)
+    fine = check_input(metadata, np.repeat(np.repeat(image, 10, axis=1), 10, axis=2), (10.0, 0.15, 0.15),
+                       np.repeat(np.repeat(labels, 10, axis=1), 10, axis=2))
+    assert fine["reasons"] == ["Its in-plane pixel spacing, 0.15 mm, is 0.1 times the model's 1.50 mm grid, "
+                               "beyond what resampling to it can take (0.25–3.38 mm pixels)."]
+
+
+def test_a_3d_models_grid_is_its_in_plane_target_spacing():
+    from CalibSegLib.preprocessing import Preprocessing
+
+    image, labels = _case(7)
+    grid = Preprocessing(target_spacing=(3.0, 1.0, 1.0))
+    observation = observe_volume(image, (3.0, 0.5, 0.5), labels, NAMES, grid)
+    assert observation.grid_mm == (1.0, 1.0) and observation.spacing_mm == (0.5, 0.5)
+
+
+def test_the_network_feature_distance_is_checked_against_its_threshold():
+    statistics = _with_features(_statistics())
+    threshold = statistics.features.threshold
+    metadata = _metadata_with_statistics(statistics)
+    image, labels = _case(9)
+    like = check_input(metadata, image, SPACING, labels, feature_distance=threshold * 0.5)
+    assert like["suitable"] is True and like["features"] == {
+        "distance": threshold * 0.5, "threshold": threshold, "false_alarm_rate": 0.05,
+        "validation_volumes": 10, "validation_within": 10}
+    assert input_check_lines(like) == [
+        "input suitable: like the model's training volumes",
+        f"network features: distance {threshold * 0.5:.3g}, like the training images the network saw (all 10 "
+        f"validation volumes ≤ {threshold:.3g})"]
+    unlike = check_input(metadata, image, SPACING, labels, feature_distance=threshold * 2)
+    assert unlike["suitable"] is False and unlike["reasons"] == [
+        f"Unlike the training images the network saw: feature distance {threshold * 2:.3g}, above all 10 "
+        f"validation volumes (≤ {threshold:.3g})."]
+    assert input_check_lines(unlike) == [  # the distance said once
+        "INPUT UNSUITABLE: unlike the model's training volumes, so no Dice here can be trusted.",
+        *unlike["reasons"]]
+    # the features' sentence comes first, before those of the statistics
+    inverted = check_input(metadata, image.max() + image.min() - image, SPACING, labels,
+                           feature_distance=threshold * 2)
+    assert inverted["reasons"][0] == unlike["reasons"][0] and len(inverted["reasons"]) == 3
+    assert check_input(metadata, image, SPACING, labels)["features"] == {"note": FEATURES_NOT_MEASURED}
+
+
+def test_statistics_of_version_2_keep_their_checks_and_say_the_features_were_not_checked(tmp_path):
+    values, weights = _stored(tmp_path, input_statistics=_statistics().to_dict())
+    values["input_statistics"]["version"] = 2
+    del values["input_statistics"]["features"]
+    values["schema_version"] = 2  # a bundle written before the features
+    metadata = load_bundle(_with_metadata(tmp_path, values, weights)).metadata
+    image, labels = _case(9)
+    assert check_input(metadata, image, SPACING, labels, feature_distance=99.0) == SUITABLE
+    inverted = check_input(metadata, image.max() + image.min() - image, SPACING, labels)
+    assert inverted["suitable"] is False and input_check_lines(inverted)[-1] == FEATURES_NOT_STORED
+
+
 def test_check_input_names_each_unsuitable_family_in_one_sentence():
     metadata = _metadata_with_statistics(_statistics())
     image, labels = _case(9, scale=300.0)
-    assert check_input(metadata, image, SPACING, labels) == {"suitable": True, "reasons": []}
+    assert check_input(metadata, image, SPACING, labels) == SUITABLE
     inverted = image.max() + image.min() - image
     check = check_input(metadata, inverted, SPACING, np.where(labels == 1, 0, labels))
     assert check["suitable"] is False and len(check["reasons"]) == 3  # intensity, structure intensity, missing
     assert check["reasons"][-1] == "No class 1 was found, though every training volume has it."
     assert all(reason.endswith((".", "?")) and reason.count(". ") == 0 for reason in check["reasons"])
     lines = input_check_lines(check)
-    assert lines[0].startswith("INPUT UNSUITABLE") and lines[1:] == check["reasons"]
+    assert lines[0].startswith("INPUT UNSUITABLE") and lines[1:] == [*check["reasons"], FEATURES_NOT_STORED]
 
 
 def test_thresholds_decide_what_is_unsuitable():
@@ -121,13 +210,14 @@ def test_a_ct_channel_is_checked_in_its_hounsfield_window_so_a_lost_rescale_inte
     metadata = dataclasses.replace(metadata, input_statistics=statistics_of_cases(metadata, cases))
     image, labels = _ct_case(9)
     lost_intercept = image + 1024.0  # stored values, the -1024 HU rescale intercept not applied
-    assert check_input(metadata, image, SPACING, labels) == {"suitable": True, "reasons": []}
+    assert check_input(metadata, image, SPACING, labels) == SUITABLE
     check = check_input(metadata, lost_intercept, SPACING, labels)
     assert check["suitable"] is False and "intensit" in check["reasons"][0], check
     # scaled per image, as the version-1 statistics did, the shifted CT is indistinguishable from the clean one
     np.testing.assert_allclose(observe_volume(lost_intercept, SPACING, labels, NAMES).quantiles,
                                observe_volume(image, SPACING, labels, NAMES).quantiles, atol=1e-5)
-    outdated = dataclasses.replace(metadata, input_statistics={**metadata.input_statistics, "version": 1})
+    version_1 = {key: value for key, value in metadata.input_statistics.items() if key != "features"}
+    outdated = dataclasses.replace(metadata, input_statistics={**version_1, "version": 1})
     assert check_input(outdated, lost_intercept, SPACING, labels) == {"suitable": None, "reasons": [],
                                                                        "note": OUTDATED}
 
@@ -155,10 +245,12 @@ def _with_metadata(tmp_path, values: dict, weights: bytes):
     (lambda s: s.update(intensity=[[[0.0, 1.0]]]), "intensity must hold"),
     (lambda s: s.update(extra=1), "wrong: extra"),
     (lambda s: s.update(volumes=0), "volumes must be a positive integer"),
-    (lambda s: s.update(version=3), "version 3 is not 1 or 2"),
+    (lambda s: s.update(version=4), "version 4 is not 1, 2 or 3"),
+    (lambda s: s.update(version=2), "wrong: features"),
+    (lambda s: s["features"].update(threshold=-1.0), "features' threshold must be a positive number"),
 ])
 def test_malformed_input_statistics_are_refused_in_one_sentence(tmp_path, edit, message):
-    values, weights = _stored(tmp_path, input_statistics=_statistics().to_dict())
+    values, weights = _stored(tmp_path, input_statistics=_with_features(_statistics()).to_dict())
     stored = load_bundle(_with_metadata(tmp_path, values, weights)).metadata.input_statistics
     assert stored == values["input_statistics"]
     edit(values["input_statistics"])
@@ -205,7 +297,7 @@ def test_refit_stores_statistics_and_keeps_weights_and_predictions(tmp_path, sam
     source = make_test_bundle(tmp_path / "model.calibseg")
     bundle = load_bundle(source)
     metadata = dataclasses.replace(bundle.metadata, class_names=list(ACDC_CLASS_NAMES),
-                                   data={"dataset": "acdc-sample", "train": training})
+                                   data={"dataset": "acdc-sample", "train": training, "val": ["patient022"]})
     save_bundle(source, bundle.state_dict, metadata, half=True)
     written = refit_input_check(source, data=sample_acdc_dir, out=tmp_path / "refitted.calibseg")
     before, after = load_bundle(source), load_bundle(written)
@@ -220,7 +312,14 @@ def test_refit_stores_statistics_and_keeps_weights_and_predictions(tmp_path, sam
     assert np.array_equal(Predictor(before, device="cpu").predict(case.image, case.spacing).labels,
                           Predictor(after, device="cpu").predict(case.image, case.spacing).labels)
     # A training volume with its own reference labels lies inside the ranges it helped make.
-    assert check_input(after.metadata, case.image, case.spacing, case.label) == {"suitable": True, "reasons": []}
+    assert check_input(after.metadata, case.image, case.spacing, case.label) == {
+        "suitable": True, "reasons": [], "features": {"note": FEATURES_NOT_MEASURED}}
+    # The network's features: fitted on the 4 training volumes, the threshold on the 2 validation ones.
+    features = statistics.features
+    assert (features.training_volumes, features.validation_volumes, features.validation_within) == (4, 2, 2)
+    assert features.layer == "model.1"  # the tiny UNet's skip connection
+    check = analyse_case(Predictor(after, device="cpu"), case.image, case.spacing).summary["input_check"]
+    assert check["features"]["threshold"] == features.threshold and check["features"]["distance"] > 0
 
 
 def test_a_multichannel_models_reason_names_the_channel_that_is_unlike_training():

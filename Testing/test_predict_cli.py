@@ -196,6 +196,23 @@ def test_summary_lines_say_first_when_the_input_is_unsuitable():
                          "1 of 1 structures found"]
 
 
+def test_the_console_and_the_batch_table_give_the_network_feature_distance_with_its_threshold():
+    from CalibSegLib.predict import batch_row
+
+    found = {"volume_ml": 53.6, "mean_confidence": 0.937, "predicted_dice": 0.81,
+             "predicted_dice_interval": [0.716, 0.881], "review": False}
+    features = {"distance": 27.1, "threshold": 35.64, "false_alarm_rate": 0.05, "validation_volumes": 20,
+                "validation_within": 20}
+    summary = _summary({"suitable": True, "reasons": [], "features": features}, **{"right ventricle": found})
+    assert summary_lines(summary)[:2] == [
+        "input suitable: like the model's training volumes",
+        "network features: distance 27.1, like the training images the network saw (all 20 validation "
+        "volumes ≤ 35.6)"]
+    row = batch_row("a", "ok", summary)
+    assert (row["feature_distance"], row["feature_threshold"]) == (27.1, 35.64)
+    assert row["input_check"] == " ".join(summary_lines(summary)[:2])
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -246,8 +263,12 @@ def test_shipped_model_writes_the_quality_summary(tmp_path, with_reference):
     predicted, geometry = read_image(out / "acdc_patient_image_labels.nii.gz")
     voxel_mm3 = float(np.prod(geometry.spacing))
     assert set(summary) >= {"structures", "review", "uncertain_slices", "quality_model", "note"}
-    # The shipped models check their input first: this test patient's cine MRI is like their training volumes.
-    assert list(summary)[0] == "input_check" and summary["input_check"] == {"suitable": True, "reasons": []}
+    # The shipped models check their input first: this test patient's cine MRI is like their training volumes,
+    # to the statistics and to the network's features (below the threshold the 20 validation volumes set).
+    check = summary["input_check"]
+    assert list(summary)[0] == "input_check" and (check["suitable"], check["reasons"]) == (True, [])
+    assert check["features"]["distance"] < check["features"]["threshold"]
+    assert (check["features"]["validation_volumes"], check["features"]["false_alarm_rate"]) == (20, 0.05)
     for label, (name, entry) in enumerate(summary["structures"].items(), start=1):
         assert entry["volume_ml"] == int((predicted == label).sum()) * voxel_mm3 / 1000.0  # exactly
         low, high = entry["predicted_dice_interval"]
@@ -292,6 +313,8 @@ def test_image_dir_writes_every_case_and_one_table(case, tmp_path, capsys):
     assert float(rows[1]["volume_ml_class_1"]) == pytest.approx(summary["structures"]["class 1"]["volume_ml"])
     assert rows[1]["input_check"] == (summary["input_check"]["note"] if summary["input_check"]["suitable"] is None
                                       else "input suitable: like the model's training volumes")
+    # the network's feature distance and its threshold are columns of their own, empty without statistics
+    assert (rows[1]["feature_distance"], rows[1]["feature_threshold"]) == ("", "")
     assert "table: " in capsys.readouterr().out
 
 

@@ -119,6 +119,10 @@ def test_finished_run_records_its_validation_choices_in_run_json_and_bundle(samp
     metadata = load_bundle(result.bundle_path).metadata
     # The input check's statistics come from the training volumes; ACDC's classes carry their SNOMED CT codes.
     assert metadata.input_statistics["volumes"] == len(trainer.train_cases)
+    # Two training volumes are too few for the network's features: the statistics keep their four families.
+    assert metadata.input_statistics["features"] is None and summary.choices["input_statistics"] == (
+        "from the 2 training volumes; no network features: the network's features need at least 3 training "
+        "volumes and 1 validation volume, got 2 and 2")
     assert metadata.class_terminology == ACDC_TERMINOLOGY
     mirrored = summary.choices["mirroring"]["used"]
     assert metadata.sliding_window.mirror_axes == ((0, 1) if mirrored else ())
@@ -480,7 +484,9 @@ def test_a_3d_run_trains_validates_chooses_writes_a_3d_bundle_and_evaluates(ct_p
     choices = RunSummary.read(out).choices
     for name in ("mirroring", "temperature", "postprocessing"):
         assert isinstance(choices[name], dict), (name, choices[name])  # made on the 3D validation pass, not failed
-    assert choices["input_statistics"] == "from the 3 training volumes" and metadata.input_statistics is not None
+    assert choices["input_statistics"].startswith(
+        "from the 3 training volumes; network features of the 3 training volumes, distance threshold ")
+    assert metadata.input_statistics["features"]["validation_volumes"] == 1  # a 3D network's: one per volume
     if choices["mirroring"]["used"]:
         assert metadata.sliding_window.mirror_axes == (1, 2)  # in-plane, as the crops were mirrored and turned
     summary = json.loads((out / "evaluation" / "summary.json").read_text())

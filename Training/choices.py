@@ -18,6 +18,8 @@ import torch
 
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.inference import Predictor
+from CalibSegLib.feature_statistics import FeatureStatisticsError
+from CalibSegLib.features import fit_network_features
 from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.metrics import CalibrationStatistics, dice
 from CalibSegLib.metrics.calibration import masked_probabilities
@@ -196,11 +198,20 @@ def or_neutral(name: str, choose: Callable[[], tuple[Setting, Any]], neutral: Se
     return setting
 
 
-def input_statistics(metadata: BundleMetadata, cases: Sequence[Case]) -> tuple[dict[str, Any], str]:
+def input_statistics(network: torch.nn.Module, metadata: BundleMetadata, cases: Sequence[Case],
+                     validation: Sequence[Case], batch_size: int) -> tuple[dict[str, Any], str]:
     """What the training ``cases`` looked like to the bundle described by ``metadata``
-    (:func:`CalibSegLib.input_check.statistics_of_cases`), for the input check."""
-    statistics = statistics_of_cases(metadata, cases)
-    return statistics, f"from the {statistics['volumes']} training volumes"
+    (:func:`CalibSegLib.input_check.statistics_of_cases`) and to its ``network``
+    (:func:`CalibSegLib.features.fit_network_features`, the threshold from the ``validation`` cases), for the
+    input check. Features that cannot be fitted leave the statistics without them, and the record says why."""
+    try:
+        features = fit_network_features(network, metadata, cases, validation, batch_size)
+        record = (f"network features of the {features.training_volumes} training volumes, distance threshold "
+                  f"{features.threshold:.3g} from {features.validation_volumes} validation volumes")
+    except FeatureStatisticsError as error:
+        features, record = None, f"no network features: {error}"
+    statistics = statistics_of_cases(metadata, cases, features=features)
+    return statistics, f"from the {statistics['volumes']} training volumes; {record}"
 
 
 def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Sequence[GridVolume],
@@ -208,9 +219,9 @@ def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Se
                  temperature_fit: str = "auto", seed: int = 0, mirroring: str = "auto"
                  ) -> tuple[BundleMetadata, dict[str, Any]]:
     """Every end-of-run choice for ``network`` (the best weights) on the validation ``volumes`` (model grid) and
-    ``cases`` (as read), and the input statistics of ``training_cases``: the metadata to write into the bundle
-    and the ``choices`` record for ``run.json``; ``mirroring`` (:data:`MIRRORING`) ``"off"`` leaves test-time
-    mirroring untried.
+    ``cases`` (as read), and the input statistics of ``training_cases`` (the network's features too, their
+    threshold from ``cases``): the metadata to write into the bundle and the ``choices`` record for ``run.json``;
+    ``mirroring`` (:data:`MIRRORING`) ``"off"`` leaves test-time mirroring untried.
 
     ``metadata`` describes the network without any choice made; its ``validation_metrics`` gets the final
     validation Dice and foreground ECE with the choices.
@@ -237,6 +248,8 @@ def make_choices(network: torch.nn.Module, metadata: BundleMetadata, volumes: Se
                      validation_metrics={**metadata.validation_metrics, **validation_metrics})
     quality = or_neutral("quality_model", lambda: fit_quality(network, chosen, cases, device, batch_size), None,
                           choices)
-    statistics = or_neutral("input_statistics", lambda: input_statistics(chosen, training_cases), None, choices)
+    statistics = or_neutral("input_statistics",
+                            lambda: input_statistics(network, chosen, training_cases, cases, batch_size), None,
+                            choices)
     return replace(chosen, quality_model=quality.to_dict() if quality is not None else None,
                    input_statistics=statistics), choices

@@ -45,6 +45,7 @@ import torch
 from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle, save_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.inference import Predictor
+from CalibSegLib.networks import MemberNetworks
 from CalibSegLib.io import check_output_file, os_error_sentence, write_json_atomic
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, fit_from_observations,
                                  held_out_predictions, observe_cases, structure_key)
@@ -244,6 +245,18 @@ def _ensemble_metadata(folds: Sequence[FoldRun], settings: BundleMetadata, choic
         ensemble={"members": members, "temperature": "one, fitted on the out-of-fold predictions of all folds"})
 
 
+def _input_statistics(folds: Sequence[FoldRun], metadata: BundleMetadata, device: str, batch_size: int
+                      ) -> tuple[dict[str, Any], str]:
+    """The ensemble's input statistics, judged through its first member: the four families and that member's
+    feature Gaussian from the patients it trained on, the distance threshold from the fold it never saw (a new
+    patient is exchangeable with those, not with patients the ensemble trained on). The features are read from
+    the whole ensemble network, where :func:`CalibSegLib.features.bottleneck_layer` names the first member's
+    layer (the first of equals), so every later check reads them the same way."""
+    network = MemberNetworks([fold.bundle.build_model() for fold in folds]).to(resolve_device(device))
+    training = [case for fold in folds[1:] for case in fold.cases]
+    return input_statistics(network, metadata, training, folds[0].cases, batch_size)
+
+
 def build_ensemble(cross_validation: str | Path, out: str | Path | None = None, data: str | Path | None = None,
                    device: str = "auto", batch_size: int = 16, temperature_fit: str = "auto"
                    ) -> tuple[Path, dict[str, Any]]:
@@ -261,8 +274,8 @@ def build_ensemble(cross_validation: str | Path, out: str | Path | None = None, 
     fitted: dict[str, Any] = {}
     quality = or_neutral("quality_model", lambda: out_of_fold_quality(folds, metadata, device, batch_size), None,
                           fitted)
-    labelled = [case for fold in folds for case in fold.cases]
-    statistics = or_neutral("input_statistics", lambda: input_statistics(settings, labelled), None, fitted)
+    statistics = or_neutral("input_statistics", lambda: _input_statistics(folds, metadata, device, batch_size),
+                            None, fitted)
     metadata = dataclasses.replace(metadata, quality_model=quality.to_dict() if quality is not None else None,
                                    input_statistics=statistics)
     state = {f"members.{index}.{name}": tensor for index, fold in enumerate(folds)

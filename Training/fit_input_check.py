@@ -1,15 +1,19 @@
-"""Store in a bundle what its training inputs looked like, and its classes' standard terminology.
+"""Store in a bundle what its training inputs looked like, to the statistics and to its network, and its
+classes' standard terminology.
 
     python -m Training.fit_input_check --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
     python -m Training.fit_input_check --bundle acdc_crac --data /path/to/acdc --out CalibSegLib/pretrained/acdc_crac.calibseg
 
-The training patients the bundle records (``bundle.json``: ``data["train"]``) are read from ``--data``
-or the folder of the dataset the bundle records, and :func:`CalibSegLib.input_check.statistics_of_cases`
-computes ``input_statistics`` from their images and reference labels with the decided
-:data:`CalibSegLib.input_check.THRESHOLDS`; a bundle without ``class_terminology`` gets its classes' codes
-where Datasets knows them (:func:`Datasets.cases.default_terminology`). No prediction is run. The bundle
-is rewritten atomically (default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same
-weights in the same dtype, so its checksum and predictions stay as they were.
+The training and validation patients the bundle records (``bundle.json``: ``data["train"]``,
+``data["val"]``) are read from ``--data`` or the folder of the dataset the bundle records.
+:func:`CalibSegLib.input_check.statistics_of_cases` computes ``input_statistics`` from the training images
+and reference labels with the decided :data:`CalibSegLib.input_check.THRESHOLDS`, and
+:func:`CalibSegLib.features.fit_network_features` the network's feature statistics: their Gaussian from
+the training volumes, the distance threshold from the validation volumes at a 5 % false-alarm rate (the
+network's encoder runs once over every volume; no segmentation is run). A bundle without ``class_terminology``
+gets its classes' codes where Datasets knows them (:func:`Datasets.cases.default_terminology`). The bundle is rewritten
+atomically (default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same weights in
+the same dtype, so its checksum and predictions stay as they were.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 from typing import Sequence
 
 from CalibSegLib.bundle import load_bundle
+from CalibSegLib.device import resolve_device
+from CalibSegLib.features import fit_network_features
 from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import default_terminology
@@ -28,21 +34,26 @@ from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_dest
 __all__ = ["refit_input_check", "main"]
 
 
-def refit_input_check(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None) -> Path:
-    """Write ``bundle`` with ``input_statistics`` from its training patients (and its classes' codes); its
-    path.
+def refit_input_check(bundle: str | Path, data: str | Path | None = None, out: str | Path | None = None,
+                      device: str = "auto", batch_size: int = 16) -> Path:
+    """Write ``bundle`` with ``input_statistics`` from its training patients, the network's feature
+    statistics from its training and validation patients (and its classes' codes); its path.
 
     Raises:
-        BundleError, DataError, InputStatisticsError: unreadable bundle, missing data or training patients (one
-            sentence each).
+        BundleError, DataError, InputStatisticsError, FeatureStatisticsError: unreadable bundle, missing data,
+            training or validation patients, or too few of them (one sentence each).
     """
     path = resolve_bundle_path(bundle)
     out = rewrite_destination(path, out)
     loaded = load_bundle(path)
     metadata = loaded.metadata
-    cases = recorded_cases(metadata, path.name, data, "train", "compute its input statistics")
+    training = recorded_cases(metadata, path.name, data, "train", "compute its input statistics")
+    validation = recorded_cases(metadata, path.name, data, "val", "choose its feature distance threshold")
+    network = loaded.build_model().to(resolve_device(device))
+    features = fit_network_features(network, metadata, training, validation, batch_size)
     terminology = metadata.class_terminology or default_terminology(metadata.class_names)
-    refitted = dataclasses.replace(metadata, input_statistics=statistics_of_cases(metadata, cases),
+    refitted = dataclasses.replace(metadata, input_statistics=statistics_of_cases(metadata, training,
+                                                                                   features=features),
                                    class_terminology=terminology)
     return rewrite_bundle(loaded, refitted, out)
 
@@ -55,11 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="data folder (default: found from the dataset the bundle records)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write the bundle here (default: in place; a shipped model: runs/<name>/<name>.calibseg)")
+    parser.add_argument("--device", default="auto", help="where the network runs: auto, cpu, cuda, cuda:1")
+    parser.add_argument("--batch-size", type=int, default=16, help="slices per network pass")
     arguments = parser.parse_args(argv)
     try:
-        print(f"bundle: {refit_input_check(arguments.bundle, arguments.data, arguments.out)}")
-    except ValueError as error:  # BundleError, DataError and InputStatisticsError included
+        written = refit_input_check(arguments.bundle, arguments.data, arguments.out, arguments.device,
+                                    arguments.batch_size)
+        print(f"bundle: {written}")
+    except ValueError as error:  # BundleError, DataError, InputStatisticsError, FeatureStatisticsError
         raise SystemExit(f"error: {error}") from None
+    except KeyboardInterrupt:  # the bundle is rewritten atomically, at the very end
+        raise SystemExit(f"interrupted: {arguments.out or arguments.bundle} was not written.") from None
     return 0
 
 

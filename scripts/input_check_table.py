@@ -1,38 +1,48 @@
-"""The input check's thresholds decided on validation volumes, and its table on held-out ones (docs/input_check.md).
+"""The input check on a split's volumes, clean, shifted and resampled, through a bundle (docs/input_check.md).
 
-    python -m scripts.input_check_table --bundle acdc_ce_dice --split val    # the excursions the rule decides on
-    python -m scripts.input_check_table --bundle acdc_ce_dice --split test   # held out: with the bundle's thresholds
+    python -m scripts.input_check_table --bundle acdc_ce_dice --split test --data "$CALIBSEG_ACDC"
+    python -m scripts.input_check_table --bundle acdc_ce_dice --split val --data "$CALIBSEG_ACDC"
 
-Every volume is the bundle's prediction on one input: the split's clean volumes, their contrast-inverted
-copies (:data:`Evaluation.quality_report.DEGRADATIONS`), and inputs that are no cine MRI at all —
-uniform noise and a CT-like abdomen in Hounsfield units (:func:`ct_like_volume`) — drawn from a seed
-per split (``val`` 1, ``test`` 2), so the held-out ones are other draws. ``--split val`` prints each
-family's excursion (:func:`CalibSegLib.input_check.excursions`) against the training ranges of the
-bundle's training patients; ``--split test`` prints, per kind of input, how often the bundle's stored
-rule calls it unsuitable. Research only: it reads ACDC from ``--data`` (default ``$CALIBSEG_ACDC``).
+Every input is analysed as ``calibseg-predict`` analyses it (:func:`CalibSegLib.analysis.analyse_case`:
+the prediction, then the input check with the network's feature distance): the split's clean volumes;
+their shifted copies (:data:`Evaluation.shifts.SHIFTS`, each shift's severities drawn from its own
+generator, seeded per split: ``val`` 1, ``test`` 2, so the held-out copies are other draws); the volumes
+resampled in-plane to other pixel sizes (:func:`Evaluation.shifts.at_pixel_spacing`: ``val`` 0.375, 0.75,
+3.0 and 4.5 mm, ``test`` 0.75 mm); and inputs that are no cine MRI at all, uniform noise and a CT-like
+abdomen in Hounsfield units (:func:`ct_like_volume`). It prints one line per input (each family's
+excursion, :func:`CalibSegLib.input_check.excursions`, the feature distance, the verdict, the measured
+Dice), then the Markdown table docs/input_check.md shows: per kind of input how many volumes are called
+unsuitable (by the network's features, by the statistics), their Dice, and how many of those below
+:data:`FAILED_BELOW` are caught. Research only: it reads ACDC from ``--data`` (default ``$CALIBSEG_ACDC``).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from CalibSegLib.analysis import analyse_case
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.inference import Predictor
-from CalibSegLib.input_check import (FAMILIES, InputStatistics, excursions, input_reasons, observe_volume,
-                                     statistics_of_cases)
+from CalibSegLib.input_check import FAMILIES, InputStatistics, excursions, observe_volume
+from CalibSegLib.metrics import dice
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import ACDC_SPACING, data_folder, find_cases, load_cases
+from Datasets.cases import ACDC_SPACING, Case, data_folder, find_cases, load_cases
 from Datasets.splits import recorded_split, select_patients
-from Evaluation.quality_report import DEGRADATIONS
+from Evaluation.shifts import SHIFTS, at_pixel_spacing
 
-__all__ = ["ct_like_volume", "noise_volume", "inputs", "main"]
+__all__ = ["FAILED_BELOW", "ct_like_volume", "noise_volume", "inputs", "main"]
 
 SEEDS = {"val": 1, "test": 2}
+PIXELS_MM = {"val": (0.375, 0.75, 3.0, 4.5), "test": (0.75,)}
 OTHER_INPUTS = 3  # noise volumes and CT-like volumes per split
+FAILED_BELOW = 0.7  # mean foreground Dice under which a shifted volume is a failure the check must catch
+CLEAN, NO_HEART = "clean", ("uniform noise", "CT-like abdomen (HU)")
 
 
 def ct_like_volume(rng: np.random.Generator) -> tuple[np.ndarray, tuple[float, float, float]]:
@@ -72,55 +82,115 @@ def noise_volume(rng: np.random.Generator, shape: Sequence[int]) -> np.ndarray:
     return (rng.random(tuple(shape)) * float(rng.uniform(1.0, 4000.0))).astype(np.float32)
 
 
-def inputs(cases, split: str) -> Iterator[tuple[str, str, np.ndarray, Sequence[float]]]:
-    """``(kind, name, image, spacing)`` of every input the table predicts."""
+@dataclass
+class Input:
+    """One input of the table: its kind and name, the image and its spacing, the reference (None: none)."""
+
+    kind: str
+    name: str
+    image: np.ndarray
+    spacing: Sequence[float]
+    label: np.ndarray | None
+
+
+def inputs(cases: Sequence[Case], split: str) -> Iterator[Input]:
+    """Every input the table analyses, in order: clean, shifted, resampled, then the non-cardiac ones."""
+    for case in cases:
+        yield Input(CLEAN, case.case_id, case.image, case.spacing, case.label)
+    for index, (kind, shift) in enumerate(SHIFTS.items()):
+        rng = np.random.default_rng([SEEDS[split], index])  # one generator per shift: its draws stand alone
+        for case in cases:
+            image = shift(case.image.astype(np.float32), rng)
+            yield Input(kind, case.case_id, image, case.spacing, case.label)
+    for pixel in PIXELS_MM[split]:
+        for case in cases:
+            image, spacing = at_pixel_spacing(case.image, case.spacing, pixel)
+            yield Input(f"resampled to {pixel:g} mm", case.case_id, image, spacing,
+                        at_pixel_spacing(case.label, case.spacing, pixel, labels=True)[0])
     rng = np.random.default_rng(SEEDS[split])
-    for case in cases:
-        yield "clean", case.case_id, case.image, case.spacing
-    invert = DEGRADATIONS["contrast inversion"]
-    for case in cases:
-        yield "contrast inversion", case.case_id, invert(case.image.astype(np.float32), rng), case.spacing
     for index in range(OTHER_INPUTS):
-        yield "uniform noise", f"noise{index}", noise_volume(rng, cases[index].image.shape), ACDC_SPACING
+        image = noise_volume(rng, cases[index].image.shape)
+        yield Input(NO_HEART[0], f"noise{index}", image, ACDC_SPACING, None)
     for index in range(OTHER_INPUTS):
         image, spacing = ct_like_volume(rng)
-        yield "CT-like abdomen (HU)", f"ct{index}", image, spacing
+        yield Input(NO_HEART[1], f"ct{index}", image, spacing, None)
+
+
+@dataclass
+class Outcome:
+    """What the check said about one input and how the model did on it."""
+
+    kind: str
+    suitable: bool
+    by_features: bool
+    by_statistics: bool
+    dice: float  # mean over the foreground structures; NaN without a reference
+
+
+def _cell(outcomes: Sequence[Outcome]) -> list[str]:
+    """A table row's cells for the outcomes of one kind of input."""
+    unsuitable = [not outcome.suitable for outcome in outcomes]
+    dice_values = np.array([outcome.dice for outcome in outcomes])
+    failed = dice_values < FAILED_BELOW
+    has_dice = not np.isnan(dice_values).all()
+    caught = sum(called for called, low in zip(unsuitable, failed) if low)
+    return [str(len(outcomes)), f"**{sum(unsuitable)}**", str(sum(o.by_features for o in outcomes)),
+            str(sum(o.by_statistics for o in outcomes)),
+            f"{np.nanmean(dice_values):.3f} ({np.nanmin(dice_values):.3f})" if has_dice else "no heart",
+            f"{int(failed.sum())}: {caught} unsuitable" if has_dice else "–"]
+
+
+def table(outcomes: Sequence[Outcome]) -> list[str]:
+    """The Markdown table of docs/input_check.md and its summary lines."""
+    kinds = list(dict.fromkeys(outcome.kind for outcome in outcomes))
+    lines = [("| input | volumes | called unsuitable | by the features | by the statistics | "
+              f"mean Dice (lowest) | Dice < {FAILED_BELOW}: of them unsuitable |"),
+             "|---|---|---|---|---|---|---|"]
+    lines += ["| " + " | ".join([kind, *_cell([o for o in outcomes if o.kind == kind])]) + " |"
+              for kind in kinds]
+    clean = [outcome for outcome in outcomes if outcome.kind == CLEAN]
+    shifted = [outcome for outcome in outcomes if outcome.kind in SHIFTS and outcome.dice < FAILED_BELOW]
+    lines += ["", (f"clean volumes called unsuitable: {sum(not o.suitable for o in clean)} of {len(clean)}; "
+                   f"shifted volumes with Dice < {FAILED_BELOW} called unsuitable: "
+                   f"{sum(not o.suitable for o in shifted)} of {len(shifted)}")]
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default="acdc_ce_dice")
-    parser.add_argument("--split", choices=tuple(SEEDS), default="val")
+    parser.add_argument("--split", choices=tuple(SEEDS), default="test")
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--device", default="auto")
     arguments = parser.parse_args(argv)
+    started = time.monotonic()
     bundle = load_bundle(resolve_bundle_path(arguments.bundle))
     metadata = bundle.metadata
+    statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names,
+                                           metadata.in_channels)
     files = find_cases(data_folder(metadata.data, arguments.data))
-    patients = recorded_split(metadata.data)
-    if arguments.split == "val":
-        training = load_cases(select_patients(files, patients["train"]), metadata.num_classes)
-        statistics = InputStatistics.from_dict(statistics_of_cases(metadata, training), metadata.class_names,
-                                               metadata.in_channels)
-    else:
-        statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels)
-    cases = load_cases(select_patients(files, patients[arguments.split]), metadata.num_classes)
+    patients = recorded_split(metadata.data)[arguments.split]
+    cases = load_cases(select_patients(files, patients), metadata.num_classes)
     predictor = Predictor(bundle, device=arguments.device)
-    counts: dict[str, list[int]] = {}
-    print("kind | input | " + " | ".join(FAMILIES) + " | suitable")
-    for kind, name, image, spacing in inputs(cases, arguments.split):
-        labels = predictor.predict(image, spacing).labels
-        observation = observe_volume(image, spacing, labels, metadata.class_names, metadata.preprocessing)
-        values = excursions(statistics, observation)
-        suitable = not input_reasons(statistics, observation)
-        counts.setdefault(kind, [0, 0])
-        counts[kind][0] += suitable
-        counts[kind][1] += 1
-        print(f"{kind} | {name} | " + " | ".join(f"{values[family]:.3f}" for family in FAMILIES)
-              + f" | {suitable}", flush=True)
-    print(f"\nthresholds: {statistics.thresholds}")
-    for kind, (suitable, total) in counts.items():
-        print(f"{kind}: suitable {suitable} of {total}, unsuitable {total - suitable} of {total}")
+    outcomes = []
+    print("kind | input | " + " | ".join(FAMILIES) + " | feature distance | suitable | Dice")
+    for item in inputs(cases, arguments.split):
+        analysis = analyse_case(predictor, item.image, item.spacing)
+        check = analysis.summary["input_check"]
+        labels = analysis.prediction.labels
+        distance = check["features"].get("distance", float("nan"))
+        by_features = distance > check["features"].get("threshold", float("inf"))
+        values = excursions(statistics, observe_volume(item.image, item.spacing, labels, metadata.class_names,
+                                                       metadata.preprocessing))
+        score = (float("nan") if item.label is None else
+                 float(np.mean(dice(labels, item.label.astype(np.int64), metadata.num_classes))))
+        outcomes.append(Outcome(item.kind, check["suitable"], by_features,
+                                len(check["reasons"]) > int(by_features), score))
+        print(f"{item.kind} | {item.name} | " + " | ".join(f"{values[family]:.3f}" for family in FAMILIES)
+              + f" | {distance:.1f} | {check['suitable']} | {score:.3f}", flush=True)
+    print(f"\nfeature threshold {check['features'].get('threshold', float('nan')):.1f}; family thresholds "
+          f"{statistics.thresholds}; {time.monotonic() - started:.0f} s\n")
+    print("\n".join(table(outcomes)))
     return 0
 
 

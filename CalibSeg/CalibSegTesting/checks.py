@@ -602,6 +602,37 @@ def check_quality_table_without_a_reference_shows_the_summary(scene, work_dir: P
             assert all(marker in ("no quality model", "REVIEW") for marker in columns["Review"])
 
 
+def check_quality_table_gives_the_network_feature_distance(scene, work_dir: Path) -> None:
+    """A bundle storing its network's feature statistics (fitted on phantoms with the public API): the quality
+    table's input-check row gives a volume's distance against the threshold, and a contrast-inverted volume is
+    unlike the training images to the network."""
+    from types import SimpleNamespace
+
+    from CalibSegLib.bundle import load_bundle
+    from CalibSegLib.features import feature_distance, fit_network_features
+    from CalibSegLib.input_check import statistics_of_cases
+
+    spacing = tuple(reversed(SPACING_XYZ))
+    cases = [SimpleNamespace(image=image, label=labels, spacing=spacing)
+             for image, labels in (_phantom(seed=seed) for seed in range(12))]
+    plain = load_bundle(_bundle(work_dir))
+    network = plain.build_model()
+    features = fit_network_features(network, plain.metadata, cases[:8], cases[8:])
+    statistics = statistics_of_cases(plain.metadata, cases[:8], features=features)
+    path = _bundle(work_dir, input_statistics=statistics)
+    image, _ = _phantom(seed=12)
+    sentences = ("network features: distance {:.3g}, like the training images the network saw",
+                 "Unlike the training images the network saw: feature distance {:.3g}, above all 4")
+    for array, sentence in zip((image, image.max() + image.min() - image), sentences):
+        outputs = SegmentationRunner().run(make_volume_node(scene, array), path)
+        check = outputs.summary["input_check"]["features"]
+        expected = feature_distance(network, load_bundle(path).metadata, array, spacing)
+        assert math.isclose(check["distance"], expected, rel_tol=1e-5), (check, expected)
+        assert check["threshold"] == features.threshold and check["validation_volumes"] == 4
+        review = _table_columns(outputs.quality_table)["Review"][0]
+        assert sentence.format(expected) in review, review
+
+
 def check_review_text_names_what_to_check(scene, work_dir: Path) -> None:
     def summary(*entries, model=True):
         structures = {f"class {index}": {"review": review, "predicted_dice": dice}

@@ -7,7 +7,7 @@ Members (nothing else is allowed):
   hyper-parameters (incl. CRaC multipliers), temperature, data and split, validation and
   test metrics, the optional quality model (:mod:`CalibSegLib.quality`), the optional standard
   terminology of the classes (:mod:`CalibSegLib.terminology`) and statistics of the training
-  inputs (:mod:`CalibSegLib.input_check`), library version,
+  inputs and of the network's features of them (:mod:`CalibSegLib.input_check`), library version,
   weights dtype and SHA-256 checksum.
 - ``weights.safetensors`` — the state dict as plain tensors. Bundles never contain pickles,
   so loading one can never run code.

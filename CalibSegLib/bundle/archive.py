@@ -24,8 +24,8 @@ from torch import nn
 
 from CalibSegLib import BUNDLE_SUFFIX, __version__
 from CalibSegLib.bundle.model import Bundle, build_declared_network, check_weights_fit
-from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, SINGLE_NETWORK_SCHEMA_VERSION,
-                                       STORED_FLOAT_DTYPES, BundleError, BundleMetadata, is_int, parse_metadata)
+from CalibSegLib.bundle.schema import (METADATA_MEMBER, STORED_FLOAT_DTYPES, BundleError, BundleMetadata, is_int,
+                                       parse_metadata)
 from CalibSegLib.io import atomic_output
 
 __all__ = ["WEIGHTS_MEMBER", "save_bundle", "load_bundle", "read_metadata"]
@@ -117,8 +117,7 @@ def save_bundle(
     weights = save_safetensors(tensors)
     metadata = dataclasses.replace(
         metadata,
-        # The oldest schema that can read it: an older CalibSeg keeps reading single networks.
-        schema_version=SCHEMA_VERSION if metadata.ensemble_size > 1 else SINGLE_NETWORK_SCHEMA_VERSION,
+        schema_version=metadata.minimal_schema_version,
         library_version=__version__,
         weights_dtype=str(stored_dtype).removeprefix("torch."),
         weights_sha256=hashlib.sha256(weights).hexdigest(),

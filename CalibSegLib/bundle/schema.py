@@ -30,9 +30,11 @@ __all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "SINGLE_NETWORK_SCHEMA_VER
            "METADATA_MEMBER", "STORED_FLOAT_DTYPES", "BundleError", "BundleMetadata", "check_schema_version",
            "parse_metadata", "is_int", "is_number"]
 
+# 3: ensembles (ensemble_size > 1) and input_statistics of version 3, which may hold the network's feature
+# statistics; a CalibSeg that reads schema 2 refuses such a bundle in one sentence (update CalibSeg) rather than
+# misread it. A bundle needing neither is written as schema 2 (minimal_schema_version), which every CalibSeg
+# since resampling by spacing reads.
 SCHEMA_VERSION = 3
-# Schema 3 added ensembles (ensemble_size > 1); a single network's bundle is written as schema 2, which every
-# CalibSeg since resampling by spacing reads.
 SINGLE_NETWORK_SCHEMA_VERSION = 2
 MAX_ENSEMBLE_SIZE = 16
 # Schema 1 bundles resized every slice to a fixed size instead of resampling by spacing; their
@@ -149,6 +151,15 @@ class BundleMetadata:
             raise BundleError(
                 f"The bundle's quality model is malformed ({error}); refit it with calibseg-fit-quality."
             ) from None
+
+    @property
+    def minimal_schema_version(self) -> int:
+        """The oldest schema that reads this bundle: :data:`SCHEMA_VERSION` for an ensemble or input statistics
+        of version 3 (which may hold feature statistics), :data:`SINGLE_NETWORK_SCHEMA_VERSION` otherwise, so an
+        older CalibSeg keeps reading what it can."""
+        statistics_version = (self.input_statistics or {}).get("version", 1)
+        newer = self.ensemble_size > 1 or (is_int(statistics_version) and statistics_version >= 3)
+        return SCHEMA_VERSION if newer else SINGLE_NETWORK_SCHEMA_VERSION
 
     def _check_dimensions(self) -> None:
         """A 2D network's target spacing and window are in-plane pairs, a 3D one's (z, y, x) triples."""
