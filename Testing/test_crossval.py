@@ -24,6 +24,7 @@ from Evaluation.summary import VARIANTS
 from Reporting import crossval as crossval_cli
 from Training import ensemble as ensemble_cli
 from Training import train as train_cli
+from Training.fit_input_check import refit_input_check
 from fault_checks import assert_one_sentence, tree_snapshot
 
 TINY_FLAGS = ["--epochs", "1", "--iterations-per-epoch", "2", "--patch-size", "32", "--batch-size", "2",
@@ -238,6 +239,12 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
     assert features["layer"].startswith("members.0.") and features["validation_volumes"] == 2 * len(
         folds[0].metadata.data["val"])
     assert features["training_volumes"] == 2 * len(folds[0].metadata.data["train"])
+    # the refit looks through the same member: the same layer, patients and threshold
+    refitted = load_bundle(refit_input_check(out, sample_acdc_dir, tmp_path / "refit.calibseg", "cpu")).metadata
+    again = refitted.input_statistics["features"]
+    assert (again["layer"], again["training_volumes"], again["validation_volumes"]) == (
+        features["layer"], features["training_volumes"], features["validation_volumes"])
+    assert again["threshold"] == pytest.approx(features["threshold"], rel=1e-4)
     record = json.loads((tmp_path / "ensemble.json").read_text())
     assert record["choices"]["volumes"] == 16 and record["choices"]["temperature"]["fitted_on"] in (
         "none", "all", "foreground")

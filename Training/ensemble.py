@@ -61,7 +61,7 @@ from Training.out_of_fold import complete_out_of_fold
 from Training.records import BUNDLE_NAME, RUN_SUMMARY_NAME
 
 __all__ = ["ENSEMBLE_NAME", "ENSEMBLE_RECORD", "FoldRun", "read_folds", "member_metadata", "out_of_fold_choices",
-           "out_of_fold_quality", "build_ensemble", "main"]
+           "out_of_fold_quality", "judging_patients", "build_ensemble", "main"]
 
 ENSEMBLE_NAME = "ensemble.calibseg"  # in the cross-validation's folder by default
 ENSEMBLE_RECORD = "ensemble.json"  # beside the bundle
@@ -245,16 +245,24 @@ def _ensemble_metadata(folds: Sequence[FoldRun], settings: BundleMetadata, choic
         ensemble={"members": members, "temperature": "one, fitted on the out-of-fold predictions of all folds"})
 
 
+def judging_patients(metadata: BundleMetadata) -> tuple[list[str], list[str]]:
+    """An ensemble bundle's input check looks through its first member: the patients that member trained on, and
+    the fold it never saw (a new patient is exchangeable with those, not with patients the ensemble trained on),
+    for the feature Gaussian and its distance threshold."""
+    unseen = list(metadata.ensemble["members"][0]["validation"])
+    return [patient for patient in metadata.data["train"] if patient not in unseen], unseen
+
+
 def _input_statistics(folds: Sequence[FoldRun], metadata: BundleMetadata, device: str, batch_size: int
                       ) -> tuple[dict[str, Any], str]:
-    """The ensemble's input statistics, judged through its first member: the four families and that member's
-    feature Gaussian from the patients it trained on, the distance threshold from the fold it never saw (a new
-    patient is exchangeable with those, not with patients the ensemble trained on). The features are read from
-    the whole ensemble network, where :func:`CalibSegLib.features.bottleneck_layer` names the first member's
-    layer (the first of equals), so every later check reads them the same way."""
+    """The ensemble's input statistics on :func:`judging_patients`. The features are read from the whole ensemble
+    network, where :func:`CalibSegLib.features.bottleneck_layer` names the first member's layer (the first of
+    equals), so every later check reads them the same way."""
     network = MemberNetworks([fold.bundle.build_model() for fold in folds]).to(resolve_device(device))
-    training = [case for fold in folds[1:] for case in fold.cases]
-    return input_statistics(network, metadata, training, folds[0].cases, batch_size)
+    training, unseen = judging_patients(metadata)
+    cases = [case for fold in folds for case in fold.cases]
+    return input_statistics(network, metadata, [case for case in cases if case.patient_id in training],
+                            [case for case in cases if case.patient_id in unseen], batch_size)
 
 
 def build_ensemble(cross_validation: str | Path, out: str | Path | None = None, data: str | Path | None = None,

@@ -11,7 +11,8 @@ and reference labels with the decided :data:`CalibSegLib.input_check.THRESHOLDS`
 :func:`CalibSegLib.features.fit_network_features` the network's feature statistics: their Gaussian from
 the training volumes, the distance threshold from the validation volumes at a 5 % false-alarm rate (the
 network's encoder runs once over every volume; no segmentation is run). A bundle without ``class_terminology``
-gets its classes' codes where Datasets knows them (:func:`Datasets.cases.default_terminology`). The bundle is rewritten
+gets its classes' codes where Datasets knows them (:func:`Datasets.cases.default_terminology`). An ensemble is
+judged through its first member (:func:`Training.ensemble.judging_patients`). The bundle is rewritten
 atomically (default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same weights in
 the same dtype, so its checksum and predictions stay as they were.
 """
@@ -30,6 +31,7 @@ from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import default_terminology
 from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
+from Training.ensemble import judging_patients
 
 __all__ = ["refit_input_check", "main"]
 
@@ -47,8 +49,12 @@ def refit_input_check(bundle: str | Path, data: str | Path | None = None, out: s
     out = rewrite_destination(path, out)
     loaded = load_bundle(path)
     metadata = loaded.metadata
-    training = recorded_cases(metadata, path.name, data, "train", "compute its input statistics")
-    validation = recorded_cases(metadata, path.name, data, "val", "choose its feature distance threshold")
+    judged = metadata
+    if metadata.ensemble_size > 1:
+        training_patients, unseen = judging_patients(metadata)
+        judged = dataclasses.replace(metadata, data={**metadata.data, "train": training_patients, "val": unseen})
+    training = recorded_cases(judged, path.name, data, "train", "compute its input statistics")
+    validation = recorded_cases(judged, path.name, data, "val", "choose its feature distance threshold")
     network = loaded.build_model().to(resolve_device(device))
     features = fit_network_features(network, metadata, training, validation, batch_size)
     terminology = metadata.class_terminology or default_terminology(metadata.class_names)
