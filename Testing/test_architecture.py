@@ -1,11 +1,13 @@
 """docs/architecture.md's claims about the code, checked on the code: the stages import one way, no module imports
-one that imports it back, the core imports no GUI or training-only library, and nothing installed imports code
-that is not installed. ``importlib.import_module("name")`` and ``__import__("name")`` count as imports of that name;
-one whose name is computed at run time could hide any of these, so there is none."""
+one that imports it back, the core imports no GUI or training-only library, nothing installed imports code
+that is not installed, and the Slicer extension ships only what the module and its self-test use.
+``importlib.import_module("name")`` and ``__import__("name")`` count as imports of that name; one whose name is
+computed at run time could hide any of these, so there is none."""
 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -18,6 +20,8 @@ ALLOWED = {stage: set(STAGES[index:]) for index, stage in enumerate(STAGES)} | {
 COMPUTED = "<a name computed at run time>"  # what a dynamic import of a non-literal name imports, for the checks
 # Libraries the core must not need: a Slicer-free user installs none of them (tqdm is the optional progress bar).
 NOT_IN_CORE = ("slicer", "qt", "vtk", "ctk", "h5py", "tqdm", "tensorboard")
+MODULE_DIR = ROOT / "CalibSeg"  # the Slicer module: what the extension ships beside CalibSegLib
+TESTING_PACKAGE = "CalibSeg.CalibSegTesting"  # the checks CalibSegTest runs in Slicer (CHECKS)
 
 
 def _modules() -> dict[str, Path]:
@@ -163,18 +167,51 @@ def test_the_training_stage_names_no_dataset():
               for number, line in enumerate(path.read_text().splitlines(), start=1) if "ACDC" in line]
     assert naming == []
 
-@pytest.mark.parametrize("broken", ["upward", "circle"])
+
+def _cmake_listed(cmake_file: Path, variable: str) -> list[str]:
+    text = cmake_file.read_text()
+    block = re.search(rf"set\({variable}\n(.*?)\n\s*\)", text, re.S)
+    assert block, f"{cmake_file} has no set({variable} ...)"
+    return [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_the_extension_ships_only_what_the_module_and_its_self_test_use():
+    """CalibSeg/CMakeLists.txt lists every script and resource of the module, so a built extension is self-contained,
+    and every module of CalibSegTesting is imported by its package (whose CHECKS CalibSegTest runs), so the extension
+    ships no test code that only Testing/ uses."""
+    cmake = MODULE_DIR / "CMakeLists.txt"
+    python_files = {str(path.relative_to(MODULE_DIR)) for path in MODULE_DIR.rglob("*.py")
+                    if "__pycache__" not in path.parts}
+    resource_files = {str(path.relative_to(MODULE_DIR)) for path in (MODULE_DIR / "Resources").rglob("*")
+                      if path.is_file()}
+    assert set(_cmake_listed(cmake, "MODULE_PYTHON_SCRIPTS")) == python_files
+    assert set(_cmake_listed(cmake, "MODULE_PYTHON_RESOURCES")) == resource_files
+    graph = _project_graph()
+    reached, waiting = set(), [TESTING_PACKAGE]
+    while waiting:
+        module = waiting.pop()
+        if module not in reached:
+            reached.add(module)
+            waiting += graph[module]
+    unused = sorted(name for name in graph if name.startswith(f"{TESTING_PACKAGE}.") and name not in reached)
+    assert unused == []
+
+
+@pytest.mark.parametrize("broken", ["upward", "circle", "unused"])
 def test_the_checks_fail_on_a_broken_graph(broken, monkeypatch):
-    """The graph checks can fail: an upward import and a circle are found."""
+    """The graph checks can fail: an upward import, a circle and a testing module the package never imports are
+    found."""
     graph = _project_graph()
     if broken == "upward":
         graph["CalibSegLib.io"] = graph["CalibSegLib.io"] | {"Training.trainer"}
-        monkeypatch.setattr(__import__(__name__), "_project_graph", lambda: graph)
-        with pytest.raises(AssertionError):
-            test_stages_import_only_themselves_and_the_stages_below()
-    else:
+        check = test_stages_import_only_themselves_and_the_stages_below
+    elif broken == "circle":
         graph["CalibSegLib.metrics.segmentation"] = graph["CalibSegLib.metrics.segmentation"] | {"CalibSegLib.io"}
         graph["CalibSegLib.io"] = graph["CalibSegLib.io"] | {"CalibSegLib.metrics.segmentation"}
-        monkeypatch.setattr(__import__(__name__), "_project_graph", lambda: graph)
-        with pytest.raises(AssertionError):
-            test_no_module_imports_one_that_imports_it_back()
+        check = test_no_module_imports_one_that_imports_it_back
+    else:
+        graph[TESTING_PACKAGE] = graph[TESTING_PACKAGE] - {f"{TESTING_PACKAGE}.batch_checks"}
+        check = test_the_extension_ships_only_what_the_module_and_its_self_test_use
+    monkeypatch.setattr(__import__(__name__), "_project_graph", lambda: graph)
+    with pytest.raises(AssertionError):
+        check()

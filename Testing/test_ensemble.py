@@ -1,7 +1,7 @@
 """Ensemble bundles: several networks in one bundle, their probabilities averaged and their disagreement (the mutual
 information between prediction and member) checked against an independent NumPy computation, in 2D and 3D; the
 bundle's checks; the disagreement in calibseg-predict's outputs and in the metrics. The Slicer overlay is a check of
-CalibSeg/CalibSegTesting (``an_ensemble_adds_its_disagreement_overlay``)."""
+CalibSeg/CalibSegTesting/segmentation_checks.py (``an_ensemble_adds_its_disagreement_overlay``)."""
 
 from __future__ import annotations
 

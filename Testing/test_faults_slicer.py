@@ -16,7 +16,7 @@ from mrml_standins import install_standins, mrml_scene  # noqa: F401  (fixture)
 install_standins()
 from CalibSegRunner import InferenceJob, SegmentationRunner, run_batch  # noqa: E402  (needs the module folder on sys.path)
 from CalibSegRunner.nodes import LOW_CONFIDENCE_SEGMENT  # noqa: E402
-from CalibSegTesting.checks import make_volume_node, scene_snapshot  # noqa: E402
+from CalibSegTesting import make_volume_node, scene_snapshot  # noqa: E402
 
 pytestmark = pytest.mark.mrml
 

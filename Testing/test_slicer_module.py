@@ -1,7 +1,7 @@
 """The CalibSeg Slicer module: its logic on a real MRML scene (slicer-core), its UI file and its packaging.
 
 The logic checks are the same functions ``CalibSegTest`` runs inside Slicer
-(``CalibSeg/CalibSegTesting/checks.py``).
+(``CalibSeg/CalibSegTesting``).
 """
 
 from __future__ import annotations
@@ -110,10 +110,10 @@ def test_offscreen_slice_view_shows_hot_spots_outlines_and_legend(mrml_scene, tm
 
     from tiny_bundles import make_test_bundle
     from CalibSegRunner import SegmentationRunner
-    from CalibSegTesting.checks import _phantom, make_volume_node
+    from CalibSegTesting.scene import make_volume_node, phantom
     from scripts.render_slice_view import render_slice_view
 
-    image, _ = _phantom()
+    image, _ = phantom()
     volume = make_volume_node(mrml_scene, image)
     volume.CreateDefaultDisplayNodes()
     bundle = make_test_bundle(tmp_path / "tiny.calibseg", num_classes=4, patch_size=(32, 32))
@@ -200,22 +200,6 @@ def test_slider_defaults_are_the_library_levels_written_once():
     repeated = [widget.get("name") for widget in bound
                 if "value" in {item.get("name") for item in widget.findall("property")}]
     assert repeated == []
-
-def _cmake_listed(cmake_file: Path, variable: str) -> list[str]:
-    text = cmake_file.read_text()
-    block = re.search(rf"set\({variable}\n(.*?)\n\s*\)", text, re.S)
-    assert block, f"{cmake_file} has no set({variable} ...)"
-    return [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.strip().startswith("#")]
-
-
-def test_cmake_lists_every_module_file():
-    cmake = MODULE_DIR / "CMakeLists.txt"
-    scripts = set(_cmake_listed(cmake, "MODULE_PYTHON_SCRIPTS"))
-    resources = set(_cmake_listed(cmake, "MODULE_PYTHON_RESOURCES"))
-    python_files = {str(path.relative_to(MODULE_DIR)) for path in MODULE_DIR.rglob("*.py")}
-    resource_files = {str(path.relative_to(MODULE_DIR)) for path in (MODULE_DIR / "Resources").rglob("*") if path.is_file()}
-    assert scripts == python_files
-    assert resources == resource_files
 
 
 def _cmake_globbed(cmake_file: Path, variable: str) -> set[str]:
