@@ -290,13 +290,10 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._timer.stop()
         self._job = None
         self._updateButtons()
-        if batch:
-            self._showBatch(job.finish())
-            return
         from CalibSegLib.inference import InferenceCancelled
 
         try:
-            self._outputs = job.finish()
+            outputs = job.finish()  # a batch's raises only where the child refused the bundle: no case ran
         except InferenceCancelled:
             self.ui.statusLabel.text = "Cancelled; the scene is unchanged."
             return
@@ -304,6 +301,10 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self.ui.statusLabel.text = "Failed; the scene is unchanged."
             slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
             return
+        if batch:
+            self._showBatch(outputs)
+            return
+        self._outputs = outputs
         show_outputs(self._outputs, job.request.input_node)
         self.ui.statusLabel.text = "Done." + (
             f" Dice {self._outputs.metrics['Dice mean']:.3f}, ECE {self._outputs.metrics['ECE']:.3f}"

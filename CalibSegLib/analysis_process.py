@@ -8,7 +8,8 @@ CUDA call must not take the user's session down) writes the request into a folde
 - prints ``progress <fraction>`` lines on stdout as the prediction goes;
 - writes ``result.npz`` (labels, confidence, entropy; arrays only, read without pickle) and
   ``result.json`` (the quality summary, the metric row and the reliability bins with a reference);
-- exits 0 done, 2 with ``error: <one sentence>`` on stderr for input the library refuses; anything else
+- exits 0 done, 2 with ``error: <one sentence>`` on stderr for input the library refuses (3 where it is the
+  bundle that is refused, which no other case would get past); anything else
   (a signal, an exit status 1 with a traceback) is the host's to report.
 """
 
@@ -24,8 +25,8 @@ import numpy as np
 if TYPE_CHECKING:
     from CalibSegLib.analysis import CaseAnalysis
 
-__all__ = ["REQUEST_NAME", "RESULT_NAME", "PROGRESS_PREFIX", "REFUSED_STATUS", "write_request", "read_result",
-           "main"]
+__all__ = ["REQUEST_NAME", "RESULT_NAME", "PROGRESS_PREFIX", "REFUSED_STATUS", "BUNDLE_REFUSED_STATUS",
+           "write_request", "read_result", "main"]
 
 REQUEST_NAME = "request.json"
 RESULT_NAME = "result.json"
@@ -33,6 +34,8 @@ _REQUEST_ARRAYS = "request.npz"
 _RESULT_ARRAYS = "result.npz"
 PROGRESS_PREFIX = "progress "
 REFUSED_STATUS = 2  # the child's exit status for input the library refuses (the sentence is on stderr)
+# The bundle itself refused (its weights, read only here): every case would fail the same way, so a batch stops.
+BUNDLE_REFUSED_STATUS = 3
 
 
 def write_request(folder: str | Path, bundle_path: str | Path, image: np.ndarray, spacing: Sequence[float],
@@ -109,7 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return REFUSED_STATUS
     try:
         _analyse(Path(arguments[0]))
-    except (BundleError, ValueError) as error:
+    except BundleError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return BUNDLE_REFUSED_STATUS
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return REFUSED_STATUS
     return 0

@@ -108,6 +108,7 @@ class BatchJob:
         self._job: InferenceJob | None = None
         self._running: BatchCase | None = None
         self._cancelled = False
+        self._bundle_refusal: str | None = None  # the child refused the bundle: no case can run, the batch stops
 
     @property
     def fraction(self) -> float:
@@ -181,9 +182,16 @@ class BatchJob:
             time.sleep(POLL_INTERVAL_S)
 
     def finish(self) -> BatchOutputs:
-        """Add the summary table over the cases (one :attr:`BatchCase.row` each) and return the batch's outputs."""
+        """Add the summary table over the cases (one :attr:`BatchCase.row` each) and return the batch's outputs.
+
+        Raises:
+            ValueError: the inference child refused the bundle (its weights, which only the child reads) on the
+                first case, so no case ran and nothing was added (one sentence).
+        """
         if not self.done():
             raise RuntimeError("The batch is still running; wait for done() first.")
+        if self._bundle_refusal is not None:
+            raise ValueError(self._bundle_refusal)
         rows = [case.row for case in self.cases]
         with NodeTransaction(self.scene):
             table = add_batch_table(self.scene, BATCH_TABLE_NAME, rows)
@@ -198,7 +206,7 @@ class BatchJob:
         for case in self.cases:
             if case.status != _WAITING:
                 continue
-            if self._cancelled:
+            if self._cancelled or self._bundle_refusal is not None:
                 case.status = CANCELLED
                 continue
             try:
@@ -218,6 +226,7 @@ class BatchJob:
 
     def _end_running(self) -> None:
         """Publish the running case's outputs, or record in its status why there are none."""
+        from CalibSegLib.bundle import BundleError
         from CalibSegLib.inference import InferenceCancelled
         from CalibSegLib.io import os_error_sentence
 
@@ -227,6 +236,8 @@ class BatchJob:
             case.status = OK
         except InferenceCancelled:
             case.status = CANCELLED
+        except BundleError as error:
+            case.status, self._bundle_refusal = f"error: {error}", str(error)
         except ValueError as error:
             case.status = f"error: {error}"
         except OSError as error:

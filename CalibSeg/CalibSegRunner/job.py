@@ -107,9 +107,11 @@ class InferenceJob:
 
         Raises:
             InferenceCancelled: :meth:`cancel` ended the child.
+            BundleError: the child refused the bundle (its weights; one sentence); nothing added.
             ValueError: the library refused the input, or the child died (one sentence each); nothing added.
         """
-        from CalibSegLib.analysis_process import REFUSED_STATUS, read_result
+        from CalibSegLib.analysis_process import BUNDLE_REFUSED_STATUS, REFUSED_STATUS, read_result
+        from CalibSegLib.bundle import BundleError
         from CalibSegLib.inference import InferenceCancelled
 
         if not self.done():
@@ -119,16 +121,18 @@ class InferenceJob:
             if self._cancelled:
                 raise InferenceCancelled("The inference was cancelled; the scene is unchanged.")
             if status != 0:
-                raise ValueError(self._failure(status, REFUSED_STATUS))
+                sentence = self._failure(status, (REFUSED_STATUS, BUNDLE_REFUSED_STATUS))
+                raise (BundleError if status == BUNDLE_REFUSED_STATUS else ValueError)(sentence)
             analysis = read_result(self._folder)
         finally:
             shutil.rmtree(self._folder, ignore_errors=True)
         return self.runner.publish(self.request, analysis)
 
-    def _failure(self, status: int, refused: int) -> str:
-        """One sentence for a child that ended with ``status``: its own refusal, or how it died."""
+    def _failure(self, status: int, refused: tuple[int, ...]) -> str:
+        """One sentence for a child that ended with ``status``: its own refusal (a status in ``refused``), or how
+        it died."""
         lines = [line for line in (self._folder / "stderr.txt").read_text(errors="replace").splitlines() if line]
-        if status == refused and lines and lines[-1].startswith("error: "):
+        if status in refused and lines and lines[-1].startswith("error: "):
             return lines[-1][len("error: "):]
         how = (f"was killed by signal {-status}" if status < 0 else f"stopped with exit status {status}")
         last = f" ({lines[-1].strip()[:200]})" if lines else ""
