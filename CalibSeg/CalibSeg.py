@@ -88,7 +88,8 @@ def register_sample_data() -> None:
         category="CalibSeg",
         sampleName="CalibSeg ACDC cardiac MRI",
         thumbnailFileName=str(MODULE_DIR / "Resources" / "Icons" / "CalibSeg.png"),
-        uris=[(SAMPLE_DIR / name).as_uri() for name in ("acdc_patient_image.nii.gz", "acdc_patient_reference.seg.nrrd")],
+        uris=[(SAMPLE_DIR / name).as_uri()
+              for name in ("acdc_patient_image.nii.gz", "acdc_patient_reference.seg.nrrd")],
         fileNames=["acdc_patient_image.nii.gz", "acdc_patient_reference.seg.nrrd"],
         nodeNames=["ACDC patient", "ACDC patient reference"],
         loadFileType=["VolumeFile", "SegmentationFile"],

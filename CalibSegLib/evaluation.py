@@ -102,7 +102,8 @@ def evaluate_variants(
         raise ValueError(f"reference must hold integer labels, got dtype {reference.dtype}.")
     if reference.size and (reference.min() < 0 or reference.max() >= num_classes):
         raise ValueError(
-            f"reference labels must lie in [0, {num_classes - 1}] for this model, found [{reference.min()}, {reference.max()}]."
+            f"reference labels must lie in [0, {num_classes - 1}] for this model, "
+            f"found [{reference.min()}, {reference.max()}]."
         )
     axis = predictor.metadata.preprocessing.slice_axis
     reference_slices = np.moveaxis(reference, axis, 0)

@@ -76,8 +76,9 @@ HOUNSFIELD_RANGE: tuple[float, float] = (-4096.0, 32767.0)
 # The families of statistics, each with one threshold on its excursion.
 FAMILIES: tuple[str, ...] = ("intensity", "structure_intensity", "structure_volume", "geometry")
 # The largest excursion per family still called suitable, decided on acdc_ce_dice's validation patients of
-# Datasets/splits/acdc.json and degraded copies of them by the rule in docs/input_check.md: twice the largest excursion of a clean validation volume, at least 0.05 normalised-intensity units for the
-# intensity families and log(1.5) (a factor 1.5 beyond the training range) for volumes and geometry.
+# Datasets/splits/acdc.json and degraded copies of them by the rule in docs/input_check.md: twice the largest excursion
+# of a clean validation volume, at least 0.05 normalised-intensity units for the intensity families and log(1.5) (a
+# factor 1.5 beyond the training range) for volumes and geometry.
 THRESHOLDS: dict[str, float] = {"intensity": 0.08, "structure_intensity": 0.05, "structure_volume": math.log(1.5),
                                 "geometry": math.log(1.5)}
 # The in-plane pixel spacing, as a multiple of the model's grid, that resampling to the grid takes with
@@ -449,9 +450,9 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
 
     Returns:
         ``{"suitable": bool, "reasons": [one sentence each], "features": {...}}`` (no reason when suitable;
-        impossible Hounsfield values come first, then a feature distance above its threshold), ``features`` holding ``distance``,
-        ``threshold``, ``false_alarm_rate``, ``validation_volumes`` and ``validation_within``, or a ``note``
-        saying why the volume was not checked against the network's features; for a bundle without statistics
+        impossible Hounsfield values come first, then a feature distance above its threshold), ``features`` holding
+        ``distance``, ``threshold``, ``false_alarm_rate``, ``validation_volumes`` and ``validation_within``, or a
+        ``note`` saying why the volume was not checked against the network's features; for a bundle without statistics
         ``{"suitable": None, "reasons": [], "note": "input not checked: ..."}``.
     """
     if metadata.input_statistics is None:

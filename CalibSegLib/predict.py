@@ -16,9 +16,9 @@ file with a channel suffix.
 Outputs, all on the input's exact grid: ``<stem>_labels.nii.gz`` (uint8),
 ``<stem>_confidence.nii.gz`` (max probability, float32) and ``<stem>_entropy.nii.gz``
 (normalised entropy in [0, 1], float32), and for an ensemble bundle ``<stem>_disagreement.nii.gz`` (its members'
-disagreement, the mutual information normalised by log C, float32 in [0, entropy]); always ``<stem>_summary.json``, the quality summary
-without a reference (first ``input_check``, :func:`CalibSegLib.input_check.check_input`: is the image like the model's training
-images; then :func:`CalibSegLib.quality.quality_summary`: per structure volume in mL,
+disagreement, the mutual information normalised by log C, float32 in [0, entropy]); always ``<stem>_summary.json``, the
+quality summary without a reference (first ``input_check``, :func:`CalibSegLib.input_check.check_input`: is the image
+like the model's training images; then :func:`CalibSegLib.quality.quality_summary`: per structure volume in mL,
 mean confidence and entropy, low-confidence fraction, predicted Dice with its interval and a
 review flag; the most uncertain slices); with ``--reference`` also ``<stem>_metrics.json``
 (Dice/HD95/ASD per class in mm, each measured Dice followed by the predicted one, calibration
@@ -460,9 +460,9 @@ def predict_folder(predictor: Predictor, image_dir: str | Path, out_dir: str | P
 def summary_lines(summary: dict[str, Any], metrics: dict[str, float] | None = None) -> list[str]:
     """A short, printable account of one case's quality summary (``<stem>_summary.json``).
 
-    First the input check (:func:`CalibSegLib.input_check.input_check_lines`), then one line per structure: volume (mL), mean confidence, predicted Dice with its interval (when
-    the bundle has a quality model), the measured Dice when ``metrics`` (``<stem>_metrics.json``)
-    are given, and REVIEW or ok; then :func:`CalibSegLib.quality.review_sentence`.
+    First the input check (:func:`CalibSegLib.input_check.input_check_lines`), then one line per structure: volume (mL),
+    mean confidence, predicted Dice with its interval (when the bundle has a quality model), the measured Dice when
+    ``metrics`` (``<stem>_metrics.json``) are given, and REVIEW or ok; then :func:`CalibSegLib.quality.review_sentence`.
     """
     structures = summary["structures"]
     width = max(len(name) for name in structures)

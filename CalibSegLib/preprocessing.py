@@ -97,7 +97,8 @@ class ChannelNormalization:
             raise ValueError(f"a ct channel's clip must be two finite numbers low < high, got {clip!r}.")
         if not (_is_number(self.mean) and math.isfinite(self.mean) and _is_number(self.std)
                 and math.isfinite(self.std) and self.std > 0):
-            raise ValueError(f"a ct channel needs a finite mean and a positive std, got {self.mean!r} and {self.std!r}.")
+            raise ValueError("a ct channel needs a finite mean and a positive std, "
+                             f"got {self.mean!r} and {self.std!r}.")
 
 
 def _channel_from_json(item: Any) -> Any:

@@ -311,13 +311,15 @@ def find_cases(folder: str | Path, dataset: str = "auto") -> list[CaseFile]:
     if dataset not in DATASETS:
         raise DataError(f"Unknown dataset kind {dataset!r}; use one of {', '.join(DATASETS)}.")
     if not folder.is_dir():
-        raise DataError(f"Data folder {folder} does not exist; pass --data with a folder of ACDC .h5 files or image/label pairs.")
+        raise DataError(f"Data folder {folder} does not exist; "
+                        "pass --data with a folder of ACDC .h5 files or image/label pairs.")
     if dataset != "folder":
         acdc = [CaseFile(path.name[:-3], match.group(1), path, None, "acdc")
                 for path in sorted(folder.glob("*.h5")) if (match := _ACDC_NAME.match(path.name))]
         if acdc or dataset == "acdc":
             if not acdc:
-                raise DataError(f"No ACDC volumes (patientNNN_frameMM.h5) in {folder}; check --data or use --dataset folder.")
+                raise DataError(f"No ACDC volumes (patientNNN_frameMM.h5) in {folder}; "
+                                "check --data or use --dataset folder.")
             return acdc
     cases = _find_decathlon(folder) if (folder / "imagesTr").is_dir() else _find_pairs(folder)
     if not cases:
@@ -327,7 +329,8 @@ def find_cases(folder: str | Path, dataset: str = "auto") -> list[CaseFile]:
         )
     missing = [case.case_id for case in cases if case.label_path is None or not case.label_path.is_file()]
     if missing:
-        raise DataError(f"No label file for {len(missing)} image(s) in {folder} (first: {missing[0]}); every image needs its label.")
+        raise DataError(f"No label file for {len(missing)} image(s) in {folder} (first: {missing[0]}); "
+                        "every image needs its label.")
     return cases
 
 
@@ -500,7 +503,8 @@ def _read_acdc(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, 
         with h5py.File(path, "r") as handle:
             return np.asarray(handle["image"][...]), np.asarray(handle["label"][...]), ACDC_SPACING
     except (OSError, KeyError) as error:
-        raise DataError(f"Cannot read {path.name} as an ACDC volume with 'image' and 'label' datasets ({error}).") from None
+        raise DataError(f"Cannot read {path.name} as an ACDC volume with 'image' and 'label' datasets "
+                        f"({error}).") from None
 
 
 def _read_pair(case: CaseFile) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
@@ -511,7 +515,8 @@ def _read_pair(case: CaseFile) -> tuple[np.ndarray, np.ndarray, tuple[float, flo
     except ValueError as error:
         raise DataError(str(error)) from None
     if not np.allclose(geometry.spacing, label_geometry.spacing, rtol=1e-3):
-        raise DataError(f"Image and label of {case.case_id} have different spacings {geometry.spacing} and {label_geometry.spacing}.")
+        raise DataError(f"Image and label of {case.case_id} have different spacings {geometry.spacing} and "
+                        f"{label_geometry.spacing}.")
     return image, label, geometry.spacing
 
 
@@ -526,7 +531,8 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
     for file in files:
         image, label, spacing = _read_acdc(file.image_path) if file.kind == "acdc" else _read_pair(file)
         if image.ndim != 3 + bool(file.more_channels) or image.shape[-3:] != label.shape:
-            raise DataError(f"{file.case_id}: image shape {image.shape} and label shape {label.shape} must be the same 3D shape.")
+            raise DataError(f"{file.case_id}: image shape {image.shape} and label shape {label.shape} "
+                            "must be the same 3D shape.")
         if not np.issubdtype(label.dtype, np.integer) and not np.all(np.mod(label, 1) == 0):
             raise DataError(f"{file.case_id}: the label image holds non-integer values; labels must be class ids.")
         if label.min() < 0 or label.max() >= num_classes:

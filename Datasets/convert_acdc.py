@@ -22,8 +22,8 @@ every volume (clip at the 99th percentile, scale to [0, 1]) as the HDF5 files we
 
 Bad input — a patient folder without ``Info.cfg``, a missing ``Info.cfg`` entry or frame file,
 an image and label of different shapes or grids, labels outside 0–3 — stops the conversion with
-one sentence naming the patient and file. The output files are one set (:class:`CalibSegLib.io.OutputSet`): they appear together at
-the end, and a failure or Ctrl-C leaves ``--out`` as it was; rerunning rewrites them.
+one sentence naming the patient and file. The output files are one set (:class:`CalibSegLib.io.OutputSet`): they appear
+together at the end, and a failure or Ctrl-C leaves ``--out`` as it was; rerunning rewrites them.
 """
 
 from __future__ import annotations

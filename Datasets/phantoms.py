@@ -64,7 +64,8 @@ _LESION_RADIUS_MM = (4.6, 6.2)  # 0.13-0.34 % of the 48 × 80 × 80 voxels
 
 @dataclass
 class PhantomCase:
-    """One generated case: ``channels`` K arrays ``(z, y, x)`` float32, ``label (z, y, x)`` uint8, ``spacing (z, y, x)`` mm."""
+    """One generated case: ``channels`` K arrays ``(z, y, x)`` float32, ``label (z, y, x)`` uint8,
+    ``spacing (z, y, x)`` mm."""
 
     channels: list[np.ndarray]
     label: np.ndarray
@@ -84,7 +85,8 @@ def _ellipsoid(coordinates: list[np.ndarray], centre: Sequence[float], radii: Se
 
 def _place(coordinates: list[np.ndarray], body: np.ndarray, radii: Sequence[float], extent: Sequence[float],
            rng: np.random.Generator) -> np.ndarray:
-    """An ellipsoid of ``radii`` (each scaled by 0.8-1.2) centred within ``extent`` mm of the middle, cut to ``body``."""
+    """An ellipsoid of ``radii`` (each scaled by 0.8-1.2) centred within ``extent`` mm of the middle, cut to
+    ``body``."""
     scaled = [radius * rng.uniform(0.8, 1.2) for radius in radii]
     centre = [rng.uniform(-reach, reach) for reach in extent]
     return _ellipsoid(coordinates, centre, scaled) & body
@@ -96,7 +98,8 @@ def ct_case(rng: np.random.Generator, field_of_view: Sequence[float] = (60.0, 96
     spacing = (float(rng.uniform(2.5, 5.0)), in_plane, in_plane)
     shape = tuple(int(round(extent / step)) for extent, step in zip(field_of_view, spacing))
     coordinates = _grid(shape, spacing)
-    body = _ellipsoid(coordinates, (0.0, 0.0, 0.0), (field_of_view[0], 0.42 * field_of_view[1], 0.46 * field_of_view[2]))
+    body = _ellipsoid(coordinates, (0.0, 0.0, 0.0),
+                      (field_of_view[0], 0.42 * field_of_view[1], 0.46 * field_of_view[2]))
     image = np.where(body, _TISSUE_HU, _AIR_HU)
     label = np.zeros(shape, np.uint8)
     for index, (radii, reach) in enumerate((((22, 18, 22), (8, 6, 8)), ((18, 12, 12), (8, 10, 12)),
@@ -213,7 +216,8 @@ def write_phantom(folder: str | Path, kind: str = "ct", cases: int = 30, seed: i
     if kind not in PHANTOMS:
         raise ValueError(f"Unknown phantom {kind!r}; choose one of {', '.join(PHANTOMS)}.")
     if cases < 5:
-        raise ValueError(f"A phantom needs at least 5 cases to be split into training, validation and test, got {cases}.")
+        raise ValueError("A phantom needs at least 5 cases to be split into training, validation and test, "
+                         f"got {cases}.")
     folder = Path(folder)
     if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
         raise ValueError(f"{folder} already exists and is not empty; give a new folder with --out.")

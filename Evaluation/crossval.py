@@ -104,8 +104,8 @@ def _interval(values: np.ndarray, groups: Sequence[str]) -> dict[str, float]:
 
 def cross_validation_summary(results: CaseResults, columns: Sequence[str] = ()) -> dict[str, Any]:
     """Per variant and metric (:data:`METRICS` and ``columns``): the mean over all volumes (out of fold, or of a
-    test set) with its patient-level interval, and per fold the mean over that fold's volumes (``{"mean", "low", "high", "count",
-    "folds": [mean per fold]}``); with the patients, volumes and folds counted."""
+    test set) with its patient-level interval, and per fold the mean over that fold's volumes (``{"mean", "low", "high",
+    "count", "folds": [mean per fold]}``); with the patients, volumes and folds counted."""
     keys = [metric.key for metric in METRICS] + [column for column in columns if column not in
                                                   {metric.key for metric in METRICS}]
     fold_ids = sorted(set(results.folds))

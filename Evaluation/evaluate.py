@@ -168,7 +168,8 @@ def evaluate_bundle(
         save_figure(figure, out_dir / RELIABILITY_NAMES[variant])
     rows = [{"variant": variant, **row} for variant, variant_rows in per_case.items() for row in variant_rows]
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=["case", "variant"] + [key for key in rows[0] if key not in ("case", "variant")])
+    writer = csv.DictWriter(buffer, fieldnames=["case", "variant"]
+                            + [key for key in rows[0] if key not in ("case", "variant")])
     writer.writeheader()
     writer.writerows(rows)
     with atomic_output(out_dir / CASES_NAME) as temporary:
@@ -220,7 +221,8 @@ def print_summary(summary: EvaluationSummary, out_dir: Path, split: str = "test"
     for line in summary_lines(summary, split):
         print(line)
     print(f"metrics: {out_dir / SUMMARY_NAME} (per case: {out_dir / CASES_NAME})")
-    print(f"reliability diagram: {out_dir / RELIABILITY_NAMES['scaled']} (T = 1: {out_dir / RELIABILITY_NAMES['uncalibrated']})")
+    print(f"reliability diagram: {out_dir / RELIABILITY_NAMES['scaled']} "
+          f"(T = 1: {out_dir / RELIABILITY_NAMES['uncalibrated']})")
     if report:
         print(f"report: {out_dir / REPORT_NAME}")
 
@@ -232,7 +234,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="data folder (default: found from the dataset the bundle records: the shipped sample, "
                              "or $CALIBSEG_ACDC for full ACDC)")
     parser.add_argument("--dataset", default="auto", choices=DATASETS, help="data layout (default: detected)")
-    parser.add_argument("--split-file", type=Path, default=None, help="split JSON (default: the bundle's recorded split)")
+    parser.add_argument("--split-file", type=Path, default=None,
+                        help="split JSON (default: the bundle's recorded split)")
     parser.add_argument("--split", default="test", choices=("train", "val", "test"))
     parser.add_argument("--force", action="store_true",
                         help="evaluate even on patients the bundle was trained or validated on")

@@ -15,8 +15,8 @@ numbers exist: Spearman ρ and mean absolute error between predicted and measure
 interval from a bootstrap over patients (:mod:`Evaluation.bootstrap`; thirty test volumes are few
 for a rank correlation, and the interval says how few), their means, the share of measured Dice
 inside the predicted interval, and — a structure is *poor* when its measured Dice is below
-:data:`POOR_BELOW` (0.80, whatever threshold the model's review flag uses) — the counts of poor structures, of flagged ones and of flagged
-poor ones, the AUROC of the review flag (binary, so (sensitivity + specificity) / 2) and the
+:data:`POOR_BELOW` (0.80, whatever threshold the model's review flag uses) — the counts of poor structures, of flagged
+ones and of flagged poor ones, the AUROC of the review flag (binary, so (sensitivity + specificity) / 2) and the
 AUROC of the predicted Dice as a continuous score for poor structures (NaN when all or none are
 poor).
 
@@ -41,8 +41,8 @@ from CalibSegLib.quality.review_rule import GOOD_ABOVE, POOR_BELOW
 from Datasets.cases import Case
 from Evaluation.bootstrap import spearman_interval
 
-__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "POOR_BELOW", "GOOD_ABOVE", "quality_statistics", "degraded_images", "degraded_rows",
-           "quality_report"]
+__all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "POOR_BELOW", "GOOD_ABOVE", "quality_statistics", "degraded_images",
+           "degraded_rows", "quality_report"]
 
 ALL_STRUCTURES = "all structures"
 NOISE_SEED = 2024
@@ -148,7 +148,8 @@ def degraded_rows(predictor: Predictor, cases: Sequence[Case], degradation: str)
         analysis = analyse_case(predictor, image, case.spacing)
         measured = dice(analysis.prediction.labels, case.label.astype(np.int64), metadata.num_classes)
         rows.append({"case": case.case_id,
-                     **{f"dice_{structure_key(name)}": float(value) for name, value in zip(metadata.class_names[1:], measured)},
+                     **{f"dice_{structure_key(name)}": float(value)
+                        for name, value in zip(metadata.class_names[1:], measured)},
                      **summary_columns(analysis.summary)})
     return rows
 

@@ -73,7 +73,8 @@ def collect_run(run_dir: str | Path) -> RunResult:
     summary_path = run_dir / EVALUATION_DIR / SUMMARY_NAME
     if not summary_path.is_file():
         raise ValueError(
-            f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; train it to the end or run calibseg-evaluate on its bundle."
+            f"{run_dir} has no {EVALUATION_DIR}/{SUMMARY_NAME}; "
+            "train it to the end or run calibseg-evaluate on its bundle."
         )
     metadata = load_bundle(run_dir / BUNDLE_NAME).metadata
     summary = EvaluationSummary.read(summary_path)
@@ -119,7 +120,8 @@ def ranked_table(runs: Sequence[RunResult], variant: str) -> list[str]:
         label = ranks.methods[index]
         cells = [format_value(table[label][f"{dataset}/{metric.key}"], metric.key)
                  for dataset in datasets for metric in METRICS]
-        rows.append([label, *cells, f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}", str(ranks.final[index])])
+        rows.append([label, *cells, f"{ranks.friedman[index]:.2f}", f"{ranks.rank_sum[index]:.0f}",
+                     str(ranks.final[index])])
     lines = markdown_table(header, rows)
     undefined = {run.run_dir.name: int(run.value(variant, "hd95_mean", "undefined"))
                  for run in runs if run.value(variant, "hd95_mean", "undefined")}
@@ -160,7 +162,8 @@ def benchmark_csv(runs: Sequence[RunResult]) -> str:
             index = ranks.methods.index(label)
             writer.writerow([label, run.dataset, variant, str(run.run_dir), len(run.summary.cases),
                              f"{ranks.friedman[index]:.4f}", f"{ranks.rank_sum[index]:.0f}"]
-                            + [run.value(variant, metric.key, statistic) for metric in METRICS for statistic in statistics])
+                            + [run.value(variant, metric.key, statistic)
+                               for metric in METRICS for statistic in statistics])
     return buffer.getvalue()
 
 
@@ -218,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             methods = [name.strip() for name in arguments.methods.split(",") if name.strip()]
             unknown = [name for name in methods if name not in LOSSES]
             if unknown or not methods:
-                raise ValueError(f"Unknown method(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(LOSSES)}.")
+                raise ValueError(f"Unknown method(s) {', '.join(unknown) or '(none given)'}; "
+                                 f"choose from {', '.join(LOSSES)}.")
             run_dirs = [train_method(method, arguments.out / method, train_arguments) for method in methods]
         paths = write_benchmark([collect_run(run_dir) for run_dir in run_dirs], arguments.out)
     except (BundleError, ValueError, OSError) as error:

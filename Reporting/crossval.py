@@ -116,7 +116,8 @@ def crossval_tables(record: dict[str, Any], description: str | None = None) -> l
                 digits = 2 if key == "hd95_mean" else 3
                 cells.append(f"{number_cell(entry['difference'], digits, signed=True)} "
                              f"[{number_cell(entry['low'], digits, signed=True)}, "
-                             f"{number_cell(entry['high'], digits, signed=True)}], p {p_value_cell(entry['wilcoxon_p'])}")
+                             f"{number_cell(entry['high'], digits, signed=True)}], "
+                             f"p {p_value_cell(entry['wilcoxon_p'])}")
             rows.append([pair.replace(" - ", " − "), *cells])
         lines += markdown_table(["methods", *headers], rows)
         if len(comparison["methods"]) >= 3:

@@ -30,17 +30,20 @@ def _interval_cell(statistics: dict) -> str:
 
 def quality_tables(reports: dict[str, dict]) -> list[str]:
     """Markdown lines: per model and structure on the test volumes, then per model and degraded input
-    pooled over structures. ``reports`` maps a model's label to its :func:`~Evaluation.quality_report.quality_report`."""
+    pooled over structures. ``reports`` maps a model's label to its
+    :func:`~Evaluation.quality_report.quality_report`."""
     def cells(statistics: dict) -> list[str]:
         return [number_cell(statistics["spearman"], signed=True), _interval_cell(statistics),
                 number_cell(statistics["mae"], 3),
                 f"{number_cell(statistics['mean_predicted'], 3)} / {number_cell(statistics['mean_measured'], 3)}",
-                f"{statistics['flagged_poor']} / {statistics['poor']}", str(statistics["flagged"] - statistics["flagged_poor"]),
+                f"{statistics['flagged_poor']} / {statistics['poor']}",
+                str(statistics["flagged"] - statistics["flagged_poor"]),
                 number_cell(statistics["review_auroc"]), number_cell(statistics["predicted_dice_auroc"])]
 
     common = ["ρ predicted–measured", "ρ 95 % interval", "MAE", "mean predicted / measured", "poor flagged / poor",
               "good flagged", "flag AUROC", "predicted-Dice AUROC"]
-    clean = [[label, structure, str(statistics["cases"]), *cells(statistics), number_cell(statistics["interval_coverage"])]
+    clean = [[label, structure, str(statistics["cases"]), *cells(statistics),
+              number_cell(statistics["interval_coverage"])]
              for label, report in reports.items() for structure, statistics in report["clean"].items()]
     degraded = [[label, name, str(report["degraded"][name][ALL_STRUCTURES]["cases"]),
                  *cells(report["degraded"][name][ALL_STRUCTURES])]

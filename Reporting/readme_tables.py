@@ -42,14 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 from CalibSegLib import BUNDLE_SUFFIX
 from CalibSegLib.bundle import read_metadata
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
 from Reporting.crossval import shipped_comparison_table
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
            "RESULTS_PAGE", "PERFORMANCE_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "shipped_models_table",
@@ -95,7 +95,8 @@ def shipped_models_table(paths: list[Path]) -> list[str]:
         splits.add(f"{len(data.get('test', []))} test patients of `{Path(data.get('split_file', '?')).name}`")
         rows.append(f"| `{metrics['model']}` | {_mean(summary, 'scaled', 'dice_mean'):.3f} | "
                     f"{_mean(summary, 'scaled', 'hd95_mean'):.2f} | {_mean(summary, 'uncalibrated', 'ece'):.3f} | "
-                    f"{_mean(summary, 'uncalibrated', 'tace'):.3f} | {_mean(summary, 'scaled', 'ece'):.3f} ({fitted}) | "
+                    f"{_mean(summary, 'uncalibrated', 'tace'):.3f} | "
+                    f"{_mean(summary, 'scaled', 'ece'):.3f} ({fitted}) | "
                     f"{_mean(summary, 'uncalibrated', 'error_auroc'):.3f} | "
                     f"{metrics['spearman_entropy_vs_dice']['uncalibrated']:.2f} |")
     size = f"{min(sizes):.1f}" if f"{min(sizes):.1f}" == f"{max(sizes):.1f}" else f"{min(sizes):.1f}–{max(sizes):.1f}"
@@ -142,8 +143,8 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
         header = structures
     if not rows:
         return [NO_QUALITY_REPORT]
-    return ["| Model | " + " | ".join(f"{name}: ρ / MAE" for name in header) + " | review below | flagged, test volumes | "
-            "flagged, degraded copies |", "|---" * (len(header) + 4) + "|", *rows, "",
+    return ["| Model | " + " | ".join(f"{name}: ρ / MAE" for name in header) + " | review below | "
+            "flagged, test volumes | flagged, degraded copies |", "|---" * (len(header) + 4) + "|", *rows, "",
             f"ρ: Spearman between predicted and measured Dice over the test volumes; MAE: their mean absolute "
             f"difference; poor: measured Dice below {POOR_BELOW:.2f}; flagged: predicted Dice below the model's review "
             "threshold (each shipped model's chosen on out-of-fold patients by the rule in docs/results.md) or the "
@@ -214,7 +215,8 @@ def record_quick_start(run_dir: str | Path, command: str, wall_s: float | None =
     entry = quick_start_entry(run_dir, command, wall_s)
     runs = json.loads(record.read_text())["runs"] if record.is_file() else []
     runs = [run for run in runs if run["command"] != command] + [entry]
-    return write_json_atomic(record, {"about": "README.md's quick-start table (Reporting/readme_tables.py)", "runs": runs})
+    return write_json_atomic(record, {"about": "README.md's quick-start table (Reporting/readme_tables.py)",
+                                      "runs": runs})
 
 
 def quick_start_table(paths: list[Path]) -> list[str]:

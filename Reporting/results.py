@@ -214,7 +214,8 @@ def _seed_spread(runs: Sequence[RunResult]) -> list[str]:
         dice = [run.value("uncalibrated", "dice_mean") for run in group]
         ece = [run.value("uncalibrated", "ece") for run in group]
         rows.append([method, ", ".join(str(_seed(run)) for run in group), ", ".join(f"{value:.3f}" for value in dice),
-                     ", ".join(f"{value:.3f}" for value in ece), f"{max(dice) - min(dice):.3f}", f"{max(ece) - min(ece):.3f}"])
+                     ", ".join(f"{value:.3f}" for value in ece), f"{max(dice) - min(dice):.3f}",
+                     f"{max(ece) - min(ece):.3f}"])
     return markdown_table(["Method", "Seeds", "DSC per seed", "ECE per seed (T = 1)", "DSC range", "ECE range"], rows)
 
 
@@ -233,22 +234,25 @@ def _setup_lines(runs: Sequence[RunResult]) -> list[str]:
         f"batches of {training.get('batch_size')} crops of {'×'.join(map(str, training.get('patch_size', [])))} "
         f"voxels at {'×'.join(f'{value:g}' for value in metadata.preprocessing.target_spacing)} mm "
         f"({100 * training.get('foreground_share', 0):.0f} % centred on foreground), "
-        f"{training.get('optimizer', 'adam')} lr {training.get('lr')} with {training.get('lr_schedule', 'step')} decay, "
+        f"{training.get('optimizer', 'adam')} lr {training.get('lr')} "
+        f"with {training.get('lr_schedule', 'step')} decay, "
         f"augmentation {'on' if training.get('augment') else 'off'}, network `{metadata.network}` "
         f"{json.dumps(metadata.network_kwargs)}; "
         "the weights of the epoch with the best validation Dice are kept, then mirroring, temperature and "
         "post-processing are chosen on validation.",
     ]
     if environment:
-        lines.append(f"- Machine: {environment.get('device')} ({environment.get('cpu')}, {environment.get('cpu_count')} cores, "
-                     f"{environment.get('torch_threads')} torch threads), torch {environment.get('torch')}, "
-                     f"{environment.get('platform')}.")
+        lines.append(f"- Machine: {environment.get('device')} ({environment.get('cpu')}, "
+                     f"{environment.get('cpu_count')} cores, {environment.get('torch_threads')} torch threads), "
+                     f"torch {environment.get('torch')}, {environment.get('platform')}.")
     rows = []
     for run in runs:
-        rows.append([f"`{run.run_dir.name}`", run.method, str(_seed(run)), str(run.metadata.training.get("epochs", "?")),
+        rows.append([f"`{run.run_dir.name}`", run.method, str(_seed(run)),
+                     str(run.metadata.training.get("epochs", "?")),
                      str(run.metadata.training.get("best_epoch", "?")), f"{training_wall_seconds(run) / 60:.1f} min",
                      f"{run.summary.wall_s:.0f} s", temperature_text(run.summary.temperature, labelled=False)])
-    header = ["Run", "Method", "Seed", "Epochs", "Best epoch", "Training wall time", "Test evaluation wall time", "Temperature"]
+    header = ["Run", "Method", "Seed", "Epochs", "Best epoch", "Training wall time", "Test evaluation wall time",
+              "Temperature"]
     choices = _choices_table(runs)
     return lines + ["", *markdown_table(header, rows), *(["", "What validation chose at the end of each run:", "",
                                                           *choices] if choices else [])]
@@ -310,8 +314,9 @@ def _generated_block(runs: Sequence[RunResult], ranked: Sequence[RunResult], fig
               *_region_table(ranked), "",
               "### Does confidence find the errors?", "",
               "Error-detection AUROC of per-voxel confidence (wrong vs right voxels, every voxel of the volume), "
-              "area under the risk–coverage curve over the same voxels, and Spearman ρ between a case's mean normalised entropy inside "
-              "the predicted foreground and its Dice (negative = uncertainty flags the bad cases).", "",
+              "area under the risk–coverage curve over the same voxels, and Spearman ρ between a case's mean "
+              "normalised entropy inside the predicted foreground and its Dice (negative = uncertainty flags the bad "
+              "cases).", "",
               *_selective_table(ranked), ""]
     spread = _seed_spread(runs)
     if spread:

@@ -67,7 +67,8 @@ def _shipped_metrics(shipped: Bundle, name: str, source_run: str, cases: list, s
         "data": recorded_dataset(shipped.metadata.data),
         "cases": summary.cases,
         "environment": summary.environment,
-        "summary": {variant: {key: statistics["mean"] for key, statistics in summary.variants[variant].per_metric.items()}
+        "summary": {variant: {key: statistics["mean"]
+                              for key, statistics in summary.variants[variant].per_metric.items()}
                     for variant in VARIANTS},
         "spearman_entropy_vs_dice": {variant: summary.variants[variant].spearman_entropy_vs_dice
                                      for variant in VARIANTS},

@@ -29,3 +29,16 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def sample_acdc_dir() -> Path:
     return SAMPLE_ACDC
+
+
+@pytest.fixture(scope="module")
+def sample_cases(sample_acdc_dir):
+    """The sample split's first training and first validation patient, loaded (test_training, test_distributed;
+    test_pretrained has its own ``sample_cases``, which overrides this one there)."""
+    from Datasets.cases import find_cases, load_cases
+    from Datasets.splits import SPLITS_DIR, load_split
+
+    files = find_cases(sample_acdc_dir)
+    split = load_split(SPLITS_DIR / "acdc_sample.json")
+    pick = lambda patients: load_cases([f for f in files if f.patient_id in patients], 4)  # noqa: E731
+    return pick(split["train"][:1]), pick(split["val"][:1])

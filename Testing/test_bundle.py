@@ -67,7 +67,8 @@ def test_round_trip_gives_identical_weights_metadata_and_predictions(tmp_path):
     assert bundle.metadata.class_colors == metadata.class_colors
     assert bundle.metadata.training == metadata.training
     assert bundle.metadata.temperature == [1.0, 1.5, 2.0, 0.5]
-    assert bundle.metadata.schema_version == SINGLE_NETWORK_SCHEMA_VERSION and bundle.metadata.weights_dtype == "float32"
+    assert bundle.metadata.schema_version == SINGLE_NETWORK_SCHEMA_VERSION
+    assert bundle.metadata.weights_dtype == "float32"
     image = np.random.default_rng(0).normal(size=(3, 40, 36)).astype(np.float32)
     in_memory = Predictor(Bundle(metadata, model.state_dict()), device="cpu").predict(
         image, (5, 1, 1), keep_probabilities=True
@@ -334,7 +335,8 @@ def test_reading_the_metadata_alone_never_touches_the_weights(good, tmp_path):
     assert read_metadata(good) == load_bundle(good).metadata
 
 
-@pytest.mark.parametrize("patch_size, expected", [((128, 128), 32), ((512, 512), 8), ((1024, 1024), 2), ((1200, 1600), 1)])
+@pytest.mark.parametrize("patch_size, expected", [((128, 128), 32), ((512, 512), 8), ((1024, 1024), 2),
+                                                  ((1200, 1600), 1)])
 def test_windows_per_pass_keeps_a_trainers_window_within_the_bound(patch_size, expected):
     windows = windows_per_pass(patch_size)
     assert windows == expected

@@ -53,7 +53,8 @@ def _label_on_another_grid(release):
 
 
 def _label_out_of_range(release):
-    write_volume(release / "training" / "patient002" / "patient002_frame09_gt.nii.gz", np.full((4, 20, 18), 7), np.uint8)
+    write_volume(release / "training" / "patient002" / "patient002_frame09_gt.nii.gz", np.full((4, 20, 18), 7),
+                 np.uint8)
 
 
 @pytest.mark.parametrize("damage,pattern", [

@@ -171,7 +171,8 @@ def _shipped(tmp_path, monkeypatch, **data) -> Path:
     folder = tmp_path / "pretrained"
     folder.mkdir()
     model = QualityModel({name: StructureQuality("mean_entropy", "linear", {"intercept": 0.9, "slope": 0.0},
-                                                 (-0.1, 0.05), 0.05, 0.1, 4) for name in ("class 1", "class 2", "class 3")},
+                                                 (-0.1, 0.05), 0.05, 0.1, 4)
+                          for name in ("class 1", "class 2", "class 3")},
                          validation={"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"})
     _bundle(folder / "tiny_model.calibseg", quality_model=model.to_dict(), **data)
     monkeypatch.setattr(pretrained, "PRETRAINED_DIR", folder)

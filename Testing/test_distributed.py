@@ -13,7 +13,7 @@ import torch.multiprocessing as multiprocessing
 from Datasets.cases import DataError
 from Training.checkpoint import CheckpointError, save_checkpoint
 from Training.distributed import Processes, start_processes, stop_processes
-from test_training import sample_cases, tiny_trainer  # noqa: F401  (sample_cases: the fixture)
+from test_training import tiny_trainer
 
 EPOCHS = 2
 WORLD_SIZE = 2

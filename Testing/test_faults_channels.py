@@ -404,7 +404,7 @@ def test_a_bundle_whose_window_its_network_cannot_take_is_refused_on_load(tmp_pa
     good = Path(__file__).resolve().parents[1] / "CalibSegLib" / "pretrained" / "acdc_crac.calibseg"
     for patch, nearest in (([120, 120], "112 and 128"), ([8, 8], "32 and 48")):
         bundle = rewrite_bundle(good, tmp_path / f"{patch[0]}.calibseg",
-                                lambda metadata: metadata["sliding_window"].update(patch_size=patch))
+                                lambda metadata, patch=patch: metadata["sliding_window"].update(patch_size=patch))
         with pytest.raises(ValueError) as caught:
             load_bundle(bundle)
         assert_one_sentence(str(caught.value), f"patch {patch[0]}×{patch[1]} does not fit its network 'unet'",

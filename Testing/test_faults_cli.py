@@ -206,7 +206,8 @@ def test_outputs_get_the_umask_mode_not_0600(umask, case, tmp_path):
     finally:
         os.umask(old)
     modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "out").iterdir()}
-    assert modes == {f"case_{name}": expected for name in ("metrics.json", "summary.json", *(f"{m}.nii.gz" for m in MAPS))}
+    assert modes == {f"case_{name}": expected
+                     for name in ("metrics.json", "summary.json", *(f"{m}.nii.gz" for m in MAPS))}
 
 
 @pytest.fixture()

@@ -221,7 +221,8 @@ def test_cancel_set_beforehand_runs_no_batch(predictor):
 
 BAD_INPUTS = {
     "2D": (np.random.rand(20, 20), SPACING, "3D"),
-    "two channels for one": (np.random.rand(2, 4, 20, 20), SPACING, r"takes 1 channel\(s\) \(image\) but the image has 2"),
+    "two channels for one": (np.random.rand(2, 4, 20, 20), SPACING,
+                             r"takes 1 channel\(s\) \(image\) but the image has 2"),
     "5D": (np.random.rand(1, 1, 4, 20, 20), SPACING, "3D"),
     "zero-sized": (np.zeros((0, 20, 20)), SPACING, "empty"),
     "NaN": (np.where(np.eye(20) > 0, np.nan, 1.0)[None].repeat(3, 0), SPACING, "NaN or infinite"),

@@ -186,17 +186,17 @@ def test_losses_without_a_model_ignore_model_and_images(name):
 
 
 BAD_INPUTS = {
-    "int32 target": (lambda l, t: (l, t.int()), "int64"),
-    "float target": (lambda l, t: (l, t.float()), "int64"),
-    "target shape": (lambda l, t: (l, t[:, :4]), "does not match"),
-    "target without batch axis": (lambda l, t: (l, t[0]), "does not match"),
-    "label >= C": (lambda l, t: (l, t + 3), r"must lie in \[0, 2\]"),
-    "negative label": (lambda l, t: (l, t - 1), r"must lie in \[0, 2\]"),
-    "NaN logits": (lambda l, t: (l * float("nan"), t), "NaN"),
-    "inf logits": (lambda l, t: (l.index_fill(1, torch.tensor([0]), float("inf")), t), "infinite"),
-    "wrong channels": (lambda l, t: (l[:, :2], t), "channels"),
-    "3D logits": (lambda l, t: (l[0], t[0]), "logits must be"),
-    "integer logits": (lambda l, t: (l.long(), t), "floating-point"),
+    "int32 target": (lambda logits, target: (logits, target.int()), "int64"),
+    "float target": (lambda logits, target: (logits, target.float()), "int64"),
+    "target shape": (lambda logits, target: (logits, target[:, :4]), "does not match"),
+    "target without batch axis": (lambda logits, target: (logits, target[0]), "does not match"),
+    "label >= C": (lambda logits, target: (logits, target + 3), r"must lie in \[0, 2\]"),
+    "negative label": (lambda logits, target: (logits, target - 1), r"must lie in \[0, 2\]"),
+    "NaN logits": (lambda logits, target: (logits * float("nan"), target), "NaN"),
+    "inf logits": (lambda logits, target: (logits.index_fill(1, torch.tensor([0]), float("inf")), target), "infinite"),
+    "wrong channels": (lambda logits, target: (logits[:, :2], target), "channels"),
+    "3D logits": (lambda logits, target: (logits[0], target[0]), "logits must be"),
+    "integer logits": (lambda logits, target: (logits.long(), target), "floating-point"),
 }
 
 

@@ -168,7 +168,8 @@ def test_module_entry_point_exits_2_without_traceback(case, tmp_path):
 
 
 def _summary(input_check=None, **structures) -> dict:
-    return {"input_check": input_check or {"suitable": True, "reasons": []}, "structures": structures, "review": any(entry["review"] for entry in structures.values()),
+    return {"input_check": input_check or {"suitable": True, "reasons": []}, "structures": structures,
+            "review": any(entry["review"] for entry in structures.values()),
             "quality_model": {"review_below": 0.8}}
 
 
@@ -269,7 +270,7 @@ def test_shipped_model_writes_the_quality_summary(tmp_path, with_reference):
     assert list(summary)[0] == "input_check" and (check["suitable"], check["reasons"]) == (True, [])
     assert check["features"]["distance"] < check["features"]["threshold"]
     assert (check["features"]["validation_volumes"], check["features"]["false_alarm_rate"]) == (20, 0.05)
-    for label, (name, entry) in enumerate(summary["structures"].items(), start=1):
+    for label, (_name, entry) in enumerate(summary["structures"].items(), start=1):
         assert entry["volume_ml"] == int((predicted == label).sum()) * voxel_mm3 / 1000.0  # exactly
         low, high = entry["predicted_dice_interval"]
         assert 0.0 <= low <= entry["predicted_dice"] <= high <= 1.0

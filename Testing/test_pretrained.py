@@ -65,7 +65,8 @@ def test_shipped_bundle_reproduces_its_recorded_metrics(name, sample_cases):
             evaluation = predict_and_evaluate(predictor, case.image, case.label.astype(np.int64), case.spacing)
             fresh = case_metrics_row(evaluation, bundle.metadata.class_names)
             for key in COMPARED:
-                assert fresh[key] == pytest.approx(recorded[key], abs=ABSOLUTE_TOLERANCE, nan_ok=True), (variant, case.case_id, key)
+                assert fresh[key] == pytest.approx(recorded[key], abs=ABSOLUTE_TOLERANCE, nan_ok=True), (
+                    variant, case.case_id, key)
             if not math.isnan(recorded["hd95_mean"]):
                 assert fresh["hd95_mean"] == pytest.approx(recorded["hd95_mean"], rel=HD95_RELATIVE_TOLERANCE)
 

@@ -237,15 +237,16 @@ def _by_hand(observations, keep, at, features):
 
 def test_fit_is_the_mean_of_per_feature_lines_scored_and_bounded_held_out_by_patient():
     rng = np.random.default_rng(5)
-    observations = _observations(lambda values: float(np.clip(1.0 - values["mean_entropy"] + rng.normal(0, 0.03), 0, 1)),
-                                 count=16, seed=5)
+    observations = _observations(
+        lambda values: float(np.clip(1.0 - values["mean_entropy"] + rng.normal(0, 0.03), 0, 1)), count=16, seed=5)
     quality = fit_from_observations(observations, CLASS_NAMES[:2]).structures["class 1"]
     assert quality.form == "linear_mean" and quality.inputs == SIX  # the size did not help: left out
     groups = np.array([item.patient for item in observations])
     y = np.array([item.dice[0] for item in observations])
     everyone = np.ones(len(y), dtype=bool)
     for item in observations[:3]:
-        assert quality.predict(item.features[0]) == pytest.approx(_by_hand(observations, everyone, item.features[0], SIX))
+        assert quality.predict(item.features[0]) == pytest.approx(
+            _by_hand(observations, everyone, item.features[0], SIX))
     held_out = [y[i] - _by_hand(observations, groups != groups[i], observations[i].features[0], SIX)
                 for i in range(len(y))]
     assert quality.loo_mae == pytest.approx(np.mean(np.abs(held_out)))
@@ -259,14 +260,15 @@ def test_fit_is_the_mean_of_per_feature_lines_scored_and_bounded_held_out_by_pat
 
 def test_held_out_predictions_are_each_patients_prediction_by_a_fit_without_that_patient():
     rng = np.random.default_rng(11)
-    observations = _observations(lambda values: float(np.clip(1.0 - values["mean_entropy"] + rng.normal(0, 0.03), 0, 1)),
-                                 count=16, seed=11)
+    observations = _observations(
+        lambda values: float(np.clip(1.0 - values["mean_entropy"] + rng.normal(0, 0.03), 0, 1)), count=16, seed=11)
     absent = Observation("p99", [None], np.array([0.0]))  # predicted nowhere: nothing to say, the summary flags it
     predicted = held_out_predictions([*observations, absent], CLASS_NAMES[:2])
     assert predicted.shape == (17, 1) and np.isnan(predicted[16, 0])
     groups = np.array([item.patient for item in observations])
     for index, item in enumerate(observations):
-        assert predicted[index, 0] == pytest.approx(_by_hand(observations, groups != groups[index], item.features[0], SIX))
+        assert predicted[index, 0] == pytest.approx(
+            _by_hand(observations, groups != groups[index], item.features[0], SIX))
 
 
 def test_the_fit_adds_the_size_only_to_the_structures_whose_held_out_error_it_lowers():
@@ -363,7 +365,8 @@ def test_summary_with_a_quality_model_predicts_dice_interval_and_review():
     assert entry["predicted_dice"] == pytest.approx(1.2 - entropy)
     assert entry["predicted_dice_interval"] == pytest.approx([1.0 - entropy, min(1.5 - entropy, 1.0)])
     assert entry["review"] is (1.2 - entropy < 0.8)
-    assert summary["structures"]["class 1"]["predicted_dice"] == 0.9 and summary["structures"]["class 1"]["review"] is False
+    assert summary["structures"]["class 1"]["predicted_dice"] == 0.9
+    assert summary["structures"]["class 1"]["review"] is False
     assert summary["review"] is entry["review"]
     assert summary["quality_model"]["review_below"] == 0.8 and "0.80" in summary["note"]
     columns = summary_columns(summary)
@@ -513,7 +516,8 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     averaged = (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT)
     assert all(structure.form == "linear_mean" and structure.inputs in (averaged, (*averaged, SIZE_FEATURE))
                for structure in stored.structures.values())
-    cases = load_cases([file for file in find_cases(sample_acdc_dir) if file.patient_id in ("patient013", "patient016")], 4)
+    cases = load_cases([file for file in find_cases(sample_acdc_dir)
+                        if file.patient_id in ("patient013", "patient016")], 4)
     assert fit_quality_model(Predictor(path, device="cpu"), cases) == stored  # the trainer's call gives the same
     # a bundle that does not mirror has no agreement to average
     plain = dataclasses.replace(bundle, metadata=dataclasses.replace(
@@ -564,7 +568,8 @@ def test_keep_fit_changes_only_the_review_threshold_and_needs_a_fitted_model(tmp
     from Training import fit_quality
 
     out = tmp_path / "threshold.calibseg"
-    assert fit_quality.main(["--bundle", "acdc_ce_dice", "--keep-fit", "--review-below", "0.85", "--out", str(out)]) == 0
+    assert fit_quality.main(["--bundle", "acdc_ce_dice", "--keep-fit", "--review-below", "0.85",
+                             "--out", str(out)]) == 0
     shipped, rewritten = load_bundle(resolve_bundle_path("acdc_ce_dice")).metadata, load_bundle(out).metadata
     assert rewritten.quality == dataclasses.replace(shipped.quality, review_below=0.85)
     assert dataclasses.replace(rewritten, quality_model=shipped.quality_model) == shipped  # nothing else changed
@@ -583,7 +588,8 @@ def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, s
     with pytest.raises(SystemExit, match=r"^error: --review-below must be a Dice in \[0, 1\], got nan\.$"):
         fit_quality.main(["--bundle", str(path), "--review-below", "nan"])
     with pytest.raises(SystemExit, match="error: Data folder .* does not exist"):
-        fit_quality.main(["--bundle", "acdc_crac", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "x.calibseg")])
+        fit_quality.main(["--bundle", "acdc_crac", "--data", str(tmp_path / "none"),
+                          "--out", str(tmp_path / "x.calibseg")])
     assert not (tmp_path / "x.calibseg").exists()
 
 

@@ -20,7 +20,8 @@ CRAC_TABLE_1 = {
     "BWCR": [0.841, 2.69, 0.051, 0.075, 0.848, 5.39, 0.029, 0.059],
     "CRaC": [0.877, 1.72, 0.057, 0.058, 0.876, 5.52, 0.029, 0.033],
 }
-PAPER_FRIEDMAN = {"FL": 7.88, "ECP": 5.38, "LS": 4.88, "SVLS": 5.25, "MbLS": 5.25, "NACL": 2.25, "BWCR": 3.13, "CRaC": 1.75}
+PAPER_FRIEDMAN = {"FL": 7.88, "ECP": 5.38, "LS": 4.88, "SVLS": 5.25, "MbLS": 5.25, "NACL": 2.25, "BWCR": 3.13,
+                  "CRaC": 1.75}
 PAPER_FINAL = {"FL": 8, "ECP": 7, "LS": 4, "SVLS": 5, "MbLS": 5, "NACL": 2, "BWCR": 3, "CRaC": 1}
 
 

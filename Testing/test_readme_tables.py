@@ -107,9 +107,10 @@ def test_shipped_quality_table_from_the_recorded_quality_report(tmp_path):
                                                      "degraded": {"gamma 3": degraded, "degraded (all)": degraded}}}
     (tmp_path / "tiny.metrics.json").write_text(json.dumps(record))
     lines = readme_tables.shipped_quality_table([tmp_path / "tiny.metrics.json"])
-    assert lines[0] == ("| Model | right ventricle: ρ / MAE | myocardium: ρ / MAE | review below | flagged, test volumes | "
-                        "flagged, degraded copies |")
-    assert lines[2] == "| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 0.86 | 5 of 8 poor, 1 other | 37 of 40 poor, 1 other |"
+    assert lines[0] == ("| Model | right ventricle: ρ / MAE | myocardium: ρ / MAE | review below | "
+                        "flagged, test volumes | flagged, degraded copies |")
+    assert lines[2] == ("| `tiny` | +0.71 / 0.051 | +0.60 / 0.040 | 0.86 | 5 of 8 poor, 1 other | "
+                        "37 of 40 poor, 1 other |")
     assert "poor: measured Dice below 0.80;" in lines[-1]  # poor is fixed, whatever the model's threshold
 
     report = readme_tables.shipped_quality_report([tmp_path / "tiny.metrics.json"])
@@ -147,7 +148,8 @@ def test_quick_start_record_replaces_its_command_and_gives_the_row(tmp_path):
     runs = json.loads(record.read_text())["runs"]
     assert len(runs) == 1 and runs[0]["wall_s"] == 283.4 and runs[0]["wall_measured"] == "the command (measured)"
     lines = readme_tables.quick_start_table([record])
-    assert lines[2] == "| `Training/train.py` | 4 min 43 s | 0.457 (7 of 10) | 0.500 / 40.0 mm / 0.300 (T = 0.50) | 0.200 |"
+    assert lines[2] == ("| `Training/train.py` | 4 min 43 s | 0.457 (7 of 10) | "
+                        "0.500 / 40.0 mm / 0.300 (T = 0.50) | 0.200 |")
     assert "4 volumes of 2 patients" in lines[-1]
     logged = readme_tables.quick_start_entry(tmp_path / "a", "x")
     assert logged["wall_s"] == 100.0 + 20.0 + 30.0 and "logged" in logged["wall_measured"]
@@ -159,7 +161,8 @@ _BENCHMARK_RESULTS = {
     "metrics": ({"shape": [40, 500, 500], "foreground_voxels": 1, "chunks": 40, "reference_s": 2.0,
                  "streaming_s": 3.0, "peak_bytes": 2**20 * 100, "probability_bytes": 2**20 * 200}, "| 1.50× time |"),
     "losses": ({"shape": [16, 4, 192, 192], "step_s": 0.5,
-                "losses": {"ce": 0.01, "nacl": 0.035, "crac": 0.06, "bwcr": 0.3}}, "| crac | 0.0600 | 6.00 | +10.0 % |"),
+                "losses": {"ce": 0.01, "nacl": 0.035, "crac": 0.06, "bwcr": 0.3}},
+               "| crac | 0.0600 | 6.00 | +10.0 % |"),
     "inference": ({"batch_size": 16, "repeats": 1, "runs": [{"case": "acdc", "shape": [10, 256, 256], **{
         pipeline: {"seconds": seconds, "peak_rss_gb": 0.5, "peak_gpu_gb": None, "mean_confidence": 0.7,
                    "label_fractions": [1.0, 0, 0, 0], "device": "cpu"}

@@ -41,14 +41,6 @@ TINY_CONFIG = dict(method="crac", loss_args={}, network="unet", network_kwargs=T
                    channel_names=None, channel_normalization=None, plan=None, workers=0, progress=False)
 
 
-@pytest.fixture(scope="module")
-def sample_cases(sample_acdc_dir):
-    files = find_cases(sample_acdc_dir)
-    split = load_split(SPLITS_DIR / "acdc_sample.json")
-    pick = lambda patients: load_cases([f for f in files if f.patient_id in patients], 4)  # noqa: E731
-    return pick(split["train"][:1]), pick(split["val"][:1])
-
-
 def tiny_trainer(tmp_path, cases, method="crac", processes=SINGLE_PROCESS, **overrides) -> Trainer:
     config = TrainConfig(**{**TINY_CONFIG, "method": method, **overrides})
     train_cases, val_cases = cases
@@ -131,7 +123,8 @@ def test_finished_run_records_its_validation_choices_in_run_json_and_bundle(samp
     assert set(temperature["candidates"]) == {"none", "all", "foreground"}
     assert temperature["candidates"]["none"] == {"temperature": 1.0, "foreground_ece": temperature["foreground_ece_t1"]}
     chosen = temperature["candidates"][temperature["fitted_on"]]
-    assert chosen["foreground_ece"] == min(candidate["foreground_ece"] for candidate in temperature["candidates"].values())
+    assert chosen["foreground_ece"] == min(candidate["foreground_ece"]
+                                           for candidate in temperature["candidates"].values())
     assert metadata.temperature == pytest.approx(chosen["temperature"])
 
 
@@ -216,7 +209,8 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsy
     out = tmp_path / "run"
     assert train_cli.main(["--method", "nacl", "--epochs", "1", "--iterations-per-epoch", "2", "--patch-size", "128",
                            "--batch-size", "4", "--network-arg", "channels=[4,8]", "--network-arg", "strides=[2]",
-                           "--network-arg", "num_res_units=0", "--device", "cpu", "--no-compile", "--out", str(out)]) == 0
+                           "--network-arg", "num_res_units=0", "--device", "cpu", "--no-compile",
+                           "--out", str(out)]) == 0
     bundle_path = out / "model.calibseg"
     bundle = load_bundle(bundle_path)
     assert bundle.metadata.training["method"] == "nacl" and bundle.metadata.temperature > 0
@@ -242,7 +236,8 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsy
     # the results page: regenerated block with the run's own numbers, hand-written text kept
     page = tmp_path / "docs" / "results.md"
     page.parent.mkdir()
-    page.write_text(f"# Results\n\nHand-written discussion.\n\n{results_cli.BEGIN_MARKER}\nstale\n{results_cli.END_MARKER}\n")
+    page.write_text(f"# Results\n\nHand-written discussion.\n\n{results_cli.BEGIN_MARKER}\nstale\n"
+                    f"{results_cli.END_MARKER}\n")
     assert results_cli.main(["--runs", str(out), "--out", str(page), "--ablations", str(out)]) == 0
     text = page.read_text()
     assert "Hand-written discussion." in text and "stale" not in text and text.count(results_cli.BEGIN_MARKER) == 1
@@ -260,7 +255,8 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsy
     assert recorded["summary"]["uncalibrated"]["dice_mean"] == pytest.approx(dice_mean, abs=0.02)
     assert not list((tmp_path / "models").glob(".*"))  # no staging left behind
     # re-recording a shipped model after a metadata change: the same weights measured again, the run kept
-    assert ship_cli.main(["--rerecord", "tiny_nacl", "--out", str(tmp_path / "models"), "--data", str(sample_acdc_dir)]) == 0
+    assert ship_cli.main(["--rerecord", "tiny_nacl", "--out", str(tmp_path / "models"),
+                          "--data", str(sample_acdc_dir)]) == 0
     again = json.loads((tmp_path / "models" / "tiny_nacl.metrics.json").read_text())
     assert again["per_case"] == recorded["per_case"] and again["source_run"] == recorded["source_run"] == str(out)
     with pytest.raises(SystemExit, match="holds other weights than the shipped tiny_nacl; ship a new run with --runs"):
@@ -319,8 +315,9 @@ def _write_cases(data, count=5, decathlon=False):
         label[:, 8 + index:24, 10:26] = 1
         image = rng.normal(0, 0.1, label.shape).astype(np.float32) + label
         geometry = ImageGeometry((3.0, 1.5, 1.5))
-        image_path, label_path = ((data / "imagesTr" / f"case{index}_0000.nii.gz", data / "labelsTr" / f"case{index}.nii.gz")
-                                  if decathlon else (data / f"case{index}_image.nii.gz", data / f"case{index}_label.nii.gz"))
+        image_path, label_path = ((data / "imagesTr" / f"case{index}_0000.nii.gz",
+                                   data / "labelsTr" / f"case{index}.nii.gz") if decathlon else
+                                  (data / f"case{index}_image.nii.gz", data / f"case{index}_label.nii.gz"))
         write_image(image_path, image, geometry)
         write_image(label_path, label, geometry)
 
@@ -510,7 +507,8 @@ def test_an_interrupted_3d_run_resumes_to_identical_weights(ct_phantom, tmp_path
 @pytest.mark.parametrize("flags,message", [
     (["--spatial-dims", "3", "--patch-size", "7"], r"^error: --patch-size 7 7 7 does not fit --network unet: "),
     (["--spatial-dims", "3", "--patch-size", "8", "16"], r"^error: --patch-size takes one value or 3 \(z y x\) "),
-    (["--target-spacing", "4", "1", "1"], r"^error: --target-spacing takes one value or 2 \(y x\) with --spatial-dims 2"),
+    (["--target-spacing", "4", "1", "1"],
+     r"^error: --target-spacing takes one value or 2 \(y x\) with --spatial-dims 2"),
 ])
 def test_3d_flags_that_do_not_fit_are_refused_in_one_sentence(ct_phantom, tmp_path, flags, message):
     with pytest.raises(SystemExit, match=message) as stopped:

@@ -4,8 +4,9 @@ quality model; and what the training volumes looked like, for the input check. E
 bundle and the numbers behind it for ``run.json``.
 
 No choice may lose a trained run: one that fails falls back to its neutral setting (no mirroring, T = 1, no
-post-processing, no quality model, no input statistics), and ``run.json`` and the console say ``"<choice>: none: <why>"``.
-``calibseg-train --out RUN --resume`` on a finished run makes them again from its checkpoint.
+post-processing, no quality model, no input statistics), and ``run.json`` and the console say
+``"<choice>: none: <why>"``. ``calibseg-train --out RUN --resume`` on a finished run makes them again from
+its checkpoint.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from CalibSegLib.quality import QualityModel, fit_quality_model
 from CalibSegLib.temperature import apply_temperature, fit_temperature
 from Datasets.cases import Case, GridVolume
 
-__all__ = ["MIRRORING", "TEMPERATURE_FITS", "ValidationPass", "validation_pass", "volume_dice", "foreground_ece", "choose_mirroring",
-           "mirrored", "mirroring_choice", "pooled",
+__all__ = ["MIRRORING", "TEMPERATURE_FITS", "ValidationPass", "validation_pass", "volume_dice", "foreground_ece",
+           "choose_mirroring", "mirrored", "mirroring_choice", "pooled",
            "choose_temperature", "choose_largest_component", "fit_quality", "input_statistics", "or_neutral",
            "make_choices"]
 

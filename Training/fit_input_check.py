@@ -2,7 +2,8 @@
 classes' standard terminology.
 
     python -m Training.fit_input_check --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
-    python -m Training.fit_input_check --bundle acdc_crac --data /path/to/acdc --out CalibSegLib/pretrained/acdc_crac.calibseg
+    python -m Training.fit_input_check --bundle acdc_crac --data /path/to/acdc
+        --out CalibSegLib/pretrained/acdc_crac.calibseg
 
 The training and validation patients the bundle records (``bundle.json``: ``data["train"]``,
 ``data["val"]``) are read from ``--data`` or the folder of the dataset the bundle records.

@@ -105,7 +105,8 @@ def refit_from_folds(bundle: str | Path, cross_validation: str | Path, data: str
     return rewrite_bundle(loaded, dataclasses.replace(loaded.metadata, quality_model=model.to_dict()), out), model
 
 
-def set_review_below(bundle: str | Path, review_below: float, out: str | Path | None = None) -> tuple[Path, QualityModel]:
+def set_review_below(bundle: str | Path, review_below: float,
+                     out: str | Path | None = None) -> tuple[Path, QualityModel]:
     """Keep ``bundle``'s fitted quality model and change only its review threshold (e.g. to the one
     ``scripts/review_rule_table.py`` chose on out-of-fold patients); written as :func:`refit_bundle` writes.
 

@@ -207,7 +207,8 @@ def record_table(record: dict) -> list[str]:
                     f"{ours['peak_rss_gb']:.2f} / {theirs['peak_rss_gb']:.2f} GB | {gpu} | {', '.join(checks)} |")
     return [f"Batch {results['batch_size']}, best of {results['repeats']}; ratio = CalibSeg / MONAI "
             "`SlidingWindowInferer` on the same network, weights and volume (< 1 is better, target ≤ 1).", "",
-            "| volume | device | CalibSeg | MONAI | time ratio | peak RSS CalibSeg / MONAI | peak GPU memory | checks |",
+            ("| volume | device | CalibSeg | MONAI | time ratio | peak RSS CalibSeg / MONAI | "
+             "peak GPU memory | checks |"),
             "|---|---|---|---|---|---|---|---|", *rows, "", caption(record)]
 
 

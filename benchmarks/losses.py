@@ -76,7 +76,7 @@ def main() -> None:
     for name in LOSSES:
         loss = build_loss(name, arguments.classes)
 
-        def forward_backward() -> None:
+        def forward_backward(loss=loss) -> None:
             logits.grad = None
             if loss.needs_model:  # BWCR's second forward pass is part of its cost
                 loss(model(images), target, model=model, images=images).backward()

@@ -89,7 +89,8 @@ def main() -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     # np.histogram bins are [a, b), docs/design.md's are (a, b]: values on a float32 edge may land one bin apart.
-    assert abs(result.pooled["ece"] - reference) < 1e-4, f"streaming ECE {result.pooled['ece']} disagrees with np.histogram ECE {reference}"
+    assert abs(result.pooled["ece"] - reference) < 1e-4, (f"streaming ECE {result.pooled['ece']} disagrees with "
+                                                           f"np.histogram ECE {reference}")
     record = make_record("metrics", {"shape": list(shape), "foreground_voxels": int(result.pooled["voxels"]),
                                      "chunks": depth, "reference_s": reference_time, "streaming_s": streaming_time,
                                      "peak_bytes": int(peak), "probability_bytes": int(probs.nbytes)})

@@ -5,7 +5,9 @@
 
     # On a GPU machine: every CPU and GPU setting, ratios to the same machine's CPU cores, and the
     # validation Dice of the CPU and the GPU path after the quick schedule's steps
-    python -m benchmarks.training_throughput --steps 50 --settings fp32,compile,cuda,cuda_fp32,cuda_compile,cuda_channels_last --dice --record docs/records/benchmark_training_throughput_gpu.json
+    python -m benchmarks.training_throughput --steps 50
+        --settings fp32,compile,cuda,cuda_fp32,cuda_compile,cuda_channels_last --dice
+        --record docs/records/benchmark_training_throughput_gpu.json
 
 Runs the real :class:`Training.trainer.Trainer` (its crop sampler, augmentation and step) on
 the shipped ACDC sample, each setting in a fresh process (thread count, ``torch.compile``
@@ -46,12 +48,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 import torch
 
 from benchmarks.record import caption, make_record, write_record
 from Training.schedules import SCHEDULES
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SETTINGS: dict[str, dict] = {
     "fp32": {},

@@ -133,7 +133,8 @@ def main() -> None:
 
 
 def render_readme_picture(bundle_path: Path, metadata, case: Case, score: float) -> Path:
-    """The module's outputs for ``case`` (mean Dice ``score``) at its most uncertain slice, as a Slicer slice view shows them."""
+    """The module's outputs for ``case`` (mean Dice ``score``) at its most uncertain slice, as a Slicer slice view
+    shows them."""
     from Testing.mrml_standins import new_scene
 
     scene = new_scene()

@@ -64,14 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(_markdown(rows, chosen)))
     print(f"rule: review below {chosen['review_below']:.2f}")
     for name, row in per_structure.items():
-        print(f"  {name}: {row['poor_flagged']} / {row['poor']} poor flagged, {row['good_flagged']} / {row['good']} good")
+        print(f"  {name}: {row['poor_flagged']} / {row['poor']} poor flagged, "
+              f"{row['good_flagged']} / {row['good']} good")
     if arguments.record is not None:
         write_json_atomic(arguments.record, {
             "bundle": str(arguments.bundle), "fold_networks": [str(path) for path in arguments.fold_bundles],
             "volumes": len(observations), "patients": len({item.patient for item in observations}),
             "rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE, "target_recall": TARGET_RECALL},
             "chosen": chosen, "table": rows, "per_structure": per_structure,
-            "held_out": [{"patient": item.patient, "predicted": list(map(float, row)), "measured": list(map(float, item.dice))}
+            "held_out": [{"patient": item.patient, "predicted": list(map(float, row)),
+                          "measured": list(map(float, item.dice))}
                          for item, row in zip(observations, predicted)]})
     return 0
 

@@ -33,7 +33,8 @@ def volume_array(volume_node) -> np.ndarray:
                          "choose a scalar (single-component) volume.")
     dimensions = image.GetDimensions()
     if sum(size > 1 for size in dimensions) < 3:
-        raise ValueError(f"The volume '{volume_node.GetName()}' is {'×'.join(map(str, dimensions))} voxels; CalibSeg needs a 3D volume.")
+        raise ValueError(f"The volume '{volume_node.GetName()}' is {'×'.join(map(str, dimensions))} voxels; "
+                         "CalibSeg needs a 3D volume.")
     return np.array(_util().arrayFromVolume(volume_node), copy=True)
 
 

@@ -20,8 +20,8 @@ holding NaN or infinite values.
 
 Two parts: ``schema.py`` is ``bundle.json`` (:class:`BundleMetadata`, its sections and checks,
 parsed and validated once on load); ``archive.py`` is the zip file (:func:`save_bundle`,
-:func:`load_bundle`, :func:`read_metadata` without the weights, the resource limits and the streamed, hashed weights); ``model.py`` is a
-bundle in memory (:class:`Bundle`) and the network it declares, sized before it is built.
+:func:`load_bundle`, :func:`read_metadata` without the weights, the resource limits and the streamed, hashed weights);
+``model.py`` is a bundle in memory (:class:`Bundle`) and the network it declares, sized before it is built.
 """
 
 from CalibSegLib import BUNDLE_SUFFIX

@@ -79,7 +79,8 @@ class BundleMetadata:
     where absent; ``channel_names`` the input channels in the order the network takes them (a ``dataset.json``'s;
     None: one channel, the image); ``ensemble_size`` how many networks of the declared kind the weights hold (1:
     one network; more: an ensemble whose probabilities are averaged, its members' weights ``members.<m>.…``) and
-    ``ensemble`` where they came from (the folds, their validation patients and temperatures; None for one network). The library version, weights dtype and checksum are filled in by :func:`save_bundle`.
+    ``ensemble`` where they came from (the folds, their validation patients and temperatures; None for one network). The
+    library version, weights dtype and checksum are filled in by :func:`save_bundle`.
     """
 
     network: str

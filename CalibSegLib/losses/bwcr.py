@@ -133,7 +133,8 @@ class BoundaryWeightedConsistencyLoss(SegmentationLoss):
         images: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if model is None or images is None:
-            raise ValueError("BWCR needs the model and the input images: call loss(logits, target, model=..., images=...).")
+            raise ValueError("BWCR needs the model and the input images: "
+                             "call loss(logits, target, model=..., images=...).")
         if images.dim() != logits.dim() or images.shape[:1] + images.shape[2:] != logits.shape[:1] + logits.shape[2:]:
             raise ValueError(
                 f"images {tuple(images.shape)} must be (B, channels, *spatial) with the logits' batch and "

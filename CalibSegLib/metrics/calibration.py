@@ -352,7 +352,8 @@ class CalibrationStatistics:
         )
 
     def metrics(self, classes: Sequence[int] | None = None) -> dict[str, float]:
-        """All scalar metrics: ``ece``, ``mce``, ``cece``, ``tace``, ``tace_authors``, ``brier``, ``nll``, ``voxels``."""
+        """All scalar metrics: ``ece``, ``mce``, ``cece``, ``tace``, ``tace_authors``, ``brier``, ``nll``,
+        ``voxels``."""
         if self._empty():
             nan = float("nan")
             return {"ece": nan, "mce": nan, "cece": nan, "tace": nan, "tace_authors": nan, "brier": nan, "nll": nan,

@@ -43,7 +43,8 @@ def _axes(figure: Figure):
     return axis, histogram_axis
 
 
-def reliability_figure(reliability: Reliability, title: str = "Reliability diagram", ece: float | None = None) -> Figure:
+def reliability_figure(reliability: Reliability, title: str = "Reliability diagram",
+                       ece: float | None = None) -> Figure:
     """Accuracy per confidence bin against the diagonal, the gap hatched, the confidence histogram below.
 
     ``ece`` is shown in the title as the *pooled* ECE: the one these bins give, over all their voxels

@@ -32,7 +32,8 @@ def _check_labels(prediction, reference, num_classes: int) -> tuple[np.ndarray, 
         if not np.issubdtype(labels.dtype, np.integer):
             raise ValueError(f"{name} must hold integer labels, got dtype {labels.dtype}.")
         if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-            raise ValueError(f"{name} labels must lie in [0, {num_classes - 1}], found [{labels.min()}, {labels.max()}].")
+            raise ValueError(f"{name} labels must lie in [0, {num_classes - 1}], "
+                             f"found [{labels.min()}, {labels.max()}].")
     return prediction, reference
 
 

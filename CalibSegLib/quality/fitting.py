@@ -122,7 +122,8 @@ def _held_out_residuals(x: dict[str, np.ndarray] | None, y: np.ndarray, groups: 
             residuals[held] = y[held] - y[~held].mean()
         else:
             fitted = _fit_terms({name: values[~held] for name, values in x.items()}, y[~held])
-            residuals[held] = y[held] - evaluate_form(AVERAGED, fitted, {name: values[held] for name, values in x.items()})
+            residuals[held] = y[held] - evaluate_form(AVERAGED, fitted,
+                                                      {name: values[held] for name, values in x.items()})
     return residuals
 
 

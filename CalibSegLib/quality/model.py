@@ -19,7 +19,8 @@ from CalibSegLib.uncertainty_levels import LOW_CONFIDENCE_THRESHOLD
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
            "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "MEAN_DISAGREEMENT",
            "OPTIONAL_FEATURES", "FORMS", "AVERAGED",
-           "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "structure_key", "StructureQuality", "QualityModel", "evaluate_form"]
+           "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "structure_key", "StructureQuality",
+           "QualityModel", "evaluate_form"]
 
 QUALITY_MODEL_VERSION = 1
 REVIEW_BELOW = 0.80  # the issue's default: a structure predicted below Dice 0.80 goes to review
@@ -88,8 +89,8 @@ class StructureQuality:
     ``parameters``: ``{"intercept", "slope"}`` for ``form == "linear"`` (clipped to [0, 1]),
     ``{"x", "y"}`` knots for ``"isotonic"`` (``x`` increasing, ``y`` monotone in the feature's
     direction, in [0, 1]); for :data:`AVERAGED`, ``{"terms": [{"feature", "intercept", "slope"}, ...]}``,
-    one linear fit per feature, and ``feature`` is :data:`AVERAGED_FEATURES`. ``interval``: offsets (measured − predicted) added to the prediction
-    for its interval. ``loo_mae``: the held-out mean absolute error that chose it;
+    one linear fit per feature, and ``feature`` is :data:`AVERAGED_FEATURES`. ``interval``: offsets (measured −
+    predicted) added to the prediction for its interval. ``loo_mae``: the held-out mean absolute error that chose it;
     ``constant_loo_mae``: the same for always predicting the mean validation Dice (the baseline
     the feature has to beat); ``cases``: validation cases it was fitted on.
     """

@@ -112,7 +112,8 @@ def main(full_folder: str, sample_folder: str) -> None:
     for index, fold in enumerate(split_folds(full["train"])):
         write(here / "acdc_folds" / f"fold{index}.json", "acdc", fold,
               f"Fold {index} of {FOLDS} of acdc.json's training patients (validation = this fold; no test patients)")
-    cross_validation = make_folds(full["train"] + full["val"], CV_FOLDS, seed=2024, test=full["test"], group_of=group_of)
+    cross_validation = make_folds(full["train"] + full["val"], CV_FOLDS, seed=2024, test=full["test"],
+                                  group_of=group_of)
     SHIPPED_FOLDS.write_text(json.dumps(folds_json(
         cross_validation, 2024, f"{CV_FOLDS} folds of acdc.json's {len(full['train'] + full['val'])} training and "
         f"validation patients, stratified by diagnostic group, seed 2024; test: acdc.json's {len(full['test'])} test "
