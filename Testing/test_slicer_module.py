@@ -176,7 +176,8 @@ def test_ui_binds_every_parameter_to_a_widget():
     root = ElementTree.parse(UI_FILE).getroot()
     bound = [prop.find("string").text for prop in root.iter("property") if prop.get("name") == "SlicerParameterName"]
     tree = ast.parse((MODULE_DIR / "CalibSeg.py").read_text())
-    parameters = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "CalibSegParameterNode")
+    parameters = next(node for node in tree.body
+                      if isinstance(node, ast.ClassDef) and node.name == "CalibSegParameterNode")
     fields = [statement.target.id for statement in parameters.body if isinstance(statement, ast.AnnAssign)]
     assert sorted(bound) == sorted(fields)
 
@@ -203,14 +204,16 @@ def test_slider_defaults_are_the_library_levels_written_once():
 
 
 def _cmake_globbed(cmake_file: Path, variable: str) -> set[str]:
-    """The files ``file(GLOB[_RECURSE] <variable> RELATIVE ${REPOSITORY_DIR} ...)`` collects, globbed here as CMake does."""
-    block = re.search(rf"file\((GLOB_RECURSE|GLOB) {variable} RELATIVE \$\{{REPOSITORY_DIR\}} CONFIGURE_DEPENDS\n(.*?)\n\s*\)",
-                      cmake_file.read_text(), re.S)
+    """The files ``file(GLOB[_RECURSE] <variable> RELATIVE ${REPOSITORY_DIR} ...)`` collects, globbed here as CMake
+    does."""
+    block = re.search(rf"file\((GLOB_RECURSE|GLOB) {variable} RELATIVE \$\{{REPOSITORY_DIR\}} CONFIGURE_DEPENDS"
+                      r"\n(.*?)\n\s*\)", cmake_file.read_text(), re.S)
     assert block, f"{cmake_file} has no file(GLOB... {variable} ...)"
     found = set()
     for line in block.group(2).splitlines():
         folder, pattern = line.strip().removeprefix("${REPOSITORY_DIR}/").rsplit("/", 1)
-        paths = (REPO_ROOT / folder).rglob(pattern) if block.group(1) == "GLOB_RECURSE" else (REPO_ROOT / folder).glob(pattern)
+        glob = (REPO_ROOT / folder).rglob if block.group(1) == "GLOB_RECURSE" else (REPO_ROOT / folder).glob
+        paths = glob(pattern)
         found |= {str(path.relative_to(REPO_ROOT)) for path in paths}
     return found
 

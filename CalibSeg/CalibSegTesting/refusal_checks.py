@@ -47,7 +47,8 @@ def check_bad_bundles_leave_the_scene_unchanged(scene, work_dir: Path) -> None:
                            (no_metadata, "bundle.json"), ("", "Choose a model bundle"),
                            (malformed_quality, "quality model is malformed"),
                            (malformed_terminology, "class_terminology is malformed")):
-        error = scene_is_unchanged_after(scene, lambda: SegmentationRunner().run(volume, path), f"bundle {path!s}")
+        error = scene_is_unchanged_after(scene, lambda path=path: SegmentationRunner().run(volume, path),
+                                         f"bundle {path!s}")
         assert expected in error, error
         assert error.count(". ") == 0 and error.endswith("."), f"not one sentence: {error}"
 
@@ -61,7 +62,8 @@ def check_volumes_that_are_not_3d_scalar_are_refused(scene, work_dir: Path) -> N
 
     slicer.util.updateVolumeFromArray(vector, np.random.default_rng(2).normal(size=(4, 16, 16, 3)).astype(np.float32))
     for node, expected in ((single_slice, "3D volume"), (vector, "components"), (None, "scalar volume")):
-        error = scene_is_unchanged_after(scene, lambda: SegmentationRunner().run(node, bundle_path), f"input {node}")
+        error = scene_is_unchanged_after(scene, lambda node=node: SegmentationRunner().run(node, bundle_path),
+                                         f"input {node}")
         assert expected in error, error
 
 
@@ -73,7 +75,8 @@ def check_reference_on_another_grid_is_refused(scene, work_dir: Path) -> None:
     smaller = make_volume_node(scene, labels[:, :40], "cropped reference", "vtkMRMLLabelMapVolumeNode")
     for reference in (shifted, smaller):
         error = scene_is_unchanged_after(
-            scene, lambda: SegmentationRunner().run(volume, tiny_bundle(work_dir), referenceNode=reference),
+            scene, lambda reference=reference: SegmentationRunner().run(volume, tiny_bundle(work_dir),
+                                                                   referenceNode=reference),
             "reference grid")
         assert "not on the input volume's grid" in error, error
 
