@@ -80,7 +80,7 @@ def test_an_acdc_volume_as_dicom_gives_the_labels_of_the_same_volume_as_nifti(tm
     # Equal up to the slice spacing, which SimpleITK computes from positions written with 6 decimals.
     dicom_row, nifti_row = ({key: value for key, value in batch_row("patient069", "ok", summary).items()
                              if not isinstance(value, str)} for summary in summaries)
-    assert dicom_row == pytest.approx(nifti_row, rel=1e-6) and len(dicom_row) == 16
+    assert dicom_row == pytest.approx(nifti_row, rel=1e-6) and len(dicom_row) == 18  # the feature distance too
 
 
 def test_several_series_are_listed_and_one_is_chosen_by_uid(tmp_path, capsys):
