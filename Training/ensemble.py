@@ -21,6 +21,8 @@ network that did not train on it, with the rules the trainer uses on one validat
 - the quality model (predicted Dice) fitted on every fold network's out-of-fold predictions under those settings,
   and its review threshold chosen on them by the review rule (:mod:`CalibSegLib.quality.review_rule`) from
   held-out predictions (a patient's own volumes never in the fit that predicts them).
+- the input check's statistics through the first member (:func:`judging_patients`): the patients it trained on,
+  and its feature-distance threshold from the fold it never saw.
 
 What out-of-fold predictions cannot give: the ensemble's own behaviour on a labelled patient (four of its five
 members trained on each one), so its disagreement is no candidate of the quality model fitted here; the test
