@@ -160,6 +160,53 @@ def test_a_dynamic_import_counts_as_an_import(tmp_path):
         "importlib", "benchmarks.inference", COMPUTED, "scripts"]
 
 
+def _top_level_names(path: Path) -> set[str] | None:
+    """The names ``path`` binds at module level (definitions, assignments, imports, also under ``if`` and ``try``:
+    optional imports and their fallbacks), or None when a ``*`` import or a module ``__getattr__`` makes them
+    unknowable from the text."""
+    names: set[str] = set()
+    statements = list(ast.parse(path.read_text()).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {child.id for target in targets for child in ast.walk(target) if isinstance(child, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.If):
+            statements += [*node.body, *node.orelse]
+        elif isinstance(node, ast.Try):
+            statements += [*node.body, *node.orelse, *node.finalbody,
+                           *(statement for handler in node.handlers for statement in handler.body)]
+    return names
+
+
+def test_every_import_of_the_project_names_what_the_module_defines():
+    """An import inside a function runs only when the function does, so a name moved to another module leaves
+    it broken until a user reaches that path (the GPU benchmark's Dice comparison did, after ``Training/`` was
+    split). The stages, benchmarks and scripts are read, each ``from project.module import name`` checked."""
+    modules = _modules()
+    files = {**modules, **{f"{folder}.{path.stem}": path for folder in ("benchmarks", "scripts")
+                           for path in (ROOT / folder).glob("*.py")}}
+    defined = {name: _top_level_names(path) for name, path in modules.items()}
+    missing = []
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for imported, node, _ in _imports(path, package):
+            if not isinstance(node, ast.ImportFrom) or imported in modules:
+                continue
+            module, _, symbol = imported.rpartition(".")
+            if module in modules and defined[module] is not None and symbol not in defined[module]:
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {symbol} from {module}")
+    assert missing == []
+
+
 def test_the_training_stage_names_no_dataset():
     """What is one dataset's (ACDC's classes, their count, its normalisation) lives in Datasets/, where the
     dataset knowledge is; Training/ plans from the data and never names a dataset."""
