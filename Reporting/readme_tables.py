@@ -82,7 +82,7 @@ def _mean(summary: dict, variant: str, key: str) -> float:
 
 def shipped_models_table(paths: list[Path]) -> list[str]:
     """Table of the shipped models from their ``<name>.metrics.json`` files (``Reporting/ship.py``)."""
-    rows, volumes, sizes, splits = [], set(), [], set()
+    rows, volumes, sizes, splits = [], set(), [], {}
     for path in sorted(paths):
         metrics = json.loads(path.read_text())
         bundle_path = path.with_name(path.name.removesuffix(METRICS_SUFFIX) + BUNDLE_SUFFIX)
@@ -92,7 +92,7 @@ def shipped_models_table(paths: list[Path]) -> list[str]:
         volumes.add(len(metrics["cases"]))
         sizes.append(bundle_path.stat().st_size / 1e6)
         data = recorded.data
-        splits.add(f"{len(data.get('test', []))} test patients of `{Path(data.get('split_file', '?')).name}`")
+        splits.setdefault(frozenset(data.get("test", [])), set()).add(Path(data.get("split_file", "?")).name)
         rows.append(f"| `{metrics['model']}` | {_mean(summary, 'scaled', 'dice_mean'):.3f} | "
                     f"{_mean(summary, 'scaled', 'hd95_mean'):.2f} | {_mean(summary, 'uncalibrated', 'ece'):.3f} | "
                     f"{_mean(summary, 'uncalibrated', 'tace'):.3f} | "
@@ -100,7 +100,10 @@ def shipped_models_table(paths: list[Path]) -> list[str]:
                     f"{_mean(summary, 'uncalibrated', 'error_auroc'):.3f} | "
                     f"{metrics['spearman_entropy_vs_dice']['uncalibrated']:.2f} |")
     size = f"{min(sizes):.1f}" if f"{min(sizes):.1f}" == f"{max(sizes):.1f}" else f"{min(sizes):.1f}–{max(sizes):.1f}"
-    return [f"Means over the {' / '.join(map(str, sorted(volumes)))} test volumes ({'; '.join(sorted(splits))}) "
+    # A cross-validation split keeps the single-network split's test patients: one set, named by both files.
+    tested = "; ".join(sorted(f"{len(patients)} test patients of " + " and ".join(f"`{name}`" for name in sorted(names))
+                              for patients, names in splits.items()))
+    return [f"Means over the {' / '.join(map(str, sorted(volumes)))} test volumes ({tested}) "
             f"of each shipped file (float16, {size} MB); ECE is the mean of the per-volume ECEs over the "
             "reference foreground.",
             "",

@@ -16,6 +16,7 @@ from Evaluation.evaluate import variant_bundles
 from Evaluation.summary import VARIANTS
 
 SHIPPED = ("acdc_ce_dice", "acdc_nacl", "acdc_crac")
+SHIPPED_ENSEMBLES = {"acdc_ce_dice": 5}  # the others are single networks (README, "Ready-to-use models")
 # Two volumes of SampleData/ACDC whose patients are test patients of Datasets/splits/acdc.json.
 SAMPLE_CASES = ("patient041_frame01", "patient068_frame01")
 # Same code and weights, so only float summation order may differ between machines: a voxel whose
@@ -32,8 +33,10 @@ def test_the_documented_models_are_shipped_with_their_metrics():
         assert resolve_bundle_path(name) == pretrained_models()[name]
         metrics = recorded_metrics(name)
         assert metrics["weights_dtype"] == "float16" and metrics["method"] == name.removeprefix("acdc_")
-        assert load_bundle(resolve_bundle_path(name)).metadata.weights_dtype == "float16"
-        assert resolve_bundle_path(name).stat().st_size < 5_000_000
+        metadata = load_bundle(resolve_bundle_path(name)).metadata
+        assert metadata.weights_dtype == "float16"
+        assert resolve_bundle_path(name).stat().st_size < 5_000_000 * metadata.ensemble_size  # < 5 MB per network
+        assert metadata.ensemble_size == SHIPPED_ENSEMBLES.get(name, 1)
         # the summary is the mean of the recorded cases, not numbers from elsewhere
         for variant in VARIANTS:
             dice = [row["dice_mean"] for row in metrics["per_case"][variant].values()]
@@ -121,14 +124,19 @@ def test_a_smaller_field_of_view_is_segmented_like_the_original(default_model_on
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_bundles_check_their_input_against_the_networks_features(name):
-    """Refitted with python -m Training.fit_input_check: the network's features of the 110 training volumes,
-    the threshold the 20 validation volumes set at a 5 % false-alarm rate, the weights unchanged."""
+    """A single network's features of its 110 training volumes, the threshold its 20 validation volumes set at a
+    5 % false-alarm rate (refitted with python -m Training.fit_input_check, the weights unchanged); an ensemble's
+    through its first network: the 104 volumes of the 52 patients it trained on, the threshold from the 26 of its
+    fold (calibseg-ensemble)."""
     metadata = load_bundle(resolve_bundle_path(name)).metadata
     features = metadata.input_statistics["features"]
     assert metadata.input_statistics["version"] == 3 and metadata.schema_version == 3
+    counts = (104, 26) if metadata.ensemble_size > 1 else (110, 20)
     assert (features["training_volumes"], features["validation_volumes"], features["false_alarm_rate"]) == (
-        110, 20, 0.05)
-    assert features["layer"] == "model.1.submodule.1.submodule.1.submodule.1" and len(features["mean"]) == 384
+        *counts, 0.05)
+    layer = "model.1.submodule.1.submodule.1.submodule.1"
+    assert features["layer"] == (f"members.0.{layer}" if metadata.ensemble_size > 1 else layer)
+    assert len(features["mean"]) == 384
     assert recorded_metrics(name)["per_case"]["scaled"][SAMPLE_CASES[0]]["feature_distance"] > 0
 
 

@@ -31,6 +31,7 @@ from CalibSegLib.quality import (
     summary_columns,
     uncertain_slices,
 )
+from CalibSegLib.quality.model import MEAN_DISAGREEMENT
 from CalibSegLib.sliding_window import SlidingWindow
 from tiny_bundles import make_test_bundle, make_test_metadata
 
@@ -511,9 +512,11 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     assert bundle.metadata.weights_dtype == "float16"
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
-    # the six uncertainty features and (the shipped bundles mirror) the mirrored passes' agreement averaged, the
-    # size where the fit found it lowers the held-out error
-    averaged = (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT)
+    # the six uncertainty features, (the shipped bundles mirror) the mirrored passes' agreement and (the shipped
+    # CE+Dice model is a five-fold ensemble) the networks' mean disagreement averaged, the size where the fit found
+    # it lowers the held-out error
+    disagreement = (MEAN_DISAGREEMENT,) if bundle.metadata.ensemble_size > 1 else ()
+    averaged = (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT, *disagreement)
     assert all(structure.form == "linear_mean" and structure.inputs in (averaged, (*averaged, SIZE_FEATURE))
                for structure in stored.structures.values())
     cases = load_cases([file for file in find_cases(sample_acdc_dir)
