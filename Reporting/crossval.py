@@ -154,8 +154,8 @@ def shipped_comparison_table(paths: list[Path]) -> list[str]:
     first = next(iter(record["methods"].values()))
     return crossval_tables(record, f"The shipped models on the {first['patients']} test patients of acdc.json "
                                    f"({first['volumes']} volumes), from their metrics files. Fitted T: each "
-                                   "bundle's own, fitted on its validation patients (an ensemble's on its folds' out-of-fold "
-                                   "patients).")
+                                   "bundle's own, fitted on its validation patients (an ensemble's on its folds' "
+                                   "out-of-fold patients).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
