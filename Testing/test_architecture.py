@@ -77,14 +77,18 @@ def _is_dynamic_import(node: ast.AST) -> bool:
         and isinstance(function.value, ast.Name) and function.value.id == "importlib")
 
 
+def _package(name: str, path: Path) -> str:
+    """The package that relative imports in module ``name`` (file ``path``) are resolved against."""
+    return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+
+
 def _project_graph() -> dict[str, set[str]]:
     """Module → the project modules it imports (anywhere in the file, functions included)."""
     modules = _modules()
     graph = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         targets = set()
-        for imported, _, _ in _imports(path, package):
+        for imported, _, _ in _imports(path, _package(name, path)):
             while imported and imported not in modules:  # "pkg.module.symbol" → "pkg.module"
                 imported = imported.rpartition(".")[0]
             if imported and imported != name:
@@ -197,8 +201,7 @@ def test_every_import_of_the_project_names_what_the_module_defines():
     defined = {name: _top_level_names(path) for name, path in modules.items()}
     missing = []
     for name, path in files.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for imported, node, _ in _imports(path, package):
+        for imported, node, _ in _imports(path, _package(name, path)):
             if not isinstance(node, ast.ImportFrom) or imported in modules:
                 continue
             module, _, symbol = imported.rpartition(".")
