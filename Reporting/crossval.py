@@ -26,7 +26,8 @@ from Reporting.formatting import markdown_table, number_cell, p_value_cell
 from Training.out_of_fold import complete_out_of_fold, out_of_fold_dir
 from Training.records import RunSummary
 
-__all__ = ["collect_cross_validation", "crossval_record", "crossval_tables", "shipped_results",
+__all__ = ["collect_cross_validation", "crossval_record", "crossval_tables", "out_of_fold_comparison_table",
+           "shipped_results",
            "shipped_comparison_table", "main"]
 
 # (variant, label) in the order the tables show them: the papers' protocol first.
@@ -82,6 +83,19 @@ def _columns() -> list[tuple[str, str, str]]:
     return columns + [("scaled", metric.key, metric.label) for metric in METRICS[5:8]]
 
 
+def _out_of_fold_description(summaries: dict[str, Any]) -> str:
+    counts = {(summary["patients"], summary["volumes"], summary["folds"]) for summary in summaries.values()}
+    if len(counts) == 1:
+        patients, volumes, folds = counts.pop()
+        whose = f"every one of {patients} patients ({volumes} volumes) predicted by the fold network of {folds}"
+    else:  # a cross-validation still training: its finished folds' patients only
+        whose = "each patient (" + "; ".join(
+            f"`{label}`: {summary['patients']} patients, {summary['volumes']} volumes, {summary['folds']} folds"
+            for label, summary in summaries.items()) + ") predicted by the fold network"
+    return (f"Out of fold: {whose} that did not train on it. Fitted T: each fold's own temperature, fitted on its "
+            "validation patients (T = 1 where no temperature lowered its validation ECE).")
+
+
 def crossval_tables(record: dict[str, Any], description: str | None = None) -> list[str]:
     """Markdown: each method's means with their intervals, then (two or more methods) the paired differences with
     their intervals and Wilcoxon p, and the mean Friedman ranks. ``description`` says whose volumes they are
@@ -89,10 +103,7 @@ def crossval_tables(record: dict[str, Any], description: str | None = None) -> l
     summaries = record["methods"]
     first = next(iter(summaries.values()))
     columns = _columns()
-    description = description or (
-        f"Out of fold: every one of {first['patients']} patients ({first['volumes']} volumes) predicted by the fold "
-        f"network of {first['folds']} that did not train on it. Fitted T: each fold's own temperature, fitted on its "
-        "validation patients.")
+    description = description or _out_of_fold_description(summaries)
     lines = [f"{description} Means over the volumes with {first['interval']['level']:.0%} intervals from "
              f"{first['interval']['resamples']} bootstrap resamples of whole patients.", ""]
     rows = [[f"`{label}`", *(_interval_cell(summary["variants"][variant][key], 2 if key == "hd95_mean" else 3)
@@ -143,6 +154,11 @@ def shipped_results(paths: Sequence[Path]) -> list[CaseResults]:
                                    {variant: [metrics["per_case"][variant][case] for case in cases]
                                     for variant in VARIANTS}))
     return results
+
+
+def out_of_fold_comparison_table(paths: list[Path]) -> list[str]:
+    """docs/results.md's ``crossval_comparison`` block: a ``calibseg-crossval ... --record`` record's tables."""
+    return crossval_tables(json.loads(paths[0].read_text()))
 
 
 def shipped_comparison_table(paths: list[Path]) -> list[str]:

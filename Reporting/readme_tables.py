@@ -19,6 +19,9 @@ Records (each written by the tool that measured it):
   the ``bundle.json`` inside ``<name>.calibseg`` beside it;
 - ``shipped_comparison`` (docs/results.md): their test rows (``per_case``), every mean and paired difference with its
   patient-level interval (:func:`Reporting.crossval.shipped_comparison_table`);
+- ``crossval_comparison`` (docs/results.md): :data:`CROSSVAL_RECORD`, the out-of-fold results of the shipped
+  recipe's cross-validations with intervals and paired differences
+  (``calibseg-crossval docs/records/crossval/acdc_ce_dice docs/records/crossval/acdc_crac --record ...``);
 - ``shipped_quality`` (README) and ``shipped_quality_report`` (docs/results.md): the ``quality``
   report in those metrics files — here, not in ``calibseg-results``'s block, because
   ``calibseg-fit-quality`` changes a shipped model's quality model without a new training run;
@@ -47,14 +50,14 @@ from CalibSegLib.bundle import read_metadata
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX
 from CalibSegLib.temperature import temperature_text
-from Reporting.crossval import shipped_comparison_table
+from Reporting.crossval import out_of_fold_comparison_table, shipped_comparison_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
            "RESULTS_PAGE", "PERFORMANCE_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "shipped_models_table",
            "shipped_quality_table", "shipped_quality_report", "quick_start_entry", "quick_start_table",
-           "record_quick_start", "main"]
+           "record_quick_start", "CROSSVAL_RECORD", "main"]
 
 README = REPO_ROOT / "README.md"
 RESULTS_PAGE = REPO_ROOT / "docs" / "results.md"
@@ -64,6 +67,8 @@ QUICK_START_RECORD = RECORDS_DIR / "quick_start.json"
 NO_QUALITY_REPORT = "*No shipped model carries a quality report.*"
 # The shipped models' records (Reporting/ship.py): every table about the shipped models is made from these.
 SHIPPED_METRICS = ("CalibSegLib/pretrained/*.metrics.json",)
+# The shipped recipe's cross-validations side by side (calibseg-crossval ... --record, docs/records/README.md).
+CROSSVAL_RECORD = "docs/records/crossval/acdc.json"
 MARKER = re.compile(r"<!-- generated:(?P<name>[a-z0-9_]+) (?P<end>begin|end) -->")
 
 
@@ -264,13 +269,15 @@ TABLES: dict[str, Table] = {
     "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
     "shipped_quality_report": Table(SHIPPED_METRICS, shipped_quality_report),
     "shipped_comparison": Table(SHIPPED_METRICS, shipped_comparison_table),
+    "crossval_comparison": Table((CROSSVAL_RECORD,), out_of_fold_comparison_table),
     **{f"benchmark_{name}": _benchmark(name)
        for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement", "ensemble")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
     README: {name: TABLES[name] for name in ("quick_start", "shipped_models", "shipped_quality")},
-    RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report", "shipped_comparison")},
+    RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report", "shipped_comparison",
+                                                   "crossval_comparison")},
     PERFORMANCE_PAGE: {name: table for name, table in TABLES.items() if name.startswith("benchmark_")},
 }
 

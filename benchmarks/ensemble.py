@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.inference import CASES, benchmark_bundle, random_volume, rss_check, volume_cell
-from benchmarks.record import caption, make_record, write_record
+from benchmarks.record import caption, make_record, publish
 
 from CalibSegLib.bundle import Bundle
 from CalibSegLib.inference import Predictor
@@ -115,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{ensemble['seconds']:.2f} s", flush=True)
     record = make_record("ensemble", {"members": arguments.members, "batch_size": arguments.batch_size,
                                       "repeats": arguments.repeats, "runs": runs}, argv)
-    table = record_table(record)
-    print("\n".join(table))
-    write_record(arguments.record, record, table)
+    publish(arguments.record, record, record_table)
     return 0
 
 

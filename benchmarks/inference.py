@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.record import caption, make_record, write_record
+from benchmarks.record import caption, make_record, publish
 
 from CalibSegLib.bundle import Bundle, BundleMetadata
 from CalibSegLib.device import resolve_device
@@ -250,9 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{case} on {device}: CalibSeg {ours['seconds']:.2f} s, MONAI {theirs['seconds']:.2f} s", flush=True)
     record = make_record("inference", {"batch_size": arguments.batch_size, "repeats": arguments.repeats, "runs": runs},
                          argv, device="cuda" if "cuda" in devices else "cpu")
-    table = record_table(record)
-    print("\n".join(table))
-    write_record(arguments.record, record, table)
+    publish(arguments.record, record, record_table)
     return 0
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.record import caption, make_record, write_record
+from benchmarks.record import caption, make_record, publish
 from CalibSegLib.losses import LOSSES, build_loss
 from CalibSegLib.networks import build_network
 
@@ -85,9 +85,7 @@ def main() -> None:
 
         results[name] = best_time(forward_backward, arguments.repeats)
     record = make_record("losses", {"shape": list(shape), "step_s": step_time, "losses": results})
-    table = record_table(record)
-    print("\n".join(table))
-    write_record(arguments.record, record, table)
+    publish(arguments.record, record, record_table)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.record import caption, make_record, write_record
+from benchmarks.record import caption, make_record, publish
 from CalibSegLib.metrics import CalibrationAccumulator
 
 TIME_TARGET, MEMORY_TARGET = 2.0, 1.5
@@ -94,9 +94,7 @@ def main() -> None:
     record = make_record("metrics", {"shape": list(shape), "foreground_voxels": int(result.pooled["voxels"]),
                                      "chunks": depth, "reference_s": reference_time, "streaming_s": streaming_time,
                                      "peak_bytes": int(peak), "probability_bytes": int(probs.nbytes)})
-    table = record_table(record)
-    print("\n".join(table))
-    write_record(arguments.record, record, table)
+    publish(arguments.record, record, record_table)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from benchmarks.inference import benchmark_bundle
-from benchmarks.record import caption, make_record, write_record
+from benchmarks.record import caption, make_record, publish
 from CalibSegLib.sliding_window import MirrorAgreement, window_logits
 
 TIME_TARGET = 1.1
@@ -72,9 +72,7 @@ def main() -> None:
     parser.add_argument("--record", type=Path, default=None, help="write the results as a JSON record here")
     arguments = parser.parse_args()
     record = make_record("mirror_agreement", measure(arguments.repeats))
-    table = record_table(record)
-    print("\n".join(table))
-    write_record(arguments.record, record, table)
+    publish(arguments.record, record, record_table)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ from __future__ import annotations
 import datetime
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-__all__ = ["make_record", "write_record", "caption"]
+__all__ = ["make_record", "write_record", "publish", "caption"]
 
 
 def make_record(benchmark: str, results: dict[str, Any], argv: Sequence[str] | None = None,
@@ -44,6 +44,15 @@ def write_record(path: str | Path | None, record: dict[str, Any], table: Sequenc
     from CalibSegLib.io import write_json_atomic
 
     print(f"record: {write_json_atomic(path, {**record, 'table': list(table)})}")
+
+
+def publish(path: str | Path | None, record: dict[str, Any], format_table: Callable[[dict[str, Any]], list[str]]
+            ) -> None:
+    """Print the table ``format_table`` (the benchmark's ``record_table``) makes of ``record``, then write both to
+    ``path`` (:func:`write_record`)."""
+    table = format_table(record)
+    print("\n".join(table))
+    write_record(path, record, table)
 
 
 def caption(record: dict[str, Any]) -> str:

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.record import caption, make_record, write_record
+from benchmarks.record import caption, make_record, publish, write_record
 from Training.schedules import SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -244,9 +244,7 @@ def main() -> None:
             results["dice"][dice_device] = validation_dice(dice_device, arguments.method, arguments.dice_epochs)
             print(f"{dice_device}: validation Dice {results['dice'][dice_device]:.3f}", flush=True)
     record = make_record("training_throughput", results, device=device)
-    table = record_table(record)
-    print("\n".join(table))
-    write_record(arguments.record, record, table)
+    publish(arguments.record, record, record_table)
 
 
 if __name__ == "__main__":
