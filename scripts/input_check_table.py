@@ -2,6 +2,7 @@
 
     python -m scripts.input_check_table --bundle acdc_ce_dice --split test --data "$CALIBSEG_ACDC"
     python -m scripts.input_check_table --bundle acdc_ce_dice --split val --data "$CALIBSEG_ACDC"
+    python -m scripts.input_check_table --bundle acdc_ce_dice --inputs "clean;gamma 3;k-space undersampling"
 
 Every input is analysed as ``calibseg-predict`` analyses it (:func:`CalibSegLib.analysis.analyse_case`:
 the prediction, then the input check with the network's feature distance): the split's clean volumes;
@@ -36,7 +37,7 @@ from Datasets.cases import ACDC_SPACING, Case, data_folder, find_cases, load_cas
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.shifts import SHIFTS, at_pixel_spacing
 
-__all__ = ["FAILED_BELOW", "ct_like_volume", "noise_volume", "inputs", "main"]
+__all__ = ["FAILED_BELOW", "ct_like_volume", "noise_volume", "input_kinds", "inputs", "main"]
 
 SEEDS = {"val": 1, "test": 2}
 PIXELS_MM = {"val": (0.375, 0.75, 3.0, 4.5), "test": (0.75,)}
@@ -93,25 +94,34 @@ class Input:
     label: np.ndarray | None
 
 
-def inputs(cases: Sequence[Case], split: str) -> Iterator[Input]:
-    """Every input the table analyses, in order: clean, shifted, resampled, then the non-cardiac ones."""
-    for case in cases:
+def input_kinds(split: str) -> list[str]:
+    """The kinds of input the table has for ``split``, in its order."""
+    return [CLEAN, *SHIFTS, *(f"resampled to {pixel:g} mm" for pixel in PIXELS_MM[split]), *NO_HEART]
+
+
+def inputs(cases: Sequence[Case], split: str, kinds: Sequence[str] | None = None) -> Iterator[Input]:
+    """Every input the table analyses, in order: clean, shifted, resampled, then the non-cardiac ones; with
+    ``kinds``, only those (each shift's draws are the same as in the whole table)."""
+    def wanted(kind: str) -> bool:
+        return kinds is None or kind in kinds
+
+    for case in cases if wanted(CLEAN) else ():
         yield Input(CLEAN, case.case_id, case.image, case.spacing, case.label)
     for index, (kind, shift) in enumerate(SHIFTS.items()):
         rng = np.random.default_rng([SEEDS[split], index])  # one generator per shift: its draws stand alone
-        for case in cases:
+        for case in cases if wanted(kind) else ():
             image = shift(case.image.astype(np.float32), rng)
             yield Input(kind, case.case_id, image, case.spacing, case.label)
     for pixel in PIXELS_MM[split]:
-        for case in cases:
+        for case in cases if wanted(f"resampled to {pixel:g} mm") else ():
             image, spacing = at_pixel_spacing(case.image, case.spacing, pixel)
             yield Input(f"resampled to {pixel:g} mm", case.case_id, image, spacing,
                         at_pixel_spacing(case.label, case.spacing, pixel, labels=True)[0])
     rng = np.random.default_rng(SEEDS[split])
-    for index in range(OTHER_INPUTS):
-        image = noise_volume(rng, cases[index].image.shape)
+    noise = [noise_volume(rng, cases[index].image.shape) for index in range(OTHER_INPUTS)]
+    for index, image in enumerate(noise if wanted(NO_HEART[0]) else ()):
         yield Input(NO_HEART[0], f"noise{index}", image, ACDC_SPACING, None)
-    for index in range(OTHER_INPUTS):
+    for index in range(OTHER_INPUTS if wanted(NO_HEART[1]) else 0):
         image, spacing = ct_like_volume(rng)
         yield Input(NO_HEART[1], f"ct{index}", image, spacing, None)
 
@@ -162,7 +172,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", choices=tuple(SEEDS), default="test")
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--inputs", default=None, metavar="KIND;KIND...",
+                        help="only these kinds of input, separated by ';' (default: all; the kinds are the "
+                             "table's first column), e.g. on a slow machine or one without SimpleITK")
     arguments = parser.parse_args(argv)
+    kinds = None if arguments.inputs is None else [kind.strip() for kind in arguments.inputs.split(";")]
+    unknown = sorted(set(kinds or ()) - set(input_kinds(arguments.split)))
+    if unknown:
+        raise SystemExit(f"error: no input kind {unknown[0]!r} for the {arguments.split} split; the kinds are: "
+                         + "; ".join(input_kinds(arguments.split)) + ".")
     started = time.monotonic()
     bundle = load_bundle(resolve_bundle_path(arguments.bundle))
     metadata = bundle.metadata
@@ -174,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     predictor = Predictor(bundle, device=arguments.device)
     outcomes = []
     print("kind | input | " + " | ".join(FAMILIES) + " | feature distance | suitable | Dice")
-    for item in inputs(cases, arguments.split):
+    for item in inputs(cases, arguments.split, kinds):
         analysis = analyse_case(predictor, item.image, item.spacing)
         check = analysis.summary["input_check"]
         labels = analysis.prediction.labels
