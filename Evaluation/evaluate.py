@@ -1,6 +1,6 @@
 """3D evaluation of a model bundle on the test patients of a split.
 
-    calibseg-evaluate --bundle runs/crac/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
+    calibseg-evaluate --bundle runs/ce_dice/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
     calibseg-evaluate --bundle acdc_ce_dice --data /path/to/acdc   # a shipped model (or set CALIBSEG_ACDC)
 
 The data are found from what the bundle records (:func:`Datasets.cases.data_folder`: ``--data``,

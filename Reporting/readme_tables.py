@@ -3,7 +3,7 @@ that their numbers cannot drift.
 
     python -m Reporting.readme_tables            # rewrite every block whose record exists
     python -m Reporting.readme_tables --check    # exit 1 if a document and its records disagree
-    python -m Reporting.readme_tables --record-quick-start runs/crac --command "calibseg-train" [--wall-s 282]
+    python -m Reporting.readme_tables --record-quick-start runs/ce_dice --command "calibseg-train" [--wall-s 282]
 
 Every measured table of those documents sits between ``<!-- generated:NAME begin -->`` and
 ``<!-- generated:NAME end -->``; :data:`TABLES` says, per NAME, which recorded files it is made

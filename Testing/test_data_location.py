@@ -56,7 +56,7 @@ def test_train_records_the_dataset_by_name_and_prints_where_everything_goes(tmp_
 def test_default_run_folder_is_under_the_current_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     arguments = parser().parse_args([])
-    assert run_folder(arguments) == Path("runs") / "crac"
+    assert run_folder(arguments) == Path("runs") / "ce_dice"
 
 
 def test_dataset_names_and_where_readers_find_them(tmp_path, monkeypatch):

@@ -401,7 +401,7 @@ def test_a_ct_block_of_a_million_hu_makes_the_input_unsuitable():
 def test_a_bundle_whose_window_its_network_cannot_take_is_refused_on_load(tmp_path):
     from fault_checks import rewrite_bundle
 
-    good = Path(__file__).resolve().parents[1] / "CalibSegLib" / "pretrained" / "acdc_crac.calibseg"
+    good = Path(__file__).resolve().parents[1] / "CalibSegLib" / "pretrained" / "acdc_nacl.calibseg"
     for patch, nearest in (([120, 120], "112 and 128"), ([8, 8], "32 and 48")):
         bundle = rewrite_bundle(good, tmp_path / f"{patch[0]}.calibseg",
                                 lambda metadata, patch=patch: metadata["sliding_window"].update(patch_size=patch))

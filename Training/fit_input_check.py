@@ -1,7 +1,7 @@
 """Store in a bundle what its training inputs looked like, to the statistics and to its network, and its
 classes' standard terminology.
 
-    python -m Training.fit_input_check --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
+    python -m Training.fit_input_check --bundle runs/ce_dice/model.calibseg [--data DIR] [--out PATH]
     python -m Training.fit_input_check --bundle acdc_crac --data /path/to/acdc
         --out CalibSegLib/pretrained/acdc_crac.calibseg
 

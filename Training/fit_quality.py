@@ -1,6 +1,6 @@
 """(Re)fit a bundle's quality model and write it into the bundle.
 
-    calibseg-fit-quality --bundle runs/crac/model.calibseg [--data DIR] [--out PATH]
+    calibseg-fit-quality --bundle runs/ce_dice/model.calibseg [--data DIR] [--out PATH]
     calibseg-fit-quality --bundle acdc_crac --fold-bundles runs/folds/crac_f*/model.calibseg --out X.calibseg
     calibseg-fit-quality --bundle acdc_crac --keep-fit --review-below 0.85   # the fit kept, another threshold
     calibseg-fit-quality --bundle runs/ce_dice-cv/ensemble.calibseg --folds runs/ce_dice-cv   # an ensemble's
