@@ -591,7 +591,7 @@ def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, s
     with pytest.raises(SystemExit, match=r"^error: --review-below must be a Dice in \[0, 1\], got nan\.$"):
         fit_quality.main(["--bundle", str(path), "--review-below", "nan"])
     with pytest.raises(SystemExit, match="error: Data folder .* does not exist"):
-        fit_quality.main(["--bundle", "acdc_crac", "--data", str(tmp_path / "none"),
+        fit_quality.main(["--bundle", "acdc_nacl", "--data", str(tmp_path / "none"),  # one network, validated
                           "--out", str(tmp_path / "x.calibseg")])
     assert not (tmp_path / "x.calibseg").exists()
 

@@ -182,10 +182,11 @@ def test_learning_rate_follows_its_schedule_step_by_step(sample_cases, tmp_path,
 
 
 @pytest.mark.parametrize("flags,expected", [
-    ([], {"warmup_epochs": 3}),  # the quick schedule holds CRaC's multipliers for its first 300 steps
-    (["--loss-arg", "warmup_epochs=0", "--loss-arg", "margin=1"], {"warmup_epochs": 0, "margin": 1}),
-    (["--cpu"], {}),
-    (["--method", "ce_dice"], {}),
+    (["--method", "crac"], {"warmup_epochs": 3}),  # the quick schedule holds CRaC's multipliers for 300 steps
+    (["--method", "crac", "--loss-arg", "warmup_epochs=0", "--loss-arg", "margin=1"],
+     {"warmup_epochs": 0, "margin": 1}),
+    (["--method", "crac", "--cpu"], {}),
+    ([], {}),  # the default loss, CE+Dice, has no schedule arguments
 ])
 def test_schedule_loss_arguments_yield_to_the_flags(flags, expected):
     plan = Plan("test", Fingerprint((), (), (), ()), 2, (1.5, 1.5), (64, 64), None, None, ("background", "a"),

@@ -58,8 +58,8 @@ def parser() -> argparse.ArgumentParser:
     """calibseg-train's flags."""
     flags = argparse.ArgumentParser(prog="calibseg-train", description="Train a segmentation network with a "
                                     "calibration-aware loss and write a model bundle.")
-    # CE+Dice by default: after the temperature every bundle applies, it calibrated ACDC's out-of-fold patients at
-    # least as well as CRaC and learnt the small structures CRaC dropped in the quick schedule (docs/decisions.md).
+    # CE+Dice by default: after the temperature every bundle applies, it calibrated the cross-validated cardiac
+    # patients better than CRaC and learnt the small structures CRaC dropped in the quick schedule (docs/decisions.md).
     flags.add_argument("--method", default="ce_dice", choices=LOSSES, help="loss (default ce_dice)")
     flags.add_argument("--loss-arg", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                        help="loss hyper-parameter, repeatable (e.g. --loss-arg margin=5 --loss-arg kernel=3)")
