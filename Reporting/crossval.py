@@ -27,8 +27,7 @@ from Training.out_of_fold import complete_out_of_fold, out_of_fold_dir
 from Training.records import RunSummary
 
 __all__ = ["collect_cross_validation", "crossval_record", "crossval_tables", "out_of_fold_comparison_table",
-           "shipped_results",
-           "shipped_comparison_table", "main"]
+           "shipped_results", "shipped_comparison_table", "main"]
 
 # (variant, label) in the order the tables show them: the papers' protocol first.
 _VARIANTS = (("uncalibrated", "T = 1"), ("scaled", "fitted T"))

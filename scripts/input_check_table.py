@@ -94,9 +94,14 @@ class Input:
     label: np.ndarray | None
 
 
+def _resampled(pixel: float) -> str:
+    """The kind of the copies resampled in-plane to ``pixel`` mm."""
+    return f"resampled to {pixel:g} mm"
+
+
 def input_kinds(split: str) -> list[str]:
     """The kinds of input the table has for ``split``, in its order."""
-    return [CLEAN, *SHIFTS, *(f"resampled to {pixel:g} mm" for pixel in PIXELS_MM[split]), *NO_HEART]
+    return [CLEAN, *SHIFTS, *map(_resampled, PIXELS_MM[split]), *NO_HEART]
 
 
 def inputs(cases: Sequence[Case], split: str, kinds: Sequence[str] | None = None) -> Iterator[Input]:
@@ -113,11 +118,12 @@ def inputs(cases: Sequence[Case], split: str, kinds: Sequence[str] | None = None
             image = shift(case.image.astype(np.float32), rng)
             yield Input(kind, case.case_id, image, case.spacing, case.label)
     for pixel in PIXELS_MM[split]:
-        for case in cases if wanted(f"resampled to {pixel:g} mm") else ():
+        for case in cases if wanted(_resampled(pixel)) else ():
             image, spacing = at_pixel_spacing(case.image, case.spacing, pixel)
-            yield Input(f"resampled to {pixel:g} mm", case.case_id, image, spacing,
+            yield Input(_resampled(pixel), case.case_id, image, spacing,
                         at_pixel_spacing(case.label, case.spacing, pixel, labels=True)[0])
     rng = np.random.default_rng(SEEDS[split])
+    # Drawn even when not wanted: the CT-like volumes come after them from the same generator.
     noise = [noise_volume(rng, cases[index].image.shape) for index in range(OTHER_INPUTS)]
     for index, image in enumerate(noise if wanted(NO_HEART[0]) else ()):
         yield Input(NO_HEART[0], f"noise{index}", image, ACDC_SPACING, None)
@@ -177,10 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "table's first column), e.g. on a slow machine or one without SimpleITK")
     arguments = parser.parse_args(argv)
     kinds = None if arguments.inputs is None else [kind.strip() for kind in arguments.inputs.split(";")]
-    unknown = sorted(set(kinds or ()) - set(input_kinds(arguments.split)))
+    known = input_kinds(arguments.split)
+    unknown = [kind for kind in kinds or () if kind not in known]
     if unknown:
         raise SystemExit(f"error: no input kind {unknown[0]!r} for the {arguments.split} split; the kinds are: "
-                         + "; ".join(input_kinds(arguments.split)) + ".")
+                         + "; ".join(known) + ".")
     started = time.monotonic()
     bundle = load_bundle(resolve_bundle_path(arguments.bundle))
     metadata = bundle.metadata
