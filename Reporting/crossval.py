@@ -160,14 +160,15 @@ def out_of_fold_comparison_table(paths: list[Path]) -> list[str]:
     return crossval_tables(json.loads(paths[0].read_text()))
 
 
-def shipped_comparison_table(paths: list[Path]) -> list[str]:
-    """docs/results.md's ``shipped_comparison`` block: the shipped models on their test patients, every mean and
-    every paired difference with its patient-level interval (the block :mod:`Reporting.readme_tables` writes)."""
+def shipped_comparison_table(paths: list[Path], tested: str) -> list[str]:
+    """docs/results.md's ``shipped_comparison`` block: the shipped models on their test patients (``tested`` names
+    them, e.g. "15 test patients of `acdc.json`"), every mean and every paired difference with its patient-level
+    interval (the block :mod:`Reporting.readme_tables` writes)."""
     results = shipped_results(paths)
     record = {"methods": {result.label: cross_validation_summary(result) for result in results},
               "comparisons": {variant: paired_comparisons(results, variant) for variant, _ in _VARIANTS}}
     first = next(iter(record["methods"].values()))
-    return crossval_tables(record, f"The shipped models on the {first['patients']} test patients of acdc.json "
+    return crossval_tables(record, f"The shipped models on the {tested} "
                                    f"({first['volumes']} volumes), from their metrics files. Fitted T: each "
                                    "bundle's own, fitted on its validation patients (an ensemble's on its folds' "
                                    "out-of-fold patients).")

@@ -1,5 +1,5 @@
-"""The measured tables of README.md, docs/results.md and docs/performance.md, regenerated from recorded files so
-that their numbers cannot drift.
+"""The measured tables of README.md, docs/results.md, docs/performance.md and docs/input_check.md, regenerated from
+recorded files so that their numbers cannot drift.
 
     python -m Reporting.readme_tables            # rewrite every block whose record exists
     python -m Reporting.readme_tables --check    # exit 1 if a document and its records disagree
@@ -30,7 +30,10 @@ Records (each written by the tool that measured it):
   (:func:`quick_start_entry`);
 - ``benchmark_<name>`` (docs/performance.md): ``docs/records/benchmark_<name>.json`` from
   ``python -m benchmarks.<name> --record docs/records/benchmark_<name>.json``; each benchmark
-  script formats its own table (``record_table``) and keeps it in its record, which is copied here.
+  script formats its own table (``record_table``) and keeps it in its record, which is copied here;
+- ``input_check_<bundle>_<split>`` (docs/input_check.md): ``docs/records/input_check/<bundle>_<split>.json`` from
+  ``python -m scripts.input_check_table --bundle <bundle> --split <split> --record ...``, whose table is copied
+  the same way.
 """
 
 from __future__ import annotations
@@ -55,12 +58,13 @@ from Reporting.crossval import out_of_fold_comparison_table, shipped_comparison_
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
-           "RESULTS_PAGE", "PERFORMANCE_PAGE", "QUICK_START_RECORD", "blocks", "regenerate", "shipped_models_table",
-           "shipped_quality_table", "shipped_quality_report", "quick_start_entry", "quick_start_table",
-           "record_quick_start", "CROSSVAL_RECORD", "main"]
+           "RESULTS_PAGE", "PERFORMANCE_PAGE", "INPUT_CHECK_PAGE", "QUICK_START_RECORD", "blocks", "regenerate",
+           "shipped_models_table", "shipped_quality_table", "shipped_quality_report", "quick_start_entry",
+           "quick_start_table", "record_quick_start", "tested_patients", "CROSSVAL_RECORD", "main"]
 
 README = REPO_ROOT / "README.md"
 RESULTS_PAGE = REPO_ROOT / "docs" / "results.md"
+INPUT_CHECK_PAGE = REPO_ROOT / "docs" / "input_check.md"
 PERFORMANCE_PAGE = REPO_ROOT / "docs" / "performance.md"
 RECORDS_DIR = REPO_ROOT / "docs" / "records"
 QUICK_START_RECORD = RECORDS_DIR / "quick_start.json"
@@ -85,19 +89,34 @@ def _mean(summary: dict, variant: str, key: str) -> float:
     return float(summary[variant][key])
 
 
+def _bundle_beside(metrics_path: Path) -> Path:
+    """The shipped bundle a ``<name>.metrics.json`` file describes."""
+    return metrics_path.with_name(metrics_path.name.removesuffix(METRICS_SUFFIX) + BUNDLE_SUFFIX)
+
+
+def tested_patients(paths: list[Path]) -> str:
+    """Which test patients the shipped models' metrics files were measured on, named by the split files their
+    bundles record, e.g. "15 test patients of `acdc.json` and `acdc_cv.json`"."""
+    splits: dict[frozenset, set[str]] = {}
+    for path in paths:
+        data = read_metadata(_bundle_beside(path)).data
+        splits.setdefault(frozenset(data.get("test", [])), set()).add(Path(data.get("split_file", "?")).name)
+    # A cross-validation split keeps the single-network split's test patients: one set, named by both files.
+    return "; ".join(sorted(f"{len(patients)} test patients of " + " and ".join(f"`{name}`" for name in sorted(names))
+                            for patients, names in splits.items()))
+
+
 def shipped_models_table(paths: list[Path]) -> list[str]:
     """Table of the shipped models from their ``<name>.metrics.json`` files (``Reporting/ship.py``)."""
-    rows, volumes, sizes, splits = [], set(), [], {}
+    rows, volumes, sizes = [], set(), []
     for path in sorted(paths):
         metrics = json.loads(path.read_text())
-        bundle_path = path.with_name(path.name.removesuffix(METRICS_SUFFIX) + BUNDLE_SUFFIX)
+        bundle_path = _bundle_beside(path)
         recorded = read_metadata(bundle_path)
         summary = metrics["summary"]
         fitted = temperature_text(metrics.get("temperature", recorded.temperature))
         volumes.add(len(metrics["cases"]))
         sizes.append(bundle_path.stat().st_size / 1e6)
-        data = recorded.data
-        splits.setdefault(frozenset(data.get("test", [])), set()).add(Path(data.get("split_file", "?")).name)
         rows.append(f"| `{metrics['model']}` | {_mean(summary, 'scaled', 'dice_mean'):.3f} | "
                     f"{_mean(summary, 'scaled', 'hd95_mean'):.2f} | {_mean(summary, 'uncalibrated', 'ece'):.3f} | "
                     f"{_mean(summary, 'uncalibrated', 'tace'):.3f} | "
@@ -105,10 +124,7 @@ def shipped_models_table(paths: list[Path]) -> list[str]:
                     f"{_mean(summary, 'uncalibrated', 'error_auroc'):.3f} | "
                     f"{metrics['spearman_entropy_vs_dice']['uncalibrated']:.2f} |")
     size = f"{min(sizes):.1f}" if f"{min(sizes):.1f}" == f"{max(sizes):.1f}" else f"{min(sizes):.1f}–{max(sizes):.1f}"
-    # A cross-validation split keeps the single-network split's test patients: one set, named by both files.
-    tested = "; ".join(sorted(f"{len(patients)} test patients of " + " and ".join(f"`{name}`" for name in sorted(names))
-                              for patients, names in splits.items()))
-    return [f"Means over the {' / '.join(map(str, sorted(volumes)))} test volumes ({tested}) "
+    return [f"Means over the {' / '.join(map(str, sorted(volumes)))} test volumes ({tested_patients(paths)}) "
             f"of each shipped file (float16, {size} MB); ECE is the mean of the per-volume ECEs over the "
             "reference foreground.",
             "",
@@ -251,16 +267,26 @@ def quick_start_table(paths: list[Path]) -> list[str]:
             f"{described(lambda run: run['wall_measured'])}."]
 
 
-def _benchmark(name: str) -> Table:
-    """A benchmark's block: the table its run printed, kept in its record (``benchmarks/record.py``)."""
+def _copied_table(source: str, command: str) -> Table:
+    """A block that copies the table its measuring ``command`` printed and kept in its record ``source``."""
     def render(paths: list[Path]) -> list[str]:
         record = json.loads(paths[0].read_text())
         if "table" not in record:
-            raise ValueError(f"{paths[0].name} holds no table; run python -m benchmarks.{name} --record {paths[0]} "
-                             "again.")
+            raise ValueError(f"{paths[0].name} holds no table; run {command} --record {paths[0]} again.")
         return list(record["table"])
 
-    return Table((f"docs/records/benchmark_{name}.json",), render)
+    return Table((source,), render)
+
+
+def _benchmark(name: str) -> Table:
+    """A benchmark's block: the table its run printed (``benchmarks/record.py``)."""
+    return _copied_table(f"docs/records/benchmark_{name}.json", f"python -m benchmarks.{name}")
+
+
+def _input_check(bundle: str, split: str) -> Table:
+    """A model's input-check table on a split's clean and shifted volumes (``scripts/input_check_table.py``)."""
+    return _copied_table(f"docs/records/input_check/{bundle}_{split}.json",
+                         f"python -m scripts.input_check_table --bundle {bundle} --split {split}")
 
 
 TABLES: dict[str, Table] = {
@@ -268,10 +294,11 @@ TABLES: dict[str, Table] = {
     "shipped_quality": Table(SHIPPED_METRICS, shipped_quality_table),
     "quick_start": Table(("docs/records/quick_start.json",), quick_start_table),
     "shipped_quality_report": Table(SHIPPED_METRICS, shipped_quality_report),
-    "shipped_comparison": Table(SHIPPED_METRICS, shipped_comparison_table),
+    "shipped_comparison": Table(SHIPPED_METRICS, lambda paths: shipped_comparison_table(paths, tested_patients(paths))),
     "crossval_comparison": Table((CROSSVAL_RECORD,), out_of_fold_comparison_table),
     **{f"benchmark_{name}": _benchmark(name)
        for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement", "ensemble")},
+    **{f"input_check_{bundle}_test": _input_check(bundle, "test") for bundle in ("acdc_ce_dice", "acdc_crac")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
@@ -279,6 +306,7 @@ DOCUMENTS: dict[Path, dict[str, Table]] = {
     RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report", "shipped_comparison",
                                                    "crossval_comparison")},
     PERFORMANCE_PAGE: {name: table for name, table in TABLES.items() if name.startswith("benchmark_")},
+    INPUT_CHECK_PAGE: {name: table for name, table in TABLES.items() if name.startswith("input_check_")},
 }
 
 

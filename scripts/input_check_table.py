@@ -3,6 +3,7 @@
     python -m scripts.input_check_table --bundle acdc_ce_dice --split test --data "$CALIBSEG_ACDC"
     python -m scripts.input_check_table --bundle acdc_ce_dice --split val --data "$CALIBSEG_ACDC"
     python -m scripts.input_check_table --bundle acdc_ce_dice --inputs "clean;gamma 3;k-space undersampling"
+    python -m scripts.input_check_table --bundle acdc_crac --record docs/records/input_check/acdc_crac_test.json
 
 Every input is analysed as ``calibseg-predict`` analyses it (:func:`CalibSegLib.analysis.analyse_case`:
 the prediction, then the input check with the network's feature distance): the split's clean volumes;
@@ -15,13 +16,22 @@ excursion, :func:`CalibSegLib.input_check.excursions`, the feature distance, the
 Dice), then the Markdown table docs/input_check.md shows: per kind of input how many volumes are called
 unsuitable (by the network's features, by the statistics), their Dice, and how many of those below
 :data:`FAILED_BELOW` are caught. Research only: it reads ACDC from ``--data`` (default ``$CALIBSEG_ACDC``).
+
+With ``--record PATH`` every outcome is written to ``PATH`` as it is measured (JSON, atomically), with the table of
+what is recorded so far, so that a run stopped part-way (an ensemble takes about 90 min on a 2-core CPU) goes on where
+it stopped when started again with the same record: the inputs recorded are not analysed again. A record belongs to
+one bundle file (its SHA-256) and split; docs/input_check.md copies the tables of ``docs/records/input_check/``
+(:mod:`Reporting.readme_tables`).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -29,15 +39,18 @@ import numpy as np
 
 from CalibSegLib.analysis import analyse_case
 from CalibSegLib.bundle import load_bundle
+from CalibSegLib.device import environment
 from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import FAMILIES, InputStatistics, excursions, observe_volume
+from CalibSegLib.io import write_json_atomic
 from CalibSegLib.metrics import dice
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import ACDC_SPACING, Case, data_folder, find_cases, load_cases
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.shifts import SHIFTS, at_pixel_spacing
 
-__all__ = ["FAILED_BELOW", "ct_like_volume", "noise_volume", "input_kinds", "inputs", "main"]
+__all__ = ["FAILED_BELOW", "Outcome", "ct_like_volume", "noise_volume", "input_kinds", "inputs", "table",
+           "read_record", "make_record", "main"]
 
 SEEDS = {"val": 1, "test": 2}
 PIXELS_MM = {"val": (0.375, 0.75, 3.0, 4.5), "test": (0.75,)}
@@ -137,9 +150,11 @@ class Outcome:
     """What the check said about one input and how the model did on it."""
 
     kind: str
+    name: str
     suitable: bool
     by_features: bool
     by_statistics: bool
+    distance: float  # the network's feature distance; NaN where the bundle has no feature statistics
     dice: float  # mean over the foreground structures; NaN without a reference
 
 
@@ -156,20 +171,64 @@ def _cell(outcomes: Sequence[Outcome]) -> list[str]:
             f"{int(failed.sum())}: {caught} unsuitable" if has_dice else "–"]
 
 
-def table(outcomes: Sequence[Outcome]) -> list[str]:
-    """The Markdown table of docs/input_check.md and its summary lines."""
-    kinds = list(dict.fromkeys(outcome.kind for outcome in outcomes))
+def table(outcomes: Sequence[Outcome], kinds: Sequence[str] | None = None) -> list[str]:
+    """The Markdown table of docs/input_check.md and its summary lines, one row per kind of input in the order
+    of ``kinds`` (default: as they come); kinds of ``kinds`` without outcomes are named as not measured yet."""
+    measured = list(dict.fromkeys(outcome.kind for outcome in outcomes))
+    order = [kind for kind in kinds if kind in measured] if kinds is not None else measured
     lines = [("| input | volumes | called unsuitable | by the features | by the statistics | "
               f"mean Dice (lowest) | Dice < {FAILED_BELOW}: of them unsuitable |"),
              "|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join([kind, *_cell([o for o in outcomes if o.kind == kind])]) + " |"
-              for kind in kinds]
+              for kind in order]
     clean = [outcome for outcome in outcomes if outcome.kind == CLEAN]
     shifted = [outcome for outcome in outcomes if outcome.kind in SHIFTS and outcome.dice < FAILED_BELOW]
-    lines += ["", (f"clean volumes called unsuitable: {sum(not o.suitable for o in clean)} of {len(clean)}; "
+    lines += ["", (f"Clean volumes called unsuitable: {sum(not o.suitable for o in clean)} of {len(clean)}; "
                    f"shifted volumes with Dice < {FAILED_BELOW} called unsuitable: "
-                   f"{sum(not o.suitable for o in shifted)} of {len(shifted)}")]
+                   f"{sum(not o.suitable for o in shifted)} of {len(shifted)}.")]
+    missing = [kind for kind in kinds or () if kind not in measured]
+    if missing:
+        lines += ["", "Not measured yet: " + "; ".join(missing) + "."]
     return lines
+
+
+def _digest(path: Path) -> str:
+    """The SHA-256 of the bundle file: a record belongs to these weights, not to a name."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_record(path: Path | None, bundle_sha256: str, split: str) -> tuple[list[Outcome], float]:
+    """The outcomes already recorded in ``path`` and the seconds they took (none, 0 when it is None or absent).
+
+    Raises:
+        SystemExit: the record is of another bundle file or split (one sentence).
+    """
+    if path is None or not path.exists():
+        return [], 0.0
+    record = json.loads(path.read_text())
+    if record.get("bundle_sha256") != bundle_sha256 or record.get("split") != split:
+        raise SystemExit(f"error: {path} records the {record.get('split')} split of another bundle file "
+                         f"({record.get('bundle')}); give another --record, or remove it to measure again.")
+    return [Outcome(**entry) for entry in record["outcomes"]], float(record["seconds"])
+
+
+def make_record(bundle: str, bundle_sha256: str, split: str, outcomes: Sequence[Outcome], feature_threshold: float,
+                family_thresholds: dict[str, float], seconds: float, device: str = "cpu") -> dict:
+    """The JSON record of a table: what was measured, on what, and the table docs/input_check.md copies."""
+    machine = environment(device)
+    caption = (f"`python -m scripts.input_check_table --bundle {bundle} --split {split} --record ...`: "
+               f"{len(outcomes)} inputs, feature threshold {feature_threshold:.1f}, {seconds / 60:.0f} min on "
+               f"{'' if machine['device'] == 'cpu' else machine['device'] + ' and '}{machine['cpu_count']} CPU "
+               f"cores, recorded {datetime.date.today().isoformat()}.")
+    return {"bundle": bundle, "bundle_sha256": bundle_sha256, "split": split,
+            "recorded": datetime.date.today().isoformat(), "environment": machine, "seconds": seconds,
+            "feature_threshold": feature_threshold, "family_thresholds": family_thresholds,
+            "outcomes": [asdict(outcome) for outcome in outcomes],
+            "table": [*table(outcomes, input_kinds(split)), "", caption]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--inputs", default=None, metavar="KIND;KIND...",
                         help="only these kinds of input, separated by ';' (default: all; the kinds are the "
                              "table's first column), e.g. on a slow machine or one without SimpleITK")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="write every outcome here as it is measured (JSON); started again with the same "
+                             "record, the run skips what it holds")
     arguments = parser.parse_args(argv)
     kinds = None if arguments.inputs is None else [kind.strip() for kind in arguments.inputs.split(";")]
     known = input_kinds(arguments.split)
@@ -189,17 +251,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: no input kind {unknown[0]!r} for the {arguments.split} split; the kinds are: "
                          + "; ".join(known) + ".")
     started = time.monotonic()
-    bundle = load_bundle(resolve_bundle_path(arguments.bundle))
+    bundle_path = resolve_bundle_path(arguments.bundle)
+    bundle_sha256 = _digest(bundle_path)
+    outcomes, seconds_before = read_record(arguments.record, bundle_sha256, arguments.split)
+    recorded = {(outcome.kind, outcome.name) for outcome in outcomes}
+    bundle = load_bundle(bundle_path)
     metadata = bundle.metadata
     statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names,
                                            metadata.in_channels)
+    feature_threshold = statistics.features.threshold if statistics.features is not None else float("nan")
     files = find_cases(data_folder(metadata.data, arguments.data))
     patients = recorded_split(metadata.data)[arguments.split]
     cases = load_cases(select_patients(files, patients), metadata.num_classes)
     predictor = Predictor(bundle, device=arguments.device)
-    outcomes = []
     print("kind | input | " + " | ".join(FAMILIES) + " | feature distance | suitable | Dice")
     for item in inputs(cases, arguments.split, kinds):
+        if (item.kind, item.name) in recorded:
+            continue
         analysis = analyse_case(predictor, item.image, item.spacing)
         check = analysis.summary["input_check"]
         labels = analysis.prediction.labels
@@ -209,13 +277,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                        metadata.preprocessing))
         score = (float("nan") if item.label is None else
                  float(np.mean(dice(labels, item.label.astype(np.int64), metadata.num_classes))))
-        outcomes.append(Outcome(item.kind, check["suitable"], by_features,
-                                len(check["reasons"]) > int(by_features), score))
+        outcomes.append(Outcome(item.kind, item.name, check["suitable"], by_features,
+                                len(check["reasons"]) > int(by_features), distance, score))
         print(f"{item.kind} | {item.name} | " + " | ".join(f"{values[family]:.3f}" for family in FAMILIES)
               + f" | {distance:.1f} | {check['suitable']} | {score:.3f}", flush=True)
-    print(f"\nfeature threshold {check['features'].get('threshold', float('nan')):.1f}; family thresholds "
-          f"{statistics.thresholds}; {time.monotonic() - started:.0f} s\n")
-    print("\n".join(table(outcomes)))
+        if arguments.record is not None:
+            write_json_atomic(arguments.record, make_record(
+                bundle_path.stem, bundle_sha256, arguments.split, outcomes, feature_threshold,
+                statistics.thresholds, seconds_before + time.monotonic() - started, arguments.device))
+    print(f"\nfeature threshold {feature_threshold:.1f}; family thresholds {statistics.thresholds}; "
+          f"{seconds_before + time.monotonic() - started:.0f} s\n")
+    print("\n".join(table(outcomes, known)))
     return 0
 
 
