@@ -18,7 +18,7 @@ unsuitable (by the network's features, by the statistics), their Dice, and how m
 :data:`FAILED_BELOW` are caught. Research only: it reads ACDC from ``--data`` (default ``$CALIBSEG_ACDC``).
 
 With ``--record PATH`` every outcome is written to ``PATH`` as it is measured (JSON, atomically), with the table of
-what is recorded so far, so that a run stopped part-way (an ensemble takes about 90 min on a 2-core CPU) goes on where
+what is recorded so far, so that a run stopped part-way (an ensemble took 47-49 min on the 2-core CPU) goes on where
 it stopped when started again with the same record: the inputs recorded are not analysed again. A record belongs to
 one bundle file (its SHA-256) and split; docs/input_check.md copies the tables of ``docs/records/input_check/``
 (:mod:`Reporting.readme_tables`).
@@ -193,12 +193,10 @@ def table(outcomes: Sequence[Outcome], kinds: Sequence[str] | None = None) -> li
 
 
 def _digest(path: Path) -> str:
-    """The SHA-256 of the bundle file: a record belongs to these weights, not to a name."""
-    digest = hashlib.sha256()
+    """The SHA-256 of the whole bundle file: a record belongs to these weights and these thresholds (a refit changes
+    only ``bundle.json``), not to a name."""
     with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(stream, "sha256").hexdigest()
 
 
 def read_record(path: Path | None, bundle_sha256: str, split: str) -> tuple[list[Outcome], float]:
@@ -211,21 +209,22 @@ def read_record(path: Path | None, bundle_sha256: str, split: str) -> tuple[list
         return [], 0.0
     record = json.loads(path.read_text())
     if record.get("bundle_sha256") != bundle_sha256 or record.get("split") != split:
-        raise SystemExit(f"error: {path} records the {record.get('split')} split of another bundle file "
-                         f"({record.get('bundle')}); give another --record, or remove it to measure again.")
+        raise SystemExit(f"error: {path} records the {record.get('split')} split of {record.get('bundle')} as another "
+                         f"bundle file or split than this {split} run's; give another --record, or remove it to "
+                         "measure again.")
     return [Outcome(**entry) for entry in record["outcomes"]], float(record["seconds"])
 
 
 def make_record(bundle: str, bundle_sha256: str, split: str, outcomes: Sequence[Outcome], feature_threshold: float,
                 family_thresholds: dict[str, float], seconds: float, device: str = "cpu") -> dict:
     """The JSON record of a table: what was measured, on what, and the table docs/input_check.md copies."""
-    machine = environment(device)
+    machine, recorded = environment(device), datetime.date.today().isoformat()
     caption = (f"`python -m scripts.input_check_table --bundle {bundle} --split {split} --record ...`: "
                f"{len(outcomes)} inputs, feature threshold {feature_threshold:.1f}, {seconds / 60:.0f} min on "
                f"{'' if machine['device'] == 'cpu' else machine['device'] + ' and '}{machine['cpu_count']} CPU "
-               f"cores, recorded {datetime.date.today().isoformat()}.")
+               f"cores, recorded {recorded}.")
     return {"bundle": bundle, "bundle_sha256": bundle_sha256, "split": split,
-            "recorded": datetime.date.today().isoformat(), "environment": machine, "seconds": seconds,
+            "recorded": recorded, "environment": machine, "seconds": seconds,
             "feature_threshold": feature_threshold, "family_thresholds": family_thresholds,
             "outcomes": [asdict(outcome) for outcome in outcomes],
             "table": [*table(outcomes, input_kinds(split)), "", caption]}
