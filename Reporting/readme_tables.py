@@ -1,5 +1,5 @@
-"""The measured tables of README.md, docs/results.md, docs/performance.md and docs/input_check.md, regenerated from
-recorded files so that their numbers cannot drift.
+"""The measured tables of README.md, docs/results.md, docs/crossval.md, docs/performance.md and docs/input_check.md,
+regenerated from recorded files so that their numbers cannot drift.
 
     python -m Reporting.readme_tables            # rewrite every block whose record exists
     python -m Reporting.readme_tables --check    # exit 1 if a document and its records disagree
@@ -19,9 +19,9 @@ Records (each written by the tool that measured it):
   the ``bundle.json`` inside ``<name>.calibseg`` beside it;
 - ``shipped_comparison`` (docs/results.md): their test rows (``per_case``), every mean and paired difference with its
   patient-level interval (:func:`Reporting.crossval.shipped_comparison_table`);
-- ``crossval_comparison`` (docs/results.md): :data:`CROSSVAL_RECORD`, the out-of-fold results of the shipped
-  recipe's cross-validations with intervals and paired differences
-  (``calibseg-crossval docs/records/crossval/acdc_ce_dice docs/records/crossval/acdc_crac --record ...``);
+- ``crossval_comparison`` (docs/crossval.md): :data:`CROSSVAL_RECORD`, the out-of-fold results of the shipped
+  recipe's cross-validations with intervals and paired differences (``calibseg-crossval
+  docs/records/crossval/acdc_ce_dice docs/records/crossval/acdc_crac docs/records/crossval/acdc_nacl --record ...``);
 - ``shipped_quality`` (README) and ``shipped_quality_report`` (docs/results.md): the ``quality``
   report in those metrics files — here, not in ``calibseg-results``'s block, because
   ``calibseg-fit-quality`` changes a shipped model's quality model without a new training run;
@@ -58,12 +58,14 @@ from Reporting.crossval import out_of_fold_comparison_table, shipped_comparison_
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
-           "RESULTS_PAGE", "PERFORMANCE_PAGE", "INPUT_CHECK_PAGE", "QUICK_START_RECORD", "blocks", "regenerate",
+           "RESULTS_PAGE", "CROSSVAL_PAGE", "PERFORMANCE_PAGE", "INPUT_CHECK_PAGE", "QUICK_START_RECORD", "blocks",
+           "regenerate",
            "shipped_models_table", "shipped_quality_table", "shipped_quality_report", "quick_start_entry",
            "quick_start_table", "record_quick_start", "tested_patients", "CROSSVAL_RECORD", "main"]
 
 README = REPO_ROOT / "README.md"
 RESULTS_PAGE = REPO_ROOT / "docs" / "results.md"
+CROSSVAL_PAGE = REPO_ROOT / "docs" / "crossval.md"
 INPUT_CHECK_PAGE = REPO_ROOT / "docs" / "input_check.md"
 PERFORMANCE_PAGE = REPO_ROOT / "docs" / "performance.md"
 RECORDS_DIR = REPO_ROOT / "docs" / "records"
@@ -303,8 +305,8 @@ TABLES: dict[str, Table] = {
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {
     README: {name: TABLES[name] for name in ("quick_start", "shipped_models", "shipped_quality")},
-    RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report", "shipped_comparison",
-                                                   "crossval_comparison")},
+    RESULTS_PAGE: {name: TABLES[name] for name in ("shipped_quality_report", "shipped_comparison")},
+    CROSSVAL_PAGE: {"crossval_comparison": TABLES["crossval_comparison"]},
     PERFORMANCE_PAGE: {name: table for name, table in TABLES.items() if name.startswith("benchmark_")},
     INPUT_CHECK_PAGE: {name: table for name, table in TABLES.items() if name.startswith("input_check_")},
 }
