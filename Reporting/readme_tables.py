@@ -59,8 +59,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["Table", "TABLES", "DOCUMENTS", "SHIPPED_METRICS", "NO_QUALITY_REPORT", "MARKER", "README",
            "RESULTS_PAGE", "CROSSVAL_PAGE", "PERFORMANCE_PAGE", "INPUT_CHECK_PAGE", "QUICK_START_RECORD", "blocks",
-           "regenerate",
-           "shipped_models_table", "shipped_quality_table", "shipped_quality_report", "quick_start_entry",
+           "regenerate", "shipped_models_table", "shipped_quality_table", "shipped_quality_report", "quick_start_entry",
            "quick_start_table", "record_quick_start", "tested_patients", "CROSSVAL_RECORD", "main"]
 
 README = REPO_ROOT / "README.md"
