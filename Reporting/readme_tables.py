@@ -299,7 +299,8 @@ TABLES: dict[str, Table] = {
     "crossval_comparison": Table((CROSSVAL_RECORD,), out_of_fold_comparison_table),
     **{f"benchmark_{name}": _benchmark(name)
        for name in ("metrics", "losses", "inference", "training_throughput", "mirror_agreement", "ensemble")},
-    **{f"input_check_{bundle}_test": _input_check(bundle, "test") for bundle in ("acdc_ce_dice", "acdc_crac")},
+    **{f"input_check_{bundle}_test": _input_check(bundle, "test")
+       for bundle in ("acdc_ce_dice", "acdc_crac", "acdc_nacl")},
 }
 # Every document with generated blocks, and the generators of its blocks.
 DOCUMENTS: dict[Path, dict[str, Table]] = {

@@ -16,7 +16,7 @@ from Evaluation.evaluate import variant_bundles
 from Evaluation.summary import VARIANTS
 
 SHIPPED = ("acdc_ce_dice", "acdc_nacl", "acdc_crac")
-SHIPPED_ENSEMBLES = {"acdc_ce_dice": 5, "acdc_crac": 5}  # acdc_nacl is one network (README, "Ready-to-use models")
+SHIPPED_ENSEMBLES = {"acdc_ce_dice": 5, "acdc_crac": 5, "acdc_nacl": 5}  # README, "Ready-to-use models"
 # Two volumes of SampleData/ACDC whose patients are test patients of Datasets/splits/acdc.json.
 SAMPLE_CASES = ("patient041_frame01", "patient068_frame01")
 # Same code and weights, so only float summation order may differ between machines: a voxel whose

@@ -590,8 +590,9 @@ def test_fit_cli_without_validation_patients_exits_with_one_sentence(tmp_path, s
         fit_quality.main(["--bundle", str(path), "--device", "cpu"])
     with pytest.raises(SystemExit, match=r"^error: --review-below must be a Dice in \[0, 1\], got nan\.$"):
         fit_quality.main(["--bundle", str(path), "--review-below", "nan"])
+    validated, _ = _shipped_copy(tmp_path, sample_acdc_dir, name="validated", val=["patient013"])
     with pytest.raises(SystemExit, match="error: Data folder .* does not exist"):
-        fit_quality.main(["--bundle", "acdc_nacl", "--data", str(tmp_path / "none"),  # one network, validated
+        fit_quality.main(["--bundle", str(validated), "--data", str(tmp_path / "none"),
                           "--out", str(tmp_path / "x.calibseg")])
     assert not (tmp_path / "x.calibseg").exists()
 
