@@ -16,7 +16,7 @@ from Evaluation.evaluate import variant_bundles
 from Evaluation.summary import VARIANTS
 
 SHIPPED = ("acdc_ce_dice", "acdc_nacl", "acdc_crac")
-SHIPPED_ENSEMBLES = {"acdc_ce_dice": 5, "acdc_crac": 5, "acdc_nacl": 5}  # README, "Ready-to-use models"
+FOLDS = 5  # each shipped model is its five-fold cross-validation's ensemble (README, "Ready-to-use models")
 # Two volumes of SampleData/ACDC whose patients are test patients of Datasets/splits/acdc.json.
 SAMPLE_CASES = ("patient041_frame01", "patient068_frame01")
 # Same code and weights, so only float summation order may differ between machines: a voxel whose
@@ -36,7 +36,7 @@ def test_the_documented_models_are_shipped_with_their_metrics():
         metadata = load_bundle(resolve_bundle_path(name)).metadata
         assert metadata.weights_dtype == "float16"
         assert resolve_bundle_path(name).stat().st_size < 5_000_000 * metadata.ensemble_size  # < 5 MB per network
-        assert metadata.ensemble_size == SHIPPED_ENSEMBLES.get(name, 1)
+        assert metadata.ensemble_size == FOLDS
         # the summary is the mean of the recorded cases, not numbers from elsewhere
         for variant in VARIANTS:
             dice = [row["dice_mean"] for row in metrics["per_case"][variant].values()]
@@ -124,18 +124,14 @@ def test_a_smaller_field_of_view_is_segmented_like_the_original(default_model_on
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_bundles_check_their_input_against_the_networks_features(name):
-    """A single network's features of its 110 training volumes, the threshold its 20 validation volumes set at a
-    5 % false-alarm rate (refitted with python -m Training.fit_input_check, the weights unchanged); an ensemble's
-    through its first network: the 104 volumes of the 52 patients it trained on, the threshold from the 26 of its
-    fold (calibseg-ensemble)."""
+    """Each shipped ensemble judges through its first network: its features of the 104 volumes of the 52 patients
+    it trained on, the threshold the 26 volumes of its fold set at a 5 % false-alarm rate (calibseg-ensemble)."""
     metadata = load_bundle(resolve_bundle_path(name)).metadata
     features = metadata.input_statistics["features"]
     assert metadata.input_statistics["version"] == 3 and metadata.schema_version == 3
-    counts = (104, 26) if metadata.ensemble_size > 1 else (110, 20)
     assert (features["training_volumes"], features["validation_volumes"], features["false_alarm_rate"]) == (
-        *counts, 0.05)
-    layer = "model.1.submodule.1.submodule.1.submodule.1"
-    assert features["layer"] == (f"members.0.{layer}" if metadata.ensemble_size > 1 else layer)
+        104, 26, 0.05)
+    assert features["layer"] == "members.0.model.1.submodule.1.submodule.1.submodule.1"
     assert len(features["mean"]) == 384
     assert recorded_metrics(name)["per_case"]["scaled"][SAMPLE_CASES[0]]["feature_distance"] > 0
 

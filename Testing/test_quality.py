@@ -515,8 +515,8 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     # the six uncertainty features, (the shipped bundles mirror) the mirrored passes' agreement and (the shipped
     # CE+Dice model is a five-fold ensemble) the networks' mean disagreement averaged, the size where the fit found
     # it lowers the held-out error
-    disagreement = (MEAN_DISAGREEMENT,) if bundle.metadata.ensemble_size > 1 else ()
-    averaged = (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT, *disagreement)
+    assert bundle.metadata.ensemble_size == 5
+    averaged = (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT, MEAN_DISAGREEMENT)
     assert all(structure.form == "linear_mean" and structure.inputs in (averaged, (*averaged, SIZE_FEATURE))
                for structure in stored.structures.values())
     cases = load_cases([file for file in find_cases(sample_acdc_dir)
