@@ -11,7 +11,7 @@ from CalibSegLib.io.channel_files import case_and_channel, group_channels
 from CalibSegLib.io.images import (IMAGE_SUFFIXES, WRITE_SUFFIXES, ImageGeometry, image_from_array,
                                    image_stem, read_channels, read_image, write_image)
 from CalibSegLib.io.outputs import (OutputSet, atomic_output, check_output_file, check_output_folder,
-                                    os_error_sentence, write_json_atomic)
+                                    os_error_sentence, recorded_path, write_json_atomic)
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -29,5 +29,6 @@ __all__ = [
     "OutputSet",
     "atomic_output",
     "write_json_atomic",
+    "recorded_path",
     "os_error_sentence",
 ]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 __all__ = ["check_output_folder", "check_output_file", "OutputSet", "atomic_output", "write_json_atomic",
-           "os_error_sentence", "destination_name"]
+           "recorded_path", "os_error_sentence", "destination_name"]
 
 def check_output_folder(folder: str | Path) -> Path:
     """Raise ``ValueError`` (one sentence) unless files can be written into ``folder``; create nothing.
@@ -214,6 +214,19 @@ def write_json_atomic(path: str | Path, payload: dict[str, Any]) -> Path:
     with atomic_output(path) as temporary:
         temporary.write_text(text)
     return path
+
+
+def recorded_path(path: str | Path) -> str:
+    """How a record names ``path``: relative to the current folder (the repository root, where every documented
+    command runs), with ``/`` separators, so that a record holds no absolute path of the machine it was made on
+    and reads the same on another; ``""`` stays ``""``. A path outside that folder keeps its ``..`` steps; one
+    on another Windows drive, which has no relative form, is named by its last part."""
+    if str(path) == "":
+        return ""
+    try:
+        return Path(os.path.relpath(path)).as_posix()
+    except ValueError:  # another drive: no relative path leads there
+        return Path(path).name
 
 
 def os_error_sentence(error: OSError) -> str:
