@@ -1,4 +1,5 @@
-"""The QC report page: one self-contained ``report.html`` over finished cases, worst first.
+"""The report pages: one self-contained ``report.html`` over finished cases, worst first (the QC page), or over
+one heart's cardiac function (the function page).
 
 ``calibseg-predict --report`` writes it for one image or a folder of cases and ``calibseg-evaluate --report``
 for a test set (with the pooled reliability diagram). The page needs nothing but itself: its pictures are PNG
@@ -14,6 +15,11 @@ without a predicted Dice (a bundle without a quality model) last; ties by name.
 with its interval and the review flag (with a reference the measured Dice and HD95 beside them, and the case's
 ECE over the reference foreground), and pictures of its worst slices (:mod:`CalibSegLib.slice_pictures`) under
 one legend for the page: the structures' outline colours and the hot-spot colour scale.
+
+**The function page** (``calibseg-function --report``, :func:`write_function_report`) shows a ``function.json``
+(:mod:`CalibSegLib.cardiac`): a table of the indices (LV and RV volumes and ejection fractions, myocardial mass),
+each value with its interval at the file's level, and for a cine the LV and RV volume of every phase as a curve
+(:func:`volume_curve_png`), ED and ES marked.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from __future__ import annotations
 import base64
 import datetime
 import html
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
+from matplotlib.figure import Figure
 
 from CalibSegLib import __version__
 from CalibSegLib.analysis import CaseAnalysis
@@ -37,7 +45,8 @@ from CalibSegLib.quality import review_sentence, structure_key
 from CalibSegLib.slice_pictures import SlicePicture, case_pictures, hot_spot_colors
 
 __all__ = ["REPORT_NAME", "ReportCase", "report_case", "lowest_predicted_dice", "worst_first", "report_html",
-           "write_report"]
+           "write_report", "FUNCTION_ROWS", "function_table_html", "phase_curve", "volume_curve_png",
+           "function_report_html", "write_function_report"]
 
 REPORT_NAME = "report.html"
 _STYLE = """
@@ -255,7 +264,104 @@ def write_report(path: str | Path, cases: Sequence[ReportCase], metadata: Bundle
                  command: str, reliability_png: bytes | None = None,
                  test_set_lines: Sequence[str] = ()) -> Path:
     """Write :func:`report_html` to ``path`` atomically (temporary name, then rename)."""
-    text = report_html(cases, metadata, bundle_name, command, reliability_png, test_set_lines)
+    return _write_page(path, report_html(cases, metadata, bundle_name, command, reliability_png, test_set_lines))
+
+
+def _write_page(path: str | Path, text: str) -> Path:
     with atomic_output(path) as temporary:
         temporary.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+# The indices of function.json (CalibSegLib.cardiac's keys) in the table's order: key, what it is, unit, digits.
+FUNCTION_ROWS = (("lv_edv_ml", "LV end-diastolic volume", "mL", 1), ("lv_esv_ml", "LV end-systolic volume", "mL", 1),
+                 ("lv_sv_ml", "LV stroke volume", "mL", 1), ("lv_ef_percent", "LV ejection fraction", "%", 1),
+                 ("rv_edv_ml", "RV end-diastolic volume", "mL", 1), ("rv_esv_ml", "RV end-systolic volume", "mL", 1),
+                 ("rv_ef_percent", "RV ejection fraction", "%", 1), ("myocardium_mass_g", "Myocardial mass", "g", 1))
+_LV_COLOR, _RV_COLOR = "#c62828", "#1565c0"
+
+
+def function_table_html(function: Mapping[str, Any]) -> str:
+    """The indices of a ``function.json`` dictionary as an HTML table: index, value, interval at the file's
+    ``level`` and unit (``–`` where a value is null, e.g. an EF of an empty ventricle)."""
+    level = float(function["level"])
+    rows = []
+    for key, title, unit, digits in FUNCTION_ROWS:
+        entry = function[key]
+        low, high = entry["interval"]
+        interval = "–" if low is None or high is None else f"{_number(low, digits)} – {_number(high, digits)}"
+        rows.append(f'<tr><td>{_text(title)}</td><td class="number">{_number(entry["value"], digits)}</td>'
+                    f'<td class="number">{interval}</td><td>{_text(unit)}</td></tr>')
+    return (f'<table class="function"><tr><th>index</th><th>value</th><th>{level:.0%} interval</th><th>unit</th>'
+            f'</tr>{"".join(rows)}</table>')
+
+
+def phase_curve(function: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, str] | None:
+    """A cine's volume curve from its ``function.json``: ``(x, lv_ml, rv_ml, x_label)``, each array ``(T,)``, x the
+    trigger times (ms) where the file has them, else the phase numbers; None for an ED/ES pair (no ``phases``)."""
+    phases = function.get("phases")
+    if phases is None:
+        return None
+    lv = np.asarray(phases["lv_volume_ml"], dtype=np.float64)
+    rv = np.asarray(phases["rv_volume_ml"], dtype=np.float64)
+    times = phases.get("trigger_times_ms")
+    if times is not None:
+        return np.asarray(times, dtype=np.float64), lv, rv, "trigger time (ms)"
+    return np.arange(len(lv), dtype=np.float64), lv, rv, "phase"
+
+
+def volume_curve_png(function: Mapping[str, Any], width_px: int = 640, height_px: int = 320) -> bytes | None:
+    """PNG bytes of a cine's LV and RV volume (mL) over its phases (:func:`phase_curve`), ED and ES marked with a
+    dashed line each; None for an ED/ES pair."""
+    curve = phase_curve(function)
+    if curve is None:
+        return None
+    x, lv, rv, x_label = curve
+    dpi = 100
+    figure = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, layout="constrained")
+    axis = figure.add_subplot()
+    axis.plot(x, lv, "o-", color=_LV_COLOR, markersize=3, label="LV blood pool")
+    axis.plot(x, rv, "s-", color=_RV_COLOR, markersize=3, label="RV blood pool")
+    for name in ("ed", "es"):
+        index = int(function["phases"][name])
+        axis.axvline(x[index], color="#555", linestyle="--", linewidth=1)
+        axis.annotate(f"{name.upper()} (phase {index})", (x[index], 1.0), xycoords=("data", "axes fraction"),
+                      xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8,
+                      color="#333")  # above the plot, clear of the curves
+    axis.set_xlabel(x_label)
+    axis.set_ylabel("volume (mL)")
+    axis.set_ylim(bottom=0)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right", fontsize=8)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+def function_report_html(function: Mapping[str, Any], bundle_name: str, command: str, case_name: str = "") -> str:
+    """The function page's HTML (see the module docstring) of a ``function.json`` dictionary; ``command``: what
+    made it (``calibseg-function``, the Slicer module), ``case_name``: what was measured (e.g. the input's name)."""
+    created = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M")
+    title = f"cardiac function{f' of {case_name}' if case_name else ''}"
+    phases = function.get("phases")
+    parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>CalibSeg {_text(title)}</title>'
+             f"<style>{_STYLE}</style></head><body>",
+             f'<header><h1>CalibSeg {_text(title)}</h1><p class="meta">Model {_text(bundle_name)}; '
+             f"{'a cine of ' + str(len(phase_curve(function)[1])) + ' phases' if phases else 'an ED and an ES volume'}"
+             f". Made by {_text(command)} (CalibSeg {__version__}) on {created}.</p></header>",
+             f'<section class="case"><h2>Indices</h2>{function_table_html(function)}<p class="note">Each interval '
+             f"is meant to hold the true value for {float(function['level']):.0%} of patients like the model's "
+             "cross-validation patients; mass at 1.05 g/mL.</p></section>"]
+    picture = volume_curve_png(function)
+    if picture is not None:
+        parts.append(f'<section class="case"><h2>Volume over the cardiac cycle</h2><p>ED: phase {phases["ed"]} '
+                     f'(largest LV blood pool), ES: phase {phases["es"]} (smallest).</p>'
+                     f"{_image(picture, 'LV and RV volume over the phases, ED and ES marked')}</section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_function_report(path: str | Path, function: Mapping[str, Any], bundle_name: str, command: str,
+                          case_name: str = "") -> Path:
+    """Write :func:`function_report_html` to ``path`` atomically (temporary name, then rename)."""
+    return _write_page(path, function_report_html(function, bundle_name, command, case_name))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 from html.parser import HTMLParser
 
 import numpy as np
@@ -19,7 +20,7 @@ from CalibSegLib.predict import main
 from CalibSegLib.report import REPORT_NAME, ReportCase, lowest_predicted_dice, worst_first
 from CalibSegLib.slice_pictures import HOT_SPOT_OPACITY, slice_picture
 from Datasets.cases import SAMPLE_DATA, find_cases, load_cases
-from chromium import CHROMIUM, screenshot
+from Reporting.chromium import CHROMIUM, screenshot
 from tiny_bundles import make_test_bundle
 
 
@@ -204,3 +205,65 @@ def test_chromium_renders_the_page_with_its_pictures_and_outlines(sample_report,
     # The pictures are drawn at their own size: the right ventricle's outline colour appears exactly.
     outline = np.round(255 * np.array([0.90, 0.30, 0.25])).astype(int)
     assert (np.abs(pixels - outline).max(axis=2) <= 2).sum() > 50
+
+
+def _function(cine: bool = False, trigger_times: bool = False) -> dict:
+    """A function.json dictionary of made-up values (a cine of 8 phases with ``cine``): LV 150 → 60 mL, RV 160 → 80."""
+    values = {"lv_edv_ml": (150.0, 140.0, 161.0), "lv_esv_ml": (60.0, 52.5, 66.0), "lv_sv_ml": (90.0, 80.0, 99.0),
+              "lv_ef_percent": (60.0, 55.25, 64.75), "rv_edv_ml": (160.0, 150.0, 171.0),
+              "rv_esv_ml": (80.0, 70.0, 90.0), "rv_ef_percent": (50.0, None, None),
+              "myocardium_mass_g": (120.0, 110.0, 131.5)}
+    function = {key: {"value": value, "interval": [low, high]} for key, (value, low, high) in values.items()}
+    function["level"] = 0.9
+    if cine:
+        lv = [150.0, 140.0, 110.0, 80.0, 60.0, 75.0, 110.0, 140.0]
+        function["phases"] = {"ed": 0, "es": 4, "lv_volume_ml": lv, "rv_volume_ml": [value + 10 for value in lv],
+                              "trigger_times_ms": [40.0 * index for index in range(8)] if trigger_times else None}
+    return function
+
+
+def test_the_function_table_shows_every_index_with_its_interval():
+    from CalibSegLib.report import FUNCTION_ROWS, function_table_html
+
+    text = function_table_html(_function())
+    rows = re.findall(r"<tr><td>([^<]+)</td><td class=\"number\">([^<]+)</td><td class=\"number\">([^<]+)</td>"
+                      r"<td>([^<]+)</td></tr>", text)
+    assert [row[0] for row in rows] == [title for _, title, _, _ in FUNCTION_ROWS]
+    assert rows[3] == ("LV ejection fraction", "60.0", "55.2 – 64.8", "%")  # rounded as the value, 1 digit
+    assert rows[6] == ("RV ejection fraction", "50.0", "–", "%")  # an interval the file leaves open
+    assert "<th>90% interval</th>" in text
+
+
+def test_a_cine_page_draws_the_volume_curve_with_ed_and_es_marked(tmp_path):
+    from CalibSegLib.report import phase_curve, volume_curve_png, write_function_report
+
+    cine = _function(cine=True, trigger_times=True)
+    x, lv, rv, label = phase_curve(cine)
+    np.testing.assert_array_equal(x, 40.0 * np.arange(8))
+    assert label == "trigger time (ms)" and lv[4] == 60.0 and rv[0] == 160.0
+    assert phase_curve(_function(cine=True))[3] == "phase"
+    picture = imread(io.BytesIO(volume_curve_png(cine)), format="png")
+    assert picture.shape[:2] == (320, 640) and picture[..., :3].std() > 0.05
+    # The LV curve is drawn in its colour, and the ED / ES marks move with the phases the file names.
+    lv_red = np.all(np.abs(picture[..., :3] - np.array([0xc6, 0x28, 0x28]) / 255) < 0.02, axis=-1)
+    assert lv_red.sum() > 200
+    moved = dict(cine, phases=dict(cine["phases"], ed=1, es=5))
+    assert not np.array_equal(imread(io.BytesIO(volume_curve_png(moved)), format="png"), picture)
+
+    page = write_function_report(tmp_path / REPORT_NAME, cine, "acdc_ce_dice", "calibseg-function", "patient001")
+    text = page.read_text()
+    parsed = _Page(text)
+    assert parsed.headings == ["Indices", "Volume over the cardiac cycle"]
+    assert len(parsed.images) == 1 and parsed.links == [] and not {"script", "link", "iframe"} & parsed.tags
+    assert parsed.images[0] == "data:image/png;base64," + base64.b64encode(volume_curve_png(cine)).decode()
+    assert "a cine of 8 phases" in text and "ED: phase 0 (largest LV blood pool), ES: phase 4 (smallest)" in text
+    assert sorted(path.name for path in tmp_path.iterdir()) == [REPORT_NAME]  # no temporary left
+
+
+def test_an_ed_es_page_has_the_table_and_no_curve(tmp_path):
+    from CalibSegLib.report import function_report_html, volume_curve_png
+
+    pair = _function()
+    assert volume_curve_png(pair) is None
+    page = _Page(function_report_html(pair, "acdc_ce_dice", "calibseg-function"))
+    assert page.headings == ["Indices"] and page.images == []
