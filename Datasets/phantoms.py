@@ -3,6 +3,7 @@
     python -m Datasets.phantoms --kind ct --out data/ct_phantom            # Decathlon layout, one CT channel
     python -m Datasets.phantoms --kind multichannel --out data/mr_phantom  # nnU-Net v2 layout, four MRI channels
     python -m Datasets.phantoms --kind lesion --out data/lesion_phantom    # three MRI channels, a lesion
+    python -m Datasets.phantoms --kind flat-lesion --out data/flat_lesion  # the lesion in 5 slices only
 
 They exist to train and test CalibSeg on input unlike ACDC's, where a wrong preprocessing choice
 shows as a failed run rather than a slightly worse one:
@@ -26,6 +27,10 @@ shows as a failed run rather than a slightly worse one:
   normal tissue: enhancing tumour in T1ce, multiple-sclerosis lesions in FLAIR and scar in late-enhancement
   cardiac MRI are this kind of structure. The normalisation must keep the brightest 1 % of intensities apart
   for a network to learn it.
+- ``flat-lesion``: ``lesion`` with the lesion flattened along z, as issue 61 describes its phantom: about 0.2 % of
+  the voxels (0.16-0.23 % in the 30 cases of seed 0) in 4-6 of about 20 slices holding foreground, 14-16 mm
+  across. A crop sampler that draws a slice holding foreground before a class present in it draws this lesion
+  about a quarter as often as the edema (``Training/batches.py``).
 
 Every case gets its own random geometry (structure centres, radii, spacing) from ``seed``; the same
 ``seed`` writes byte-identical folders. The folder is written under a temporary name and renamed
@@ -46,7 +51,8 @@ from scipy import ndimage
 
 from CalibSegLib.io import ImageGeometry, check_output_folder, os_error_sentence, write_image
 
-__all__ = ["PHANTOMS", "PhantomCase", "ct_case", "multichannel_case", "lesion_case", "write_phantom", "main"]
+__all__ = ["PHANTOMS", "PhantomCase", "ct_case", "multichannel_case", "lesion_case", "flat_lesion_case",
+           "write_phantom", "main"]
 
 _AIR_HU, _TISSUE_HU = -1000.0, 40.0
 _CT_ORGANS: dict[str, float] = {"liver": 55.0, "spleen": 70.0, "kidney": 90.0}  # HU
@@ -60,6 +66,8 @@ _LESION_STRUCTURES: dict[str, tuple[str, float]] = {"edema": ("FLAIR", 2.0), "co
                                                     "lesion": ("T2", 800.0 / 380.0)}
 _LESION_NOISE = 24.0 / 380.0
 _LESION_RADIUS_MM = (4.6, 6.2)  # 0.13-0.34 % of the 48 × 80 × 80 voxels
+# The flat lesion's half-thickness (z) and in-plane radius, mm: 4-6 slices at 1 mm, 0.15-0.26 % of the voxels.
+_FLAT_LESION_RADII_MM = ((2.2, 2.8), (7.0, 8.2))
 
 
 @dataclass
@@ -152,21 +160,32 @@ def multichannel_case(rng: np.random.Generator, field_of_view: Sequence[float] =
     return PhantomCase(channels, label, spacing)
 
 
-def lesion_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0)) -> PhantomCase:
+def lesion_case(rng: np.random.Generator, field_of_view: Sequence[float] = (48.0, 80.0, 80.0), flat: bool = False
+                ) -> PhantomCase:
     """One three-channel MRI case of ``field_of_view`` mm at 1 mm: edema (label 1) bright in FLAIR, the core
-    (2) in T1, a small lesion (3, a ball of 4.6-6.2 mm radius) in T2 only (see the module docstring)."""
+    (2) in T1, a small lesion (3, a ball of 4.6-6.2 mm radius; ``flat``: an ellipsoid 4.4-5.6 mm thick and
+    14-16.4 mm across) in T2 only (see the module docstring)."""
     spacing, coordinates, head = _mri_head(field_of_view)
     label = np.zeros(head.shape, np.uint8)
     label[_place(coordinates, head, (9, 12, 12), (6, 14, 10), rng)] = 1
     label[_place(coordinates, head, (6, 8, 8), (6, 14, 10), rng)] = 2
-    radius = rng.uniform(*_LESION_RADIUS_MM)
-    centre = [rng.uniform(-reach, reach) for reach in (4.0, 10.0, 8.0)]  # the whole ball inside the head
-    label[_ellipsoid(coordinates, centre, (radius,) * 3)] = 3
+    if flat:
+        thickness, width = (rng.uniform(*extent) for extent in _FLAT_LESION_RADII_MM)
+        radii = (thickness, width, width)
+    else:
+        radii = (rng.uniform(*_LESION_RADIUS_MM),) * 3
+    centre = [rng.uniform(-reach, reach) for reach in (4.0, 10.0, 8.0)]  # the whole lesion inside the head
+    label[_ellipsoid(coordinates, centre, radii)] = 3
     channels = [_mri_channel(head, [(label == structure, level) for structure, (shown_in, level)
                                     in enumerate(_LESION_STRUCTURES.values(), start=1)
                                     if shown_in == channel],
                              _LESION_NOISE, (300.0, 460.0), (0.0, 20.0), rng) for channel in _LESION_CHANNELS]
     return PhantomCase(channels, label, spacing)
+
+
+def flat_lesion_case(rng: np.random.Generator) -> PhantomCase:
+    """One case of :func:`lesion_case` whose lesion is flat: in 4-6 of about 20 slices holding foreground."""
+    return lesion_case(rng, flat=True)
 
 
 @dataclass(frozen=True)
@@ -203,6 +222,9 @@ PHANTOMS: dict[str, _Phantom] = {
         "MRPhantom", "four-sequence MRI", _MRI_CHANNELS, _MRI_STRUCTURES)),
     "lesion": _Phantom(lesion_case, "lesion", _nnunet_description(
         "LesionPhantom", "three-sequence MRI with a small lesion", _LESION_CHANNELS, _LESION_STRUCTURES)),
+    "flat-lesion": _Phantom(flat_lesion_case, "flatlesion", _nnunet_description(
+        "FlatLesionPhantom", "three-sequence MRI with a small lesion in few slices", _LESION_CHANNELS,
+        _LESION_STRUCTURES)),
 }
 
 

@@ -1,4 +1,5 @@
-"""Training crops: foreground oversampling by class, image/label alignment under augmentation, determinism."""
+"""Training crops: foreground oversampling by class (both samplers), image/label alignment under augmentation,
+determinism."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from CalibSegLib.preprocessing import Preprocessing
-from Training.batches import NO_AUGMENTATION, Augmentation, CropSampler, assemble, iterate_batches, plan_epoch
+from Training.batches import (FOREGROUND_SAMPLERS, NO_AUGMENTATION, Augmentation, CropSampler, assemble,
+                              iterate_batches, plan_epoch)
 from Datasets.cases import Case, DataError, GridVolume, to_model_grid
 
 
@@ -23,14 +25,69 @@ def synthetic_volume(depth: int = 4, size: int = 96) -> GridVolume:
     return GridVolume("synthetic", (labels.float() / 3).unsqueeze(1), labels)
 
 
-def test_foreground_crops_are_centred_on_every_class_equally_often():
+@pytest.mark.parametrize("sampling", FOREGROUND_SAMPLERS)
+def test_foreground_crops_are_centred_on_every_class_equally_often(sampling):
+    """Every class in every slice: both samplers draw each class a third of the time."""
     sampler = CropSampler([synthetic_volume()], 4)
-    slices, centres = sampler.foreground_centres(3000, torch.Generator().manual_seed(0))
+    slices, centres = sampler.foreground_centres(3000, torch.Generator().manual_seed(0), sampling)
     classes = sampler.labels[slices, 0, centres[:, 0].long(), centres[:, 1].long()]
     counts = torch.bincount(classes.long(), minlength=4)
     assert counts[0] == 0  # always a foreground voxel
     # 3600, 100 and 4 voxels per slice, yet each class is drawn about a third of the time.
     assert all(abs(int(count) / 3000 - 1 / 3) < 0.04 for count in counts[1:])
+
+
+def volume_with_a_class_in_few_slices(depth: int, size: int = 48) -> GridVolume:
+    """Classes 1 and 2 in every one of ``depth`` slices; class 3 in slices 3 (4 voxels) and 4 (12 voxels) only."""
+    labels = torch.zeros(depth, size, size, dtype=torch.uint8)
+    labels[:, 4:30, 4:30] = 1
+    labels[:, 32:40, 32:40] = 2
+    labels[3, 40:42, 2:4] = 3
+    labels[4, 40:43, 2:6] = 3
+    return GridVolume(f"few-slices-{depth}", (labels.float() / 3).unsqueeze(1), labels)
+
+
+def classes_at(sampler: CropSampler, items: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    """The label ``(n,)`` at each crop centre ``(n, d)`` of the stacked ``items``."""
+    return sampler.labels[(items, 0, *centres.long().T)].long()
+
+
+def test_class_first_crops_draw_every_class_of_a_volume_equally_often_however_few_slices_hold_it():
+    """nnU-Net's draw: a volume, then a class present in it, then a voxel of that class anywhere in it. Class 3
+    lies in 2 of a volume's 20 (or 10) slices: the class-first sampler draws it a third of the time, the
+    slice-first one about 2/20 · 1/3 of it; volumes are drawn equally often whatever their depth, and the class's
+    voxels uniformly (its 4- and 12-voxel slices 1 : 3)."""
+    volumes = [volume_with_a_class_in_few_slices(20), volume_with_a_class_in_few_slices(10, size=44)]
+    sampler = CropSampler(volumes, 4)
+    draws = 6000  # a share's binomial sd is at most 0.0065
+    items, centres = sampler.foreground_centres(draws, torch.Generator().manual_seed(0), "class")
+    classes = classes_at(sampler, items, centres)
+    assert (classes > 0).all()  # every centre on a voxel of the class drawn
+    shares = torch.bincount(classes, minlength=4)[1:] / draws
+    assert (shares - 1 / 3).abs().max() < 0.03
+    assert abs(float((sampler.slice_volume[items] == 0).float().mean()) - 0.5) < 0.03
+    lesion_slices = torch.bincount(sampler.slice_z[items[classes == 3]], minlength=5)[3:5].float()
+    assert 2.5 < float(lesion_slices[1] / lesion_slices[0]) < 3.6
+    items, centres = sampler.foreground_centres(draws, torch.Generator().manual_seed(0), "slice")
+    slice_first_share = float((classes_at(sampler, items, centres) == 3).float().mean())
+    assert 0.01 < slice_first_share < 0.06  # 2 of 20 and 2 of 10 slices: about 0.033
+
+
+def test_for_a_3d_network_both_samplers_make_the_same_draw():
+    """A 3D network's items are whole volumes, so drawing an item holding foreground is drawing a volume:
+    class-first and slice-first centring give the very same crops from the same generator."""
+    volumes = [synthetic_volume_3d(), synthetic_volume_3d(depth=10, size=36), synthetic_volume_3d(depth=8, size=30)]
+    sampler = CropSampler(volumes, 4)
+    slice_first = sampler.foreground_centres(500, torch.Generator().manual_seed(3), "slice")
+    class_first = sampler.foreground_centres(500, torch.Generator().manual_seed(3), "class")
+    assert torch.equal(slice_first[0], class_first[0]) and torch.equal(slice_first[1], class_first[1])
+    assert (classes_at(sampler, *class_first) > 0).all()
+
+
+def test_an_unknown_foreground_sampling_is_one_sentence():
+    sampler = CropSampler([synthetic_volume()], 4)
+    with pytest.raises(ValueError, match="Unknown foreground sampling 'volume'; choose one of class, slice"):
+        plan_epoch(sampler, 4, 1, torch.Generator(), (32, 32), foreground_sampling="volume")
 
 
 def test_foreground_share_decides_how_many_crops_hold_foreground():
@@ -197,17 +254,23 @@ def test_an_unaugmented_3d_crop_on_voxel_boundaries_is_the_volume_block_itself()
     assert torch.equal(target[0], volume.labels[0, 2:8, 12:28, 8:28].long())
 
 
-def test_a_resumed_generator_draws_the_same_3d_batches():
-    """Every random draw of a 3D epoch comes from the data-order generator: restoring its state (as a resumed run
-    does from the checkpoint) gives the very batches the uninterrupted run drew."""
-    sampler = CropSampler([synthetic_volume_3d()], 4)
+@pytest.mark.parametrize("sampling", FOREGROUND_SAMPLERS)
+@pytest.mark.parametrize("volume, patch_size", [(volume_with_a_class_in_few_slices(12), (32, 32)),
+                                                (synthetic_volume_3d(), (8, 16, 16))], ids=["2d", "3d"])
+def test_a_resumed_generator_draws_the_same_batches(volume, patch_size, sampling):
+    """Every random draw of an epoch comes from the data-order generator: restoring its state (as a resumed run
+    does from the checkpoint) gives the very batches the uninterrupted run drew, with either sampler."""
+    sampler = CropSampler([volume], 4)
     generator = torch.Generator().manual_seed(7)
-    plan_epoch(sampler, 4, 2, generator, (8, 16, 16))  # epoch 1
+    plan_epoch(sampler, 4, 2, generator, patch_size, foreground_sampling=sampling)  # epoch 1
     saved = generator.get_state()
-    uninterrupted = plan_epoch(sampler, 4, 2, generator, (8, 16, 16))
-    resumed = plan_epoch(sampler, 4, 2, torch.Generator().set_state(saved), (8, 16, 16))
+    uninterrupted = plan_epoch(sampler, 4, 3, generator, patch_size, foreground_share=0.5,
+                               foreground_sampling=sampling)
+    resumed = plan_epoch(sampler, 4, 3, torch.Generator().set_state(saved), patch_size, foreground_share=0.5,
+                         foreground_sampling=sampling)
     for a, b in zip(uninterrupted, resumed, strict=True):
-        first, second = (assemble(sampler, plan, (8, 16, 16), torch.device("cpu")) for plan in (a, b))
+        assert torch.equal(a.slice_index, b.slice_index) and torch.equal(a.centre, b.centre)
+        first, second = (assemble(sampler, plan, patch_size, torch.device("cpu")) for plan in (a, b))
         torch.testing.assert_close(first[0], second[0], rtol=0, atol=0)
         assert torch.equal(first[1], second[1])
 

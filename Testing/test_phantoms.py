@@ -77,6 +77,25 @@ def test_lesion_phantom_hides_a_small_bright_lesion_in_t2_only(tmp_path):
             assert all(abs(means[other] - tissue) < 0.2 * tissue for other in (1, 2, 3) if other != shown)
 
 
+def test_flat_lesion_phantom_puts_the_lesion_in_a_quarter_of_the_foreground_slices(tmp_path):
+    """Issue 61's case: a T2-only lesion of about 0.2 % of the voxels in about 5 of some 20 slices holding
+    foreground; the rest as the lesion phantom."""
+    folder = phantoms.write_phantom(tmp_path / "flat", "flat-lesion", cases=5, seed=4)
+    assert read_dataset_description(folder).class_names == ["background", "edema", "core", "lesion"]
+    for case in range(5):
+        label, geometry = read_image(folder / "labelsTr" / f"flatlesion_{case:03d}.nii.gz")
+        t2, flair = (read_image(folder / "imagesTr" / f"flatlesion_{case:03d}_{channel:04d}.nii.gz")[0]
+                     for channel in (1, 2))
+        assert geometry.spacing == (1.0, 1.0, 1.0)
+        assert 0.0013 <= np.mean(label == 3) <= 0.0027
+        lesion_slices = int((label == 3).any(axis=(1, 2)).sum())
+        foreground_slices = int((label > 0).any(axis=(1, 2)).sum())
+        assert 4 <= lesion_slices <= 6 and 14 <= foreground_slices <= 30
+        head = (label == 0) & (t2 > 0.5 * np.median(t2[label == 1]))
+        assert 1.8 < np.median(t2[label == 3]) / np.median(t2[head]) < 2.4
+        assert abs(np.mean(flair[label == 3]) - np.median(flair[head])) < 0.2 * np.median(flair[head])
+
+
 def test_the_same_seed_writes_the_same_phantom(tmp_path):
     first = phantoms.write_phantom(tmp_path / "a", "ct", cases=5, seed=7)
     second = phantoms.write_phantom(tmp_path / "b", "ct", cases=5, seed=7)

@@ -9,9 +9,10 @@ whatever the slices' size, and run where the slices are cached (the GPU when the
 waiting on the host (nnU-Net's recipe: random crops, a share of them centred on a random
 foreground voxel, rotation, scaling, mirroring, gamma, contrast, brightness and noise).
 
-Foreground crops pick a slice holding foreground, then one of the classes present in it, then a
-voxel of that class: small structures (the right ventricle at end-systole, apical slices) are
-drawn as often as large ones.
+Foreground crops are centred by one of :data:`FOREGROUND_SAMPLERS`: ``slice`` (the default) draws an item holding
+foreground, then one of the classes present in it, then a voxel of that class; ``class`` draws a volume, then one of
+the classes present anywhere in it, then a voxel of that class anywhere in the volume (nnU-Net's oversampling), so
+that every class of a volume is drawn as often as any other, however few slices hold it.
 
 All randomness of an epoch is drawn up front from the checkpointed data-order generator
 (:func:`plan_epoch`), so the batches are the same whether they are assembled in the loop or
@@ -23,15 +24,15 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from Datasets.cases import DataError, GridVolume
 
-__all__ = ["Augmentation", "DEFAULT_AUGMENTATION", "NO_AUGMENTATION", "CropSampler", "BatchPlan", "plan_epoch",
-           "assemble", "iterate_batches"]
+__all__ = ["Augmentation", "DEFAULT_AUGMENTATION", "NO_AUGMENTATION", "CropSampler", "FOREGROUND_SAMPLERS",
+           "DEFAULT_FOREGROUND_SAMPLING", "BatchPlan", "plan_epoch", "assemble", "iterate_batches"]
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,11 @@ class CropSampler:
     ``grid_sample`` reads outside an item anyway), on ``device``: a batch's items are then one index away from one
     batched ``grid_sample``. ``slice_volume``/``slice_z`` ``(N,)`` locate each item (its volume and its index there),
     ``slice_shape (N, d)`` its spatial size; ``coordinates (M, d)`` int32 positions of every foreground voxel sorted
-    by item and class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per item and foreground class (the
-    index and everything planning reads stay on the CPU). ``unit_range``: every channel is scaled to [0, 1]
-    (percentile normalisation), so gamma applies to the crop as it is.
+    by item and class, with ``starts``/``counts`` ``(N, C - 1)`` pointing into it per item and foreground class;
+    ``volume_counts (V, C - 1)`` the voxels of each class per volume, and ``class_ends ((C - 1) N,)`` the running
+    count of voxels in (class, item) order, which :meth:`class_first_centres` searches to find the item holding a
+    volume's r-th voxel of a class (the index and everything planning reads stay on the CPU). ``unit_range``: every
+    channel is scaled to [0, 1] (percentile normalisation), so gamma applies to the crop as it is.
     """
 
     def __init__(self, volumes: Sequence[GridVolume], num_classes: int, device: torch.device | str = "cpu",
@@ -108,6 +111,16 @@ class CropSampler:
         self.counts = torch.cat(counts)
         self.starts = self.counts.flatten().cumsum(0).sub(self.counts.flatten()).view_as(self.counts)
         self.foreground_slices = (self.counts.sum(dim=1) > 0).nonzero().squeeze(1)
+        self.volume_counts = torch.zeros(len(volumes), foreground_classes, dtype=torch.int64).index_add_(
+            0, self.slice_volume, self.counts)
+        self.foreground_volumes = (self.volume_counts.sum(dim=1) > 0).nonzero().squeeze(1)
+        self.class_ends = self.counts.T.flatten().cumsum(0)
+        first_items = torch.cat([torch.zeros(1, dtype=torch.int64), self.volume_counts.new_tensor(
+            [volume.labels.shape[0] for volume in volumes]).cumsum(0)[:-1]])
+        # Where each volume's voxels of each class begin in (class, item) order: a volume's r-th voxel of class c
+        # is the (offset + r)-th there, and its item the cell of class_ends that holds it.
+        self.class_offsets = (self.class_ends - self.counts.T.flatten()).view(foreground_classes, -1)[
+            :, first_items].T.contiguous()  # (V, C - 1)
         self.unit_range = unit_range
         extent = self.largest_slice
         channels = volumes[0].images.shape[1]
@@ -137,20 +150,46 @@ class CropSampler:
         """The largest spatial extent of any cached item: ``(y, x)`` slices, ``(z, y, x)`` volumes."""
         return tuple(int(value) for value in self.slice_shape.max(dim=0).values)
 
-    def foreground_centres(self, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def foreground_centres(self, count: int, generator: torch.Generator,
+                           sampling: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``count`` foreground crops: item indices ``(count,)`` and voxel-centre positions ``(count, d)``
-        (``(y, x)`` or ``(z, y, x)``).
-
-        An item holding foreground is drawn uniformly, then one of its classes, then a voxel of it.
-        """
+        (``(y, x)`` or ``(z, y, x)``), drawn by ``sampling``, a name of :data:`FOREGROUND_SAMPLERS`
+        (default :data:`DEFAULT_FOREGROUND_SAMPLING`)."""
+        sampling = sampling or DEFAULT_FOREGROUND_SAMPLING
+        if sampling not in FOREGROUND_SAMPLERS:
+            raise ValueError(f"Unknown foreground sampling {sampling!r}; choose one of "
+                             f"{', '.join(FOREGROUND_SAMPLERS)}.")
         if len(self.foreground_slices) == 0:
             raise DataError("The training labels hold no foreground voxel; check the labels.")
+        return FOREGROUND_SAMPLERS[sampling](self, count, generator)
+
+    def slice_first_centres(self, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """An item holding foreground drawn uniformly, then one of the classes present in it, then a voxel of it.
+
+        A volume weighs as many foreground items as it holds, and a class present in few of them is drawn
+        rarely: one in 5 of a volume's 20 foreground slices gets about a quarter of its classmates' share.
+        """
         picks = self.foreground_slices[torch.randint(len(self.foreground_slices), (count,), generator=generator)]
-        present = self.counts[picks] > 0  # (count, C - 1)
-        rank = (torch.rand(count, generator=generator) * present.sum(dim=1)).long()
-        classes = (present.cumsum(dim=1) > rank.unsqueeze(1)).int().argmax(dim=1)
-        counts = self.counts[picks, classes]
-        offsets = self.starts[picks, classes] + (torch.rand(count, generator=generator) * counts).long()
+        classes = _present_class(self.counts[picks] > 0, generator)
+        offsets = self.starts[picks, classes] + (torch.rand(count, generator=generator)
+                                                 * self.counts[picks, classes]).long()
+        return picks, self.coordinates[offsets].float() + 0.5
+
+    def class_first_centres(self, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """nnU-Net's oversampling: a volume holding foreground drawn uniformly, then one of the classes present
+        anywhere in it, then a voxel of that class drawn uniformly over the whole volume (its item follows).
+
+        Every class of a volume is drawn equally often, however few items hold it. For a 3D network, whose items
+        are whole volumes, this is the draw :meth:`slice_first_centres` makes.
+        """
+        volumes = self.foreground_volumes[torch.randint(len(self.foreground_volumes), (count,),
+                                                        generator=generator)]
+        classes = _present_class(self.volume_counts[volumes] > 0, generator)
+        rank = self.class_offsets[volumes, classes] + (torch.rand(count, generator=generator)
+                                                       * self.volume_counts[volumes, classes]).long()
+        cell = torch.searchsorted(self.class_ends, rank, right=True)  # class · N + item, holding that voxel
+        picks = cell - classes * len(self)
+        offsets = self.starts[picks, classes] + rank - (self.class_ends[cell] - self.counts[picks, classes])
         return picks, self.coordinates[offsets].float() + 0.5
 
     def random_centres(self, picks: torch.Tensor, patch_size: Sequence[int], generator: torch.Generator
@@ -162,6 +201,19 @@ class CropSampler:
         low = torch.minimum(half, shapes / 2)
         high = torch.maximum(shapes - half, shapes / 2)
         return low + torch.rand(len(picks), len(patch_size), generator=generator) * (high - low)
+
+
+def _present_class(present: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Per row of ``present (n, C - 1)`` bool, the index of one of its True columns drawn uniformly ``(n,)``."""
+    rank = (torch.rand(len(present), generator=generator) * present.sum(dim=1)).long()
+    return (present.cumsum(dim=1) > rank.unsqueeze(1)).int().argmax(dim=1)
+
+
+ForegroundSampler = Callable[[CropSampler, int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+# How a foreground crop's centre is drawn, by name (CropSampler.foreground_centres' ``sampling``).
+FOREGROUND_SAMPLERS: dict[str, ForegroundSampler] = {"class": CropSampler.class_first_centres,
+                                                     "slice": CropSampler.slice_first_centres}
+DEFAULT_FOREGROUND_SAMPLING = "slice"
 
 
 @dataclass(frozen=True)
@@ -222,6 +274,7 @@ def plan_epoch(
     patch_size: Sequence[int],
     augmentation: Augmentation = DEFAULT_AUGMENTATION,
     foreground_share: float = 1 / 3,
+    foreground_sampling: str | None = None,
 ) -> list[BatchPlan]:
     """The batches of one epoch.
 
@@ -234,6 +287,8 @@ def plan_epoch(
         patch_size: crop size in voxels, ``(y, x)`` or ``(z, y, x)``.
         augmentation: ranges of the random transforms (:data:`NO_AUGMENTATION` for none).
         foreground_share: fraction of crops centred on a foreground voxel, in [0, 1].
+        foreground_sampling: how those are drawn, a name of :data:`FOREGROUND_SAMPLERS` (default
+            :data:`DEFAULT_FOREGROUND_SAMPLING`).
     """
     count = len(sampler)
     needed = count if iterations is None else iterations * batch_size
@@ -241,7 +296,8 @@ def plan_epoch(
     centres = sampler.random_centres(picks, patch_size, generator)
     on_foreground = torch.rand(needed, generator=generator) < foreground_share
     if on_foreground.any():
-        picks[on_foreground], centres[on_foreground] = sampler.foreground_centres(int(on_foreground.sum()), generator)
+        picks[on_foreground], centres[on_foreground] = sampler.foreground_centres(
+            int(on_foreground.sum()), generator, foreground_sampling)
     turns = torch.randint(0, 4, (needed,), generator=generator) if augmentation.quarter_turns \
         else torch.zeros(needed, dtype=torch.int64)
     angle = turns * (math.pi / 2) + math.radians(augmentation.rotation_degrees) * (
