@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from CalibSegLib import __version__
+from CalibSegLib.cardiac.intervals import IntervalRule, IntervalRuleError
 from CalibSegLib.input_check import InputStatistics, InputStatisticsError
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
@@ -79,7 +80,9 @@ class BundleMetadata:
     where absent; ``channel_names`` the input channels in the order the network takes them (a ``dataset.json``'s;
     None: one channel, the image); ``ensemble_size`` how many networks of the declared kind the weights hold (1:
     one network; more: an ensemble whose probabilities are averaged, its members' weights ``members.<m>.…``) and
-    ``ensemble`` where they came from (the folds, their validation patients and temperatures; None for one network). The
+    ``ensemble`` where they came from (the folds, their validation patients and temperatures; None for one network);
+    ``function_intervals`` the interval rule of cardiac function (:class:`CalibSegLib.cardiac.intervals.IntervalRule`,
+    fitted by ``python -m Evaluation.function_intervals``), None where none was fitted. The
     library version, weights dtype and checksum are filled in by :func:`save_bundle`.
     """
 
@@ -104,6 +107,7 @@ class BundleMetadata:
     channel_names: list[str] | None = None
     ensemble_size: int = 1
     ensemble: dict[str, Any] | None = None
+    function_intervals: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
     library_version: str = __version__
     weights_dtype: str = "float32"
@@ -276,6 +280,14 @@ class BundleMetadata:
                 raise BundleError(
                     f"The bundle's input_statistics are malformed ({error}); refit them with "
                     f"python -m Training.fit_input_check."
+                ) from None
+        if self.function_intervals is not None:
+            try:
+                IntervalRule.from_dict(self.function_intervals)
+            except IntervalRuleError as error:
+                raise BundleError(
+                    f"The bundle's function_intervals are malformed ({error}); refit them with "
+                    f"python -m Evaluation.function_intervals."
                 ) from None
 
 

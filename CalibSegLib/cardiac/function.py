@@ -1,0 +1,207 @@
+"""Cardiac function of an ED/ES pair or a cine: the indices, their 90 % intervals and ``function.json``.
+
+:func:`measure_function` segments the two phases, :func:`measure_cine` every phase of a cine (ED and ES chosen by
+:func:`~CalibSegLib.cardiac.phases.choose_phases`); both read the structures' volumes from the bundle's prediction
+(an ensemble's: the mean of its members' probabilities) and apply the bundle's interval rule
+(``metadata.function_intervals``, :class:`~CalibSegLib.cardiac.intervals.IntervalRule`) to them: its point estimate
+(hard label volumes or probability sums) and its per-case scale. A bundle without a fitted rule still gives every
+value, with the intervals absent and a sentence saying why.
+
+Inputs are 3D ``(z, y, x)`` images with their :class:`~CalibSegLib.io.ImageGeometry` (spacing ``(z, y, x)`` mm):
+the ``(array, geometry)`` pairs :func:`CalibSegLib.io.read_image` returns.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from CalibSegLib.bundle import BundleMetadata
+from CalibSegLib.cardiac.indices import (CardiacError, PhaseVolumes, ProbabilityTally, cardiac_classes,
+                                         phase_volumes)
+from CalibSegLib.cardiac.intervals import INDICES, LEVEL, IntervalRule, case_indices
+from CalibSegLib.cardiac.phases import choose_phases, phase_order
+from CalibSegLib.inference import Prediction, Predictor
+from CalibSegLib.io import ImageGeometry
+
+__all__ = ["PhaseImage", "INDEX_LABELS", "FunctionResult", "stored_rule", "measure_volumes", "function_result",
+           "measure_function", "measure_cine"]
+
+PhaseImage = tuple[np.ndarray, ImageGeometry]
+"""One phase: a ``(z, y, x)`` image and its geometry."""
+
+# What the printout and the report call each index, with its unit.
+INDEX_LABELS: dict[str, tuple[str, str]] = {
+    "lv_edv_ml": ("LV end-diastolic volume", "mL"), "lv_esv_ml": ("LV end-systolic volume", "mL"),
+    "lv_sv_ml": ("LV stroke volume", "mL"), "lv_ef_percent": ("LV ejection fraction", "%"),
+    "rv_edv_ml": ("RV end-diastolic volume", "mL"), "rv_esv_ml": ("RV end-systolic volume", "mL"),
+    "rv_ef_percent": ("RV ejection fraction", "%"), "myocardium_mass_g": ("Myocardial mass (1.05 g/mL, ED)", "g"),
+}
+_DEFAULT_ESTIMATE = "hard"  # without a rule: the label map's volumes, what a reader of the segmentation would count
+
+
+def _number(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+@dataclass
+class FunctionResult:
+    """The measured function.
+
+    ``values`` and ``intervals`` per index of :data:`~CalibSegLib.cardiac.intervals.INDICES` (mL, %, g; an
+    interval is ``(low, high)``, None when absent, NaN ends when an EF is undefined); ``level`` 0.9;
+    ``intervals_absent`` the sentence saying why there are none (None when there are); ``estimate`` the volumes
+    the values come from (``hard`` label voxels or ``soft`` probability sums); ``ed_volumes`` and ``es_volumes``
+    the two phases' structures (:class:`~CalibSegLib.cardiac.indices.PhaseVolumes`); ``predictions`` the ED and
+    ES predictions (labels and maps on the input grid, for a report); for a cine ``phases`` ``{"ed": i, "es": j}``,
+    ``phase_volumes`` every phase's LV and RV volume (mL), ``trigger_times_ms`` and ``phase_rule`` (words).
+    """
+
+    values: dict[str, float]
+    intervals: dict[str, tuple[float, float] | None]
+    level: float
+    intervals_absent: str | None
+    estimate: str
+    ed_volumes: PhaseVolumes
+    es_volumes: PhaseVolumes
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+    phases: dict[str, int] | None = None
+    phase_volumes: list[dict[str, float]] | None = None
+    trigger_times_ms: list[float] | None = None
+    phase_rule: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """``function.json``: every index as ``{"value", "interval": [low, high]}`` (null where undefined or
+        absent), ``"level"``, and why intervals are absent; for a cine ``"phases"`` and ``"phase_volumes"``
+        (``[{"phase", "trigger_time_ms", "lv_ml", "rv_ml"}]``)."""
+        payload: dict[str, Any] = {}
+        for index in INDICES:
+            interval = self.intervals[index]
+            payload[index] = {"value": _number(self.values[index]),
+                              "interval": None if interval is None else [_number(end) for end in interval]}
+        payload["level"] = self.level
+        payload["volumes_from"] = {"hard": "label voxels", "soft": "probability sums"}[self.estimate]
+        if self.intervals_absent is not None:
+            payload["intervals_absent"] = self.intervals_absent
+        if self.phases is not None:
+            payload["phases"] = dict(self.phases)
+            payload["phase_rule"] = self.phase_rule
+            payload["phase_volumes"] = [dict(row) for row in self.phase_volumes or []]
+        return payload
+
+    def table_lines(self) -> list[str]:
+        """The printout: one line per index, value and interval."""
+        lines = [f"{'index':<37}{'value':>9}  {int(round(self.level * 100))} % interval"]
+        for index in INDICES:
+            label, unit = INDEX_LABELS[index]
+            value, interval = self.values[index], self.intervals[index]
+            shown = "undefined" if not math.isfinite(value) else f"{value:.1f}"
+            band = "-" if interval is None or not all(map(math.isfinite, interval)) else \
+                f"{interval[0]:.1f} to {interval[1]:.1f}"
+            lines.append(f"{label + ' (' + unit + ')':<37}{shown:>9}  {band}")
+        if self.intervals_absent is not None:
+            lines.append(f"no intervals: {self.intervals_absent}")
+        if self.phase_rule is not None:
+            lines.append(self.phase_rule)
+        return lines
+
+
+def stored_rule(metadata: BundleMetadata) -> tuple[IntervalRule | None, str | None]:
+    """The bundle's interval rule, or None and the sentence saying why there is none."""
+    if metadata.function_intervals is None:
+        return None, ("the bundle holds no fitted interval rule; fit one with python -m "
+                      "Evaluation.function_intervals (docs/function.md).")
+    return IntervalRule.from_dict(metadata.function_intervals), None
+
+
+def measure_volumes(predictor: Predictor, phase: PhaseImage, progress: Callable[[float], None] | None = None,
+                    cancel: threading.Event | None = None) -> tuple[PhaseVolumes, Prediction]:
+    """Segment one phase and measure its structures (raises :class:`CardiacError` for a bundle without the
+    cardiac structures' codes, before the network runs)."""
+    metadata = predictor.metadata
+    classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
+    image, geometry = phase
+    tally = ProbabilityTally(metadata.num_classes)
+    prediction = predictor.predict(image, geometry.spacing, progress=progress, cancel=cancel,
+                                   probability_sink=tally)
+    return phase_volumes(prediction.labels, tally, geometry.spacing, classes), prediction
+
+
+def function_result(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes) -> FunctionResult:
+    """The indices of measured ED and ES volumes, with the intervals of ``metadata``'s rule (module docstring)."""
+    rule, absent = stored_rule(metadata)
+    estimate = rule.estimate if rule is not None else _DEFAULT_ESTIMATE
+    values, scales = case_indices(ed, es, estimate, rule.scale if rule is not None else "constant")
+    intervals = {index: None if rule is None else rule.interval(index, values[index], scales[index])
+                 for index in INDICES}
+    return FunctionResult(values, intervals, rule.level if rule is not None else LEVEL, absent, estimate, ed, es)
+
+
+def _check_geometry(phases: Sequence[PhaseImage], names: Sequence[str]) -> None:
+    first_image, first_geometry = phases[0]
+    for name, (image, geometry) in zip(names[1:], phases[1:]):
+        if image.shape != first_image.shape or not geometry.matches(first_geometry):
+            raise CardiacError(
+                f"{names[0]} ({first_image.shape}, spacing {tuple(round(v, 3) for v in first_geometry.spacing)} mm) "
+                f"and {name} ({image.shape}, spacing {tuple(round(v, 3) for v in geometry.spacing)} mm) differ in "
+                "geometry, so their volumes are not of one heart on one grid; give phases of one acquisition.")
+
+
+def measure_function(predictor: Predictor, ed: PhaseImage, es: PhaseImage,
+                     progress: Callable[[float], None] | None = None, cancel: threading.Event | None = None
+                     ) -> FunctionResult:
+    """Cardiac function from an end-diastolic and an end-systolic image of one acquisition.
+
+    Raises:
+        CardiacError: the bundle has no cardiac structures' codes, or ED and ES differ in shape, spacing,
+            origin or direction (one sentence).
+        ValueError, InferenceCancelled: as :meth:`Predictor.predict`.
+    """
+    cardiac_classes(predictor.metadata.class_names, predictor.metadata.class_terminology)
+    _check_geometry([ed, es], ["ED", "ES"])
+    measured = [measure_volumes(predictor, phase, None if progress is None else
+                                (lambda fraction, start=step: progress((start + fraction) / 2)), cancel)
+                for step, phase in enumerate((ed, es))]
+    result = function_result(predictor.metadata, measured[0][0], measured[1][0])
+    result.predictions = {"ed": measured[0][1], "es": measured[1][1]}
+    return result
+
+
+def measure_cine(predictor: Predictor, phases: Sequence[PhaseImage], trigger_times_ms: Sequence[float] | None = None,
+                 progress: Callable[[float], None] | None = None, cancel: threading.Event | None = None
+                 ) -> FunctionResult:
+    """Cardiac function from every phase of a cine: each is segmented, ED and ES are chosen by the LV blood pool
+    (:func:`~CalibSegLib.cardiac.phases.choose_phases`, with ``trigger_times_ms`` when given, one per phase).
+
+    Raises:
+        CardiacError: fewer than two phases, phases that differ in geometry, or a bundle without the cardiac
+            structures' codes (one sentence).
+        ValueError, InferenceCancelled: as :meth:`Predictor.predict`, or trigger times not one per phase.
+    """
+    cardiac_classes(predictor.metadata.class_names, predictor.metadata.class_terminology)
+    if len(phases) < 2:
+        raise CardiacError(f"The cine holds {len(phases)} phase; a cine needs at least two time points to find ED "
+                           "and ES in, so give the whole series or pass one phase each to --ed and --es.")
+    _check_geometry(phases, [f"phase {index}" for index in range(len(phases))])
+    phase_order(len(phases), trigger_times_ms)  # its sentence before any phase is segmented
+    rule, _ = stored_rule(predictor.metadata)
+    estimate = rule.estimate if rule is not None else _DEFAULT_ESTIMATE
+    measured = [measure_volumes(predictor, phase, None if progress is None else
+                                (lambda fraction, start=step: progress((start + fraction) / len(phases))), cancel)
+                for step, phase in enumerate(phases)]
+    lv = [getattr(volumes.lv, estimate) for volumes, _ in measured]
+    choice = choose_phases(lv, trigger_times_ms)
+    result = function_result(predictor.metadata, measured[choice.ed][0], measured[choice.es][0])
+    result.predictions = {"ed": measured[choice.ed][1], "es": measured[choice.es][1]}
+    result.phases = {"ed": choice.ed, "es": choice.es}
+    result.phase_rule = choice.rule
+    result.trigger_times_ms = None if trigger_times_ms is None else [float(time) for time in trigger_times_ms]
+    result.phase_volumes = [
+        {"phase": index, "trigger_time_ms": None if trigger_times_ms is None else float(trigger_times_ms[index]),
+         "lv_ml": getattr(volumes.lv, estimate), "rv_ml": getattr(volumes.rv, estimate)}
+        for index, (volumes, _) in enumerate(measured)]
+    return result
