@@ -1,27 +1,47 @@
-"""DICOM series in: the series of a folder found, checked and read with SimpleITK's series reader.
+"""DICOM series in: the series of a folder found, checked and read, as one volume or as the phases of a cine.
 
 A folder given where an image file would be is read as DICOM: every file under it (subfolders included) that
 starts like a DICOM file (the ``DICM`` marker after the 128-byte preamble) is read up to its pixel data with
-pydicom and grouped by its Series Instance UID into a :class:`DicomSeries`. A series is a volume when it is a
-stack of single-frame images that a voxel grid can hold; otherwise its ``problem`` says why not, as a clause
-that ends with what to do:
+pydicom and grouped by its Series Instance UID into a :class:`DicomSeries`. Its images are the 2D images it
+holds: each classic single-frame file (MR/CT Image Storage) is one, and so is each frame of one multi-frame
+file (Enhanced MR Image Storage, 1.2.840.10008.5.1.4.1.1.4.1, and the other enhanced images), whose position,
+orientation, pixel spacing, rescale and time come from its per-frame or shared functional groups
+(PlanePositionSequence, PlaneOrientationSequence, PixelMeasuresSequence, PixelValueTransformationSequence,
+FrameContentSequence, CardiacSynchronizationSequence).
 
-- not images (a Segmentation, a structured report, ...), or multi-frame (enhanced) objects;
+**Slice positions and phases.** Positions are compared along the slice normal, the cross product of the row and
+column directions, to within :data:`POSITION_TOLERANCE` of a step. A series holding one image per position is
+a volume; one holding the same number T > 1 of images at every position is a cine of T phases (time points):
+the images at each position are ordered by their time, the first of each position is phase 0, and so on. The
+time is the first of these that every image has and that tells apart the images at every position: the
+Trigger Time (classic files) or the Nominal (else Actual) Cardiac Trigger Delay Time (enhanced frames), in ms
+after the R wave; the Temporal Position Identifier (classic) or Temporal Position Index (enhanced; else the
+frame's dimension index value of a temporal dimension); the Instance Number (classic) or the frame's number.
+A phase's trigger time is the mean over its slices (each position of a cine is often acquired in its own
+breath-hold, so their trigger times differ by a few ms); there are none when the trigger times do not order
+the images.
+
+Otherwise the series' ``problem`` says why it is neither, as a clause that ends with what to do:
+
+- not images (a Segmentation, a structured report, ...), or multi-frame images without functional groups;
 - images without a position, orientation or pixel spacing (a screenshot), or one image alone;
 - images of several sizes, pixel spacings or orientations (a localizer among the slices);
-- several images at one position (the time points of a cine, echoes), missing slices (a gap that is a whole
-  number of steps), uneven spacing, or slices shifted in-plane from one to the next (a tilted gantry).
+- several images at one position that are no cine (not the same number at every position: a phase lacking
+  slices, or phases at other positions; echoes or repeats that no time tells apart), phases whose slices lie
+  elsewhere than the first phase's, missing slices (a gap that is a whole number of steps), uneven spacing, or
+  slices shifted in-plane from one to the next (a tilted gantry).
 
-Positions are compared along the slice normal, the cross product of ImageOrientationPatient's row and column
-directions, to within :data:`POSITION_TOLERANCE` of a step. The images of a volume are sorted along that
-normal, and SimpleITK's ``ImageSeriesReader`` (GDCM) reads them in that order: geometry from the files (the
-first slice's position, the pixel spacing, the row, column and stacking directions), and each file's Rescale
-Slope and Intercept applied, so a CT is in Hounsfield units. The voxels are read as float32, since the slope
-may differ from slice to slice (an integer type taken from the first slice would drop the fractions of the
-others).
+**Reading.** A phase's images are sorted along the normal. Classic files are read by SimpleITK's
+``ImageSeriesReader`` (GDCM) in that order: geometry from the files (the first slice's position, the pixel
+spacing, the row, column and stacking directions), and each file's Rescale Slope and Intercept applied, so a CT
+is in Hounsfield units. A multi-frame file's pixel data is decoded by pydicom and each frame's rescale applied
+here; its grid is built the way ITK builds a series' (origin the first slice's position, the slice spacing the
+distance from the first slice to the last over their count less one, directions row, column, normal). The
+voxels are float32, since the slope may differ from slice to slice (an integer type taken from the first slice
+would drop the fractions of the others).
 
-Arrays are ``(z, y, x)``: z along the sorted slices, y down the rows, x along them; the
-:class:`~CalibSegLib.io.ImageGeometry` holds spacing ``(z, y, x)`` in mm and origin and direction in DICOM's
+Arrays are ``(z, y, x)`` (a cine's ``(t, z, y, x)``): z along the sorted slices, y down the rows, x along them;
+the :class:`~CalibSegLib.io.ImageGeometry` holds spacing ``(z, y, x)`` in mm and origin and direction in DICOM's
 (and SimpleITK's) LPS patient coordinates, so outputs written with it lie on the series' grid.
 """
 
@@ -33,7 +53,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pydicom
@@ -41,12 +61,14 @@ import SimpleITK as sitk
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
 from pydicom.misc import is_dicom
+from pydicom.tag import Tag
 from pydicom.uid import UID
 
 from CalibSegLib.io import ImageGeometry, os_error_sentence
 
-__all__ = ["POSITION_TOLERANCE", "DicomSeries", "find_series", "choose_series", "read_series",
-           "read_dicom_folder", "series_case_names", "series_headers"]
+__all__ = ["POSITION_TOLERANCE", "DicomSeries", "CineSeries", "SinglePhaseError", "find_series",
+           "choose_series", "read_series", "read_dicom_folder", "read_cine_series", "series_case_names",
+           "series_headers", "in_source_order"]
 
 # Slice positions agree when they differ by less than this share of a step (or 0.01 mm), so the rounding of
 # positions written as decimal strings (DS, 16 characters) never reads as uneven spacing.
@@ -57,16 +79,22 @@ _ORIENTATION_TOLERANCE = 1e-3
 _MEDIA_DIRECTORY = "1.2.840.10008.1.3.10"  # DICOMDIR: an index of the files, not an object to segment
 # ITK names the reader's class and its address in memory, no help to a user.
 _ITK_PREFIX = re.compile(r"ITK ERROR: \w+\(0x[0-9a-fA-F]+\):")
-_GEOMETRY = ("ImagePositionPatient", "ImageOrientationPatient", "PixelSpacing", "Rows", "Columns")
+# A multi-frame file's dimension that orders its frames in time, when its frames lack a Temporal Position Index.
+_TEMPORAL_DIMENSIONS = (Tag("TemporalPositionIndex"), Tag("NominalCardiacTriggerDelayTime"))
+# What orders the images at one position in time, first choice first (see the module docstring).
+_TIME_KEYS = ("trigger_ms", "temporal_position", "order")
 
 
 @dataclass(frozen=True)
 class DicomSeries:
     """The files of one series in a folder.
 
-    ``files``: an image series' files sorted along the slice normal (the volume's z axis, first slice first);
-    ``kind``: the SOP class's name (``MR Image Storage``); ``problem``: why the series is no volume (a clause
-    ending with what to do), None when :func:`read_series` can read it.
+    ``files``: an image series' files sorted along the slice normal (the volume's z axis, first slice first),
+    phase by phase for a cine of classic files; the one file of a multi-frame series, whose ``frames`` are then
+    the (0-based) frame numbers in that order. ``kind``: the SOP class's name (``MR Image Storage``);
+    ``problem``: why the series is neither a volume nor a cine (a clause ending with what to do), None when it
+    is one; ``phases``: its number of time points (1 for a volume); ``trigger_times_ms``: each phase's trigger
+    time in ms (the mean over its slices) where trigger times order its images, else None.
     """
 
     uid: str
@@ -75,6 +103,9 @@ class DicomSeries:
     description: str
     kind: str
     problem: str | None = None
+    phases: int = 1
+    frames: tuple[int, ...] = ()
+    trigger_times_ms: tuple[float, ...] | None = None
 
     @property
     def is_image(self) -> bool:
@@ -82,11 +113,68 @@ class DicomSeries:
         return self.kind.endswith("Image Storage")
 
     @property
+    def slices(self) -> int:
+        """The number of slices of each phase."""
+        return len(self.frames or self.files) // self.phases
+
+    @property
     def label(self) -> str:
         """How sentences name it: ``series 3 'SA cine' (12 MR Image Storage files, UID 1.2.3)``."""
         number = f" {self.number}" if self.number is not None else ""
         description = f" '{self.description}'" if self.description else ""
-        return f"series{number}{description} ({len(self.files)} {self.kind} file(s), UID {self.uid})"
+        frames = f" of {len(self.frames)} frames" if self.frames else ""
+        return f"series{number}{description} ({len(self.files)} {self.kind} file(s){frames}, UID {self.uid})"
+
+    @property
+    def volume_problem(self) -> str | None:
+        """Why the series is no single volume: its :attr:`problem`, or that it is a cine."""
+        if self.problem is None and self.phases > 1:
+            return (f"is a cine of {self.phases} time points at {self.slices} slice positions, and "
+                    "calibseg-predict segments one volume; give it to calibseg-function --cine, or export one "
+                    "time point as a series of its own")
+        return self.problem
+
+
+@dataclass(frozen=True)
+class CineSeries:
+    """A multi-phase cine read from DICOM (:func:`read_cine_series`).
+
+    ``volumes``: ``(t, z, y, x)`` float32, each file's or frame's rescale applied, phases in time order, so
+    ``volumes[t]`` is phase t's volume as :func:`read_series` returns a volume; ``geometry``: the grid every phase
+    lies on; ``trigger_times_ms``: each phase's trigger time in ms after the R wave (the mean over its slices)
+    where the files order their images by it, else None; ``series``: where it was read from.
+    """
+
+    volumes: np.ndarray
+    geometry: ImageGeometry
+    trigger_times_ms: list[float] | None
+    series: DicomSeries
+
+
+class SinglePhaseError(ValueError):
+    """A cine was asked for, and the series holds one time point: a volume, which the caller may take as one."""
+
+
+@dataclass(frozen=True, eq=False)
+class _Image:
+    """One 2D image of a series: a single-frame file, or frame ``frame`` (0-based) of a multi-frame file.
+
+    Geometry is None where the file lacks it; ``position`` ``(3,)`` and ``orientation`` ``(6,)`` in mm and
+    direction cosines (LPS), ``pixel_spacing`` ``(row spacing, column spacing)`` mm; the times as in the module
+    docstring (``order``: the Instance Number or the frame's number); ``slope``, ``intercept``: its rescale.
+    """
+
+    path: Path
+    frame: int | None
+    position: np.ndarray | None
+    orientation: np.ndarray | None
+    pixel_spacing: np.ndarray | None
+    size: tuple[int, int]
+    trigger_ms: float | None = None
+    temporal_position: float | None = None
+    order: float | None = None
+    slope: float = 1.0
+    intercept: float = 0.0
 
 
 def _headers(folder: Path) -> tuple[list[tuple[Path, Dataset]], list[str]]:
@@ -115,25 +203,105 @@ def _headers(folder: Path) -> tuple[list[tuple[Path, Dataset]], list[str]]:
     return headers, unreadable
 
 
-def _vector(header: Dataset, keyword: str) -> np.ndarray:
-    return np.array([float(value) for value in header.get(keyword)], dtype=np.float64)
+def _values(value: Any) -> list[Any]:
+    """A DICOM value as a list: [] when absent or empty, one item for a single value."""
+    if value is None or value == "":
+        return []
+    return list(value) if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else [value]
 
 
-def _stack_problem(headers: Sequence[Dataset]) -> str | None:
-    """Why single-frame images of one size and orientation are no evenly spaced stack, or None."""
-    orientation = _vector(headers[0], "ImageOrientationPatient")
-    normal = np.cross(orientation[:3], orientation[3:])
-    positions = np.array([_vector(header, "ImagePositionPatient") for header in headers])
-    positions = positions[np.argsort(positions @ normal, kind="stable")]
+def _vector(value: Any, length: int) -> np.ndarray | None:
+    """A multi-valued number (ImagePositionPatient, ...) as ``(length,)`` float64, or None when absent or
+    malformed."""
+    try:
+        numbers = np.array([float(item) for item in _values(value)], dtype=np.float64)
+    except (TypeError, ValueError):
+        return None
+    return numbers if numbers.shape == (length,) and np.isfinite(numbers).all() else None
+
+
+def _number(value: Any) -> float | None:
+    numbers = _vector(value, 1)
+    return None if numbers is None else float(numbers[0])
+
+
+def _single_frame_image(path: Path, header: Dataset) -> _Image:
+    return _Image(path, None, _vector(header.get("ImagePositionPatient"), 3),
+                  _vector(header.get("ImageOrientationPatient"), 6), _vector(header.get("PixelSpacing"), 2),
+                  (int(header.get("Rows") or 0), int(header.get("Columns") or 0)),
+                  trigger_ms=_number(header.get("TriggerTime")),
+                  temporal_position=_number(header.get("TemporalPositionIdentifier")),
+                  order=_number(header.get("InstanceNumber")))
+
+
+def _group(frame_groups: Dataset, shared: Dataset | None, sequence: str) -> Dataset:
+    """A frame's item of the functional group ``sequence``: its own, else the shared one, else an empty one."""
+    for groups in (frame_groups, shared):
+        items = groups.get(sequence) if groups is not None else None
+        if items:
+            return items[0]
+    return Dataset()
+
+
+def _multi_frame_images(path: Path, header: Dataset) -> list[_Image] | str:
+    """The frames of a multi-frame file with functional groups, or why it has none (a clause)."""
+    count = int(header.get("NumberOfFrames") or 1)
+    per_frame = header.get("PerFrameFunctionalGroupsSequence")
+    if per_frame is None or len(per_frame) != count:
+        return ("holds multi-frame images without per-frame functional groups, so where each frame lies is "
+                "unknown; export the series as single-frame images or as one Enhanced MR file")
+    shared = (header.get("SharedFunctionalGroupsSequence") or [None])[0]
+    pointers = [Tag(item.get("DimensionIndexPointer")) for item in header.get("DimensionIndexSequence") or []
+                if item.get("DimensionIndexPointer") is not None]
+    temporal_dimension = next((index for index, pointer in enumerate(pointers)
+                               if pointer in _TEMPORAL_DIMENSIONS), None)
+    rescale = (_number(header.get("RescaleSlope")), _number(header.get("RescaleIntercept")))
+    images = []
+    for frame, groups in enumerate(per_frame):
+        content = _group(groups, shared, "FrameContentSequence")
+        cardiac = _group(groups, shared, "CardiacSynchronizationSequence")
+        transform = _group(groups, shared, "PixelValueTransformationSequence")
+        temporal = _number(content.get("TemporalPositionIndex"))
+        indices = _values(content.get("DimensionIndexValues"))
+        if temporal is None and temporal_dimension is not None and len(indices) == len(pointers):
+            temporal = float(indices[temporal_dimension])
+        trigger = _number(cardiac.get("NominalCardiacTriggerDelayTime"))
+        slope = _number(transform.get("RescaleSlope"))
+        intercept = _number(transform.get("RescaleIntercept"))
+        images.append(_Image(
+            path, frame, _vector(_group(groups, shared, "PlanePositionSequence").get("ImagePositionPatient"), 3),
+            _vector(_group(groups, shared, "PlaneOrientationSequence").get("ImageOrientationPatient"), 6),
+            _vector(_group(groups, shared, "PixelMeasuresSequence").get("PixelSpacing"), 2),
+            (int(header.get("Rows") or 0), int(header.get("Columns") or 0)),
+            trigger_ms=trigger if trigger is not None else _number(cardiac.get("ActualCardiacTriggerDelayTime")),
+            temporal_position=temporal, order=float(frame),
+            slope=next(value for value in (slope, rescale[0], 1.0) if value is not None),
+            intercept=next(value for value in (intercept, rescale[1], 0.0) if value is not None)))
+    return images
+
+
+def _file_images(entries: Sequence[tuple[Path, Dataset]]) -> list[_Image] | str:
+    """The 2D images of a series' files, or why they cannot be placed (a clause)."""
+    multi_frame = [(path, header) for path, header in entries if int(header.get("NumberOfFrames") or 1) > 1
+                   or "PerFrameFunctionalGroupsSequence" in header]
+    if not multi_frame:
+        return [_single_frame_image(path, header) for path, header in entries]
+    images = _multi_frame_images(*multi_frame[0])
+    if isinstance(images, list) and len(entries) > 1:
+        return (f"holds {len(entries)} files, {len(multi_frame)} of them multi-frame; export the series as one "
+                "multi-frame file or as single-frame images")
+    return images
+
+
+def _normal(orientation: np.ndarray) -> np.ndarray:
+    return np.cross(orientation[:3], orientation[3:])
+
+
+def _stack_problem(positions: np.ndarray, normal: np.ndarray, pixel: float) -> str | None:
+    """Why slices at ``positions`` ``(n, 3)`` (distinct, sorted along ``normal``) are no evenly spaced stack,
+    or None; ``pixel``: the smaller pixel spacing (mm)."""
     along = positions @ normal
     steps = np.diff(along)
-    tolerance = max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * float(np.max(steps, initial=0.0)))
-    distinct = 1 + int(np.sum(steps > tolerance))
-    if distinct < len(headers):
-        return (f"holds {len(headers)} images at {distinct} slice position(s) (several images at one "
-                "position: the time points of a cine, echoes or repeats); export one image per position, "
-                "e.g. one time point, as a series of its own")
-    pixel = float(min(_vector(headers[0], "PixelSpacing")))
     in_plane = positions - positions[0] - np.outer(along - along[0], normal)
     shift = float(np.max(np.linalg.norm(in_plane, axis=1)))
     if shift > max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * pixel):
@@ -152,61 +320,132 @@ def _stack_problem(headers: Sequence[Dataset]) -> str | None:
             "normal), which a voxel grid cannot hold; resample it onto even slices first")
 
 
-def _sorted_along_normal(files: list[Path], headers: list[Dataset]) -> tuple[list[Path], list[Dataset]]:
-    orientation = _vector(headers[0], "ImageOrientationPatient")
-    normal = np.cross(orientation[:3], orientation[3:])
-    order = np.argsort([float(_vector(header, "ImagePositionPatient") @ normal) for header in headers],
-                       kind="stable")
-    return [files[index] for index in order], [headers[index] for index in order]
-
-
-def _image_problem(headers: Sequence[Dataset]) -> str | None:
-    """Why the images of one series are no volume, or None (see the module docstring)."""
-    frames = max(int(header.get("NumberOfFrames", 1) or 1) for header in headers)
-    if frames > 1:
-        return ("is a multi-frame (enhanced) object, which CalibSeg does not read; export the series as "
-                "single-frame images (one file per slice)")
-    if any(header.get(keyword) is None for header in headers for keyword in _GEOMETRY):
+def _grid_problem(images: Sequence[_Image]) -> str | None:
+    """Why the images of one series share no grid (geometry missing, sizes, spacings, orientations), or None."""
+    if any(image.position is None or image.orientation is None or image.pixel_spacing is None
+           or 0 in image.size for image in images):
         return ("lacks the position, orientation or pixel spacing of its images (a screenshot or secondary "
                 "capture?), so its voxel grid is unknown; give the acquired series")
-    if len(headers) < 2:
+    if len(images) < 2:
         return "is one image, not a stack of slices; give a series of two or more slices"
-    sizes = sorted({(int(header.Rows), int(header.Columns)) for header in headers})
+    sizes = sorted({image.size for image in images})
     if len(sizes) > 1:
         listed = ", ".join(f"{rows}×{columns}" for rows, columns in sizes)
         return f"holds images of {len(sizes)} sizes ({listed}); export one size per series"
-    spacings = {tuple(np.round(_vector(header, "PixelSpacing"), 4)) for header in headers}
+    spacings = {tuple(np.round(image.pixel_spacing, 4)) for image in images}
     if len(spacings) > 1:
         return f"holds images of {len(spacings)} pixel spacings; export one spacing per series"
     orientations: list[np.ndarray] = []
-    for header in headers:
-        orientation = _vector(header, "ImageOrientationPatient")
-        if not any(np.allclose(orientation, seen, atol=_ORIENTATION_TOLERANCE) for seen in orientations):
-            orientations.append(orientation)
+    for image in images:
+        if not any(np.allclose(image.orientation, seen, atol=_ORIENTATION_TOLERANCE) for seen in orientations):
+            orientations.append(image.orientation)
     if len(orientations) > 1:
         return (f"holds images in {len(orientations)} orientations (ImageOrientationPatient differs, e.g. a "
                 "localizer among the slices); export one orientation per series")
-    return _stack_problem(headers)
+    return None
+
+
+def _at_positions(images: Sequence[_Image], normal: np.ndarray) -> list[list[_Image]]:
+    """``images`` grouped by slice position, sorted along ``normal``: positions closer than the tolerance (a
+    share of the largest step) are one."""
+    ordered = sorted(images, key=lambda image: float(image.position @ normal))
+    along = np.array([float(image.position @ normal) for image in ordered])
+    steps = np.diff(along)
+    tolerance = max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * float(np.max(steps, initial=0.0)))
+    groups = [[ordered[0]]]
+    for image, step in zip(ordered[1:], steps):
+        if step > tolerance:
+            groups.append([])
+        groups[-1].append(image)
+    return groups
+
+
+def _time_key(groups: Sequence[Sequence[_Image]]) -> str | None:
+    """The first of :data:`_TIME_KEYS` that every image has and that tells apart the images at each position."""
+    for key in _TIME_KEYS:
+        times = [[getattr(image, key) for image in group] for group in groups]
+        if all(None not in values and len(set(values)) == len(values) for values in times):
+            return key
+    return None
+
+
+def _arrangement(images: Sequence[_Image]) -> tuple[list[_Image], int, str | None]:
+    """``images`` in phase order, each phase sorted along the slice normal, the number of phases, and why they
+    are neither a volume nor a cine (None when they are one; see the module docstring)."""
+    problem = _grid_problem(images)
+    if problem is not None:
+        return list(images), 1, problem
+    normal = _normal(images[0].orientation)
+    pixel = float(min(images[0].pixel_spacing))
+    groups = _at_positions(images, normal)
+    counts = sorted({len(group) for group in groups})
+    if len(counts) > 1:
+        return list(images), 1, (
+            f"holds {len(images)} images at {len(groups)} slice positions, {counts[0]} to {counts[-1]} at a "
+            "position (a cine whose time points differ in their slices or geometry, or echoes or repeats); "
+            "export a complete cine, or one image per position as a series of its own")
+    phases = counts[0]
+    if phases > 1 and len(groups) < 2:
+        return list(images), 1, (f"holds {phases} images at one slice position (a single-slice cine?), not a "
+                                 "stack of slices; give a series of two or more slice positions")
+    if phases > 1:
+        key = _time_key(groups)
+        if key is None:
+            return list(images), 1, (
+                f"holds {phases} images at each of its {len(groups)} slice positions that neither a trigger "
+                "time, a temporal position nor their number tells apart (echoes or repeats, not a cine's time "
+                "points); export one image per position as a series of its own")
+        groups = [sorted(group, key=lambda image: getattr(image, key)) for group in groups]
+    ordered = [group[phase] for phase in range(phases) for group in groups]
+    positions = np.array([image.position for image in ordered]).reshape(phases, len(groups), 3)
+    problem = _stack_problem(positions[0], normal, pixel)
+    if problem is None and phases > 1:
+        offsets = np.linalg.norm(positions - positions[:1], axis=2).max(axis=1)
+        moved = int(np.argmax(offsets))
+        if offsets[moved] > max(_MINIMUM_TOLERANCE_MM, POSITION_TOLERANCE * pixel):
+            problem = (f"is a cine whose time points differ in geometry (time point {moved + 1}'s slices lie up "
+                       f"to {offsets[moved]:.3g} mm from the first's); export the cine again with its slices "
+                       "at the same positions in every time point")
+    return ordered, phases, problem
+
+
+def _trigger_times(images: Sequence[_Image], phases: int) -> tuple[float, ...] | None:
+    """Each phase's mean trigger time (ms) of ``images`` in phase order, when every image has one and they
+    rise from phase to phase at every position, else None."""
+    times = [image.trigger_ms for image in images]
+    if phases < 2 or None in times:
+        return None
+    by_phase = np.array(times, dtype=np.float64).reshape(phases, -1)
+    if not np.all(np.diff(by_phase, axis=0) > 0):
+        return None
+    return tuple(float(value) for value in by_phase.mean(axis=1))
 
 
 def _series(uid: str, entries: list[tuple[Path, Dataset]]) -> DicomSeries:
-    files = [path for path, _ in entries]
+    files = tuple(path for path, _ in entries)
     headers = [header for _, header in entries]
     kinds = Counter(UID(str(header.get("SOPClassUID", ""))).name or "unknown" for header in headers)
     kind = kinds.most_common(1)[0][0]
     number = headers[0].get("SeriesNumber")
+    number = int(number) if number not in (None, "") else None
     description = str(headers[0].get("SeriesDescription", "") or "").strip()
     if not all(name.endswith("Image Storage") for name in kinds):
         others = ", ".join(f"{count} {name}" for name, count in kinds.items()
                            if not name.endswith("Image Storage"))
         problem = (f"holds objects that are not images ({others}); give a folder of an image series, or "
                    "choose an image series with --series-uid")
-    else:
-        problem = _image_problem(headers)
-        if problem is None:
-            files, headers = _sorted_along_normal(files, headers)
-    number = int(number) if number not in (None, "") else None
-    return DicomSeries(uid, tuple(files), number, description, kind, problem)
+        return DicomSeries(uid, files, number, description, kind, problem)
+    images = _file_images(entries)
+    if isinstance(images, str):
+        return DicomSeries(uid, files, number, description, kind, images)
+    ordered, phases, problem = _arrangement(images)
+    frames = tuple(image.frame for image in ordered) if ordered[0].frame is not None else ()
+    if problem is not None:
+        return DicomSeries(uid, files, number, description, kind, problem, frames=frames)
+    if not frames:
+        files = tuple(image.path for image in ordered)
+    return DicomSeries(uid, files, number, description, kind, None, phases, frames,
+                       _trigger_times(ordered, phases))
 
 
 def find_series(folder: str | Path) -> list[DicomSeries]:
@@ -256,21 +495,32 @@ def choose_series(series: Sequence[DicomSeries], folder: str | Path, series_uid:
 
 
 def series_headers(series: DicomSeries) -> list[Dataset]:
-    """The headers (everything but the pixel data) of ``series``' files, in its order."""
+    """The headers (everything but the pixel data) of ``series``' files, in its order: the source images a
+    derived object (a Segmentation) references, one multi-frame file alone."""
     return [pydicom.dcmread(path, stop_before_pixels=True) for path in series.files]
 
 
-def read_series(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
-    """The ``(z, y, x)`` float32 volume of an image series (each file's rescale applied) and its grid.
+def in_source_order(volume: np.ndarray, series: DicomSeries) -> np.ndarray:
+    """The slices of a volume ``(z, y, x)`` read from ``series`` in the order of its source images: the
+    files' order, or a multi-frame file's frames (as highdicom pairs a derived object's frames with them)."""
+    return volume[np.argsort(series.frames)] if series.frames else volume
 
-    Raises:
-        ValueError: the series is no volume (its :attr:`DicomSeries.problem`), its pixel data cannot be
-            decoded, or it holds NaN/infinite values.
-    """
-    if series.problem is not None:
-        raise ValueError(f"The DICOM {series.label} {series.problem}.")
+
+def _checked(array: np.ndarray, geometry: ImageGeometry, series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
+    if not np.isfinite(array).all():
+        raise ValueError(f"The DICOM {series.label} holds NaN or infinite values after its rescale; check "
+                         "its Rescale Slope and Intercept.")
+    if not all(math.isfinite(value) and value > 0 for value in geometry.spacing):
+        spacing = " × ".join(f"{value:g}" for value in geometry.spacing)
+        raise ValueError(f"The DICOM {series.label} gives a voxel spacing of {spacing} mm, which is not "
+                         "positive; check its Pixel Spacing.")
+    return array, geometry
+
+
+def _read_files(series: DicomSeries, files: Sequence[Path]) -> tuple[np.ndarray, ImageGeometry]:
+    """The ``(z, y, x)`` float32 volume of single-frame ``files`` (sorted along the normal) and its grid."""
     reader = sitk.ImageSeriesReader()
-    reader.SetFileNames([str(path) for path in series.files])
+    reader.SetFileNames([str(path) for path in files])
     reader.SetOutputPixelType(sitk.sitkFloat32)
     try:
         image = reader.Execute()
@@ -279,16 +529,59 @@ def read_series(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
         reason = _ITK_PREFIX.sub("", reason.replace("sitk::ERROR:", "")).strip().rstrip(".")
         raise ValueError(f"Cannot read the pixel data of the DICOM {series.label} ({reason}: a file cut "
                          "short, or a compression GDCM cannot decode); export the series again.") from None
-    array = sitk.GetArrayFromImage(image)
-    if not np.isfinite(array).all():
-        raise ValueError(f"The DICOM {series.label} holds NaN or infinite values after its rescale; check "
-                         "its Rescale Slope and Intercept.")
-    geometry = ImageGeometry.from_sitk(image)
-    if not all(math.isfinite(value) and value > 0 for value in geometry.spacing):
-        spacing = " × ".join(f"{value:g}" for value in geometry.spacing)
-        raise ValueError(f"The DICOM {series.label} gives a voxel spacing of {spacing} mm, which is not "
-                         "positive; check its Pixel Spacing.")
-    return array, geometry
+    return sitk.GetArrayFromImage(image), ImageGeometry.from_sitk(image)
+
+
+def _read_frames(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
+    """The ``(t, z, y, x)`` float32 phases of a multi-frame series (each frame's rescale applied) and their
+    grid (see the module docstring)."""
+    try:
+        dataset = pydicom.dcmread(series.files[0])
+        stored = np.asarray(dataset.pixel_array)
+    except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, AttributeError, KeyError) as error:
+        # pydicom raises these on pixel data cut short or in a compression it has no decoder for
+        reason = str(error).strip().splitlines()[0].rstrip(".") if str(error).strip() else type(error).__name__
+        raise ValueError(f"Cannot read the pixel data of the DICOM {series.label} ({reason}: a file cut "
+                         "short, or a compression pydicom cannot decode); export the series again, "
+                         "uncompressed.") from None
+    images = _multi_frame_images(series.files[0], dataset)
+    stored = stored.reshape(len(images), *images[0].size)
+    chosen = [images[frame] for frame in series.frames]
+    slopes = np.array([image.slope for image in chosen])[:, None, None]
+    intercepts = np.array([image.intercept for image in chosen])[:, None, None]
+    values = (stored[list(series.frames)] * slopes + intercepts).astype(np.float32)
+    first, last = chosen[0], chosen[series.slices - 1]
+    step = float(np.linalg.norm(last.position - first.position)) / max(series.slices - 1, 1)
+    row, column = (axis / np.linalg.norm(axis) for axis in (first.orientation[:3], first.orientation[3:]))
+    direction = np.column_stack([row, column, np.cross(row, column)])
+    geometry = ImageGeometry((step, *map(float, first.pixel_spacing)), tuple(map(float, first.position)),
+                             tuple(map(float, direction.ravel())))
+    return values.reshape(series.phases, series.slices, *first.size), geometry
+
+
+def _read_phases(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
+    """Every phase of a series without a problem: ``(t, z, y, x)`` float32 and the grid they share."""
+    if series.frames:
+        volumes, geometry = _read_frames(series)
+    else:
+        count = series.slices
+        phases = [_read_files(series, series.files[start:start + count])
+                  for start in range(0, len(series.files), count)]
+        volumes, geometry = np.stack([array for array, _ in phases]), phases[0][1]
+    return _checked(volumes, geometry, series)
+
+
+def read_series(series: DicomSeries) -> tuple[np.ndarray, ImageGeometry]:
+    """The ``(z, y, x)`` float32 volume of an image series (each file's or frame's rescale applied) and its grid.
+
+    Raises:
+        ValueError: the series is no volume (its :attr:`DicomSeries.volume_problem`: a cine among others), its
+            pixel data cannot be decoded, or it holds NaN/infinite values.
+    """
+    if series.volume_problem is not None:
+        raise ValueError(f"The DICOM {series.label} {series.volume_problem}.")
+    volumes, geometry = _read_phases(series)
+    return volumes[0], geometry
 
 
 def read_dicom_folder(folder: str | Path, series_uid: str | None = None
@@ -301,6 +594,31 @@ def read_dicom_folder(folder: str | Path, series_uid: str | None = None
     """
     series = choose_series(find_series(folder), folder, series_uid)
     return (*read_series(series), series)
+
+
+def read_cine_series(folder: str | Path, series_uid: str | None = None) -> CineSeries:
+    """The phases of the multi-phase cine in ``folder``: the series ``series_uid`` names, else its one cine
+    (the one image series of several time points, beside localizers and other volumes), else its one image
+    series.
+
+    Raises:
+        SinglePhaseError: the series holds one time point (a volume; the caller decides what to make of it).
+        ValueError: see :func:`find_series` and :func:`choose_series`; the series is neither a volume nor a
+            cine (:attr:`DicomSeries.problem`: phases of different numbers of slices or geometry, ...), its
+            pixel data cannot be decoded, or it holds NaN/infinite values.
+    """
+    every_series = find_series(folder)
+    cines = [entry for entry in every_series if entry.is_image and entry.problem is None and entry.phases > 1]
+    series = cines[0] if series_uid is None and len(cines) == 1 else \
+        choose_series(every_series, folder, series_uid)
+    if series.problem is not None:
+        raise ValueError(f"The DICOM {series.label} {series.problem}.")
+    if series.phases < 2:
+        raise SinglePhaseError(f"The DICOM {series.label} holds one time point of {series.slices} slices, not a "
+                               "cine; give a series of several time points.")
+    volumes, geometry = _read_phases(series)
+    times = list(series.trigger_times_ms) if series.trigger_times_ms is not None else None
+    return CineSeries(volumes, geometry, times, series)
 
 
 def series_case_names(series: Sequence[DicomSeries], root: str | Path) -> list[str]:

@@ -15,6 +15,15 @@ quality estimate, so the predicted Dice, its interval and the review flag go as 
 Segment Description (0062,0006), e.g. ``predicted Dice 0.91 [0.85, 0.97], ok``; the numbers stay in the case's
 summary JSON.
 
+**Source.** The source is a series of single-frame images in the volume's z order, or one multi-frame image
+(Enhanced MR) whose frames the arrays follow (:func:`CalibSegLib.dicom.in_source_order`). highdicom takes a
+multi-frame source only with its orientation among the shared functional groups; one that gives it per frame
+(the reader has checked that every frame has the same) is handed to highdicom as a copy with it shared.
+:func:`check_source` refuses, before any inference, a source no Segmentation can reference: a series without a
+Frame of Reference UID (MR and CT images must have one, and highdicom refuses to make a Segmentation without
+it). Refused rather than written without the SEG: the user asked for it, a run that ends well without it is
+easily missed in a script, and the refusal costs no inference; without ``--dicom-seg`` the series is segmented.
+
 **Confidence.** The maximum class probability in [0, 1], stored as 16-bit integers with a Real World Value
 Mapping (slope 1/65535, unit "no units"), which more viewers display than float pixel data; the stored value
 differs from the float32 confidence by at most 1/131070.
@@ -22,6 +31,7 @@ differs from the float32 confidence by at most 1/131070.
 
 from __future__ import annotations
 
+from copy import deepcopy
 from typing import Any, Sequence
 
 import highdicom as hd
@@ -33,8 +43,8 @@ from CalibSegLib import __version__
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.terminology import CodedConcept, TerminologyEntry, parse_class_terminology
 
-__all__ = ["ALGORITHM_NAME", "CONFIDENCE_SCALE", "GENERIC_TISSUE", "segment_text", "segmentation_dataset",
-           "confidence_dataset"]
+__all__ = ["ALGORITHM_NAME", "CONFIDENCE_SCALE", "GENERIC_TISSUE", "check_source", "segment_text",
+           "segmentation_dataset", "confidence_dataset"]
 
 ALGORITHM_NAME = "CalibSeg"
 CONFIDENCE_SCALE = 65535  # stored value of confidence 1
@@ -44,6 +54,36 @@ GENERIC_TISSUE = CodedConcept("SCT", "85756007", "Tissue")
 SEGMENTATION_SERIES_NUMBER = 901
 CONFIDENCE_SERIES_NUMBER = 902
 _LONG_STRING = 64  # LO: Segment Label, Segment Description, Series Description
+
+
+def check_source(source: Sequence[Dataset], label: str) -> None:
+    """Refuse a source series (its headers, ``label`` naming it) that no Segmentation can reference.
+
+    Raises:
+        ValueError: the series has no Frame of Reference UID (see the module docstring).
+    """
+    if any(not header.get("FrameOfReferenceUID") for header in source):
+        raise ValueError(f"--dicom-seg writes a DICOM Segmentation, which must share its source's Frame of "
+                         f"Reference UID, and the DICOM {label} has none; leave out --dicom-seg (the NIfTI "
+                         "outputs do not need it), or export the series with its Frame of Reference.")
+
+
+def _highdicom_source(source: Sequence[Dataset]) -> list[Dataset]:
+    """``source`` as highdicom takes it: a multi-frame image with its orientation shared (see the module
+    docstring)."""
+    image = source[0]
+    if len(source) > 1 or "PerFrameFunctionalGroupsSequence" not in image:
+        return list(source)
+    if "PlaneOrientationSequence" in (image.get("SharedFunctionalGroupsSequence") or [Dataset()])[0]:
+        return [image]
+    image = deepcopy(image)
+    if not image.get("SharedFunctionalGroupsSequence"):
+        image.SharedFunctionalGroupsSequence = [Dataset()]
+    frames = image.PerFrameFunctionalGroupsSequence
+    image.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence = frames[0].PlaneOrientationSequence
+    for frame in frames:
+        del frame.PlaneOrientationSequence
+    return [image]
 
 
 def _code(concept: CodedConcept) -> hd.sr.CodedConcept:
@@ -104,12 +144,12 @@ def _segment(number: int, name: str, color: Sequence[float], terminology: Termin
 
 def segmentation_dataset(labels: np.ndarray, source: Sequence[Dataset], metadata: BundleMetadata,
                          bundle_name: str, summary: dict[str, Any] | None = None) -> hd.seg.Segmentation:
-    """A binary DICOM Segmentation of ``labels`` ``(z, y, x)`` (class indices), one segment per foreground
-    class.
+    """A binary DICOM Segmentation of ``labels`` ``(z, y, x)`` (class indices, its slices in the source's order),
+    one segment per foreground class.
 
-    ``source``: the headers of the series' images in the volume's z order
-    (:func:`CalibSegLib.dicom.series_headers`); ``summary``: the case's quality summary, whose structures give
-    each Segment Description.
+    ``source``: the headers of the series' images (:func:`CalibSegLib.dicom.series_headers`; the volume's slices
+    put in their order by :func:`CalibSegLib.dicom.in_source_order`); ``summary``: the case's quality summary,
+    whose structures give each Segment Description.
     """
     algorithm = _algorithm(metadata, bundle_name)
     terminology = parse_class_terminology(metadata.class_terminology or {}, metadata.class_names)
@@ -119,7 +159,8 @@ def segmentation_dataset(labels: np.ndarray, source: Sequence[Dataset], metadata
                 for number, name in enumerate(metadata.class_names) if number > 0]
     flagged = sum(bool(entry.get("review")) for entry in structures.values())
     segmentation = hd.seg.Segmentation(
-        source_images=list(source), pixel_array=np.ascontiguousarray(labels, dtype=np.uint8),
+        source_images=_highdicom_source(source),
+        pixel_array=np.ascontiguousarray(labels, dtype=np.uint8),
         segmentation_type=hd.seg.SegmentationTypeValues.BINARY, segment_descriptions=segments,
         series_instance_uid=hd.UID(), series_number=SEGMENTATION_SERIES_NUMBER, sop_instance_uid=hd.UID(),
         instance_number=1, content_label="CALIBSEG",
@@ -131,14 +172,14 @@ def segmentation_dataset(labels: np.ndarray, source: Sequence[Dataset], metadata
 
 def confidence_dataset(confidence: np.ndarray, source: Sequence[Dataset], metadata: BundleMetadata,
                        bundle_name: str) -> hd.pm.ParametricMap:
-    """A DICOM Parametric Map of ``confidence`` ``(z, y, x)`` in [0, 1] on the source series' grid (16-bit
-    stored values, see the module docstring)."""
+    """A DICOM Parametric Map of ``confidence`` ``(z, y, x)`` in [0, 1] on the source series' grid (its slices in
+    the source's order, as for :func:`segmentation_dataset`; 16-bit stored values, see the module docstring)."""
     stored = np.rint(np.clip(confidence, 0.0, 1.0) * CONFIDENCE_SCALE).astype(np.uint16)
     mapping = hd.pm.RealWorldValueMapping(
         lut_label="CONFIDENCE", lut_explanation="maximum class probability", unit=codes.UCUM.NoUnits,
         value_range=(0, CONFIDENCE_SCALE), slope=1.0 / CONFIDENCE_SCALE, intercept=0.0)
     parametric_map = hd.pm.ParametricMap(
-        source_images=list(source), pixel_array=stored, series_instance_uid=hd.UID(),
+        source_images=_highdicom_source(source), pixel_array=stored, series_instance_uid=hd.UID(),
         series_number=CONFIDENCE_SERIES_NUMBER, sop_instance_uid=hd.UID(), instance_number=1,
         contains_recognizable_visual_features=False, real_world_value_mappings=[mapping],
         voi_lut_transformations=[hd.VOILUTTransformation(window_center=CONFIDENCE_SCALE / 2,

@@ -76,6 +76,7 @@ from CalibSegLib.dicom import (
     DicomSeries,
     choose_series,
     find_series,
+    in_source_order,
     read_series,
     series_case_names,
     series_headers,
@@ -235,7 +236,8 @@ def predict_files(
     Raises:
         ValueError: image files that are not the bundle's channels (:func:`channel_files`), ``out_dir`` cannot
             take the outputs (both checked before any image is read), an unreadable image/reference, channels on
-            different grids, ``dicom_seg`` for an input that is no DICOM series, a reference not on the
+            different grids, ``dicom_seg`` for an input that is no DICOM series or one a Segmentation cannot
+            reference (:func:`CalibSegLib.dicom_seg.check_source`), a reference not on the
             image's grid or with labels the model does not have, an image the predictor refuses, or non-finite
             probabilities. Nothing is written then, and earlier outputs of the same case stay as they were.
     """
@@ -257,6 +259,12 @@ def predict_files(
         for name, ending in DICOM_OUTPUTS.items():
             outputs[name] = check_output_file(out_dir / f"{stem}{ending}")
     image, geometry = read_series(case.series) if case.series is not None else read_channels(list(case.files))
+    source = None
+    if dicom_seg:  # what highdicom would refuse after the inference is refused before it
+        from CalibSegLib.dicom_seg import check_source
+
+        source = series_headers(case.series)
+        check_source(source, case.series.label)
     reference = None
     if reference_path is not None:
         reference, reference_geometry = read_image(reference_path)
@@ -275,11 +283,11 @@ def predict_files(
     if dicom_seg:
         from CalibSegLib.dicom_seg import confidence_dataset, segmentation_dataset
 
-        source, label, metadata = series_headers(case.series), bundle_label(predictor.bundle.path), \
-            predictor.metadata
-        datasets = {"dicom_seg": segmentation_dataset(prediction.labels, source, metadata, label,
-                                                      analysis.summary),
-                    "dicom_confidence": confidence_dataset(prediction.confidence, source, metadata, label)}
+        label, metadata = bundle_label(predictor.bundle.path), predictor.metadata
+        labels, confidence = (in_source_order(volume, case.series)
+                              for volume in (prediction.labels, prediction.confidence))
+        datasets = {"dicom_seg": segmentation_dataset(labels, source, metadata, label, analysis.summary),
+                    "dicom_confidence": confidence_dataset(confidence, source, metadata, label)}
     with OutputSet() as output_set:
         if analysis.metrics is not None:
             write_json_atomic(output_set.stage(outputs["metrics"]), analysis.metrics)

@@ -1,20 +1,25 @@
-"""DICOM series in (``CalibSegLib.dicom``): series written with pydicom (``dicom_series.py``, geometry from
-the standard's formulas, not SimpleITK's) read back with their values and grid; an ACDC volume as a DICOM
+"""DICOM series in (``CalibSegLib.dicom``): series written with pydicom (``Datasets/dicom_series.py``, geometry
+from the standard's formulas, not SimpleITK's) read back with their values and grid; an ACDC volume as a DICOM
 folder gives the labels of the same volume as NIfTI with the shipped model; several series listed or chosen;
-``--image-dir`` takes each series as a case."""
+``--image-dir`` takes each series as a case; multi-phase cines, classic and Enhanced MR, read back phase by phase
+in time order with their grid and trigger times; a single-phase Enhanced MR file segmented like the classic
+series of the same volume."""
 
 from __future__ import annotations
 
 import json
 
+import highdicom as hd
 import numpy as np
+import pydicom
 import pytest
 
-from CalibSegLib.dicom import find_series, read_dicom_folder, series_case_names
+from CalibSegLib.dicom import find_series, read_cine_series, read_dicom_folder, series_case_names
 from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.predict import batch_row, main
+from Datasets.dicom_series import write_cine, write_enhanced, write_series
 from conftest import REPO_ROOT
-from dicom_series import write_series
+from dicom_series import edit_file
 from fault_checks import assert_one_sentence
 from tiny_bundles import make_test_bundle
 
@@ -149,3 +154,101 @@ def test_a_dicom_folder_for_a_bundle_of_several_channels_is_one_sentence(count, 
                  "--device", "cpu"]) == 2
     assert_one_sentence(capsys.readouterr().err, "^error: ",
                         "a DICOM series \\(one channel\\) was given" if count == 1 else "is one channel")
+
+
+TRIGGER_TIMES = [0.0, 38.5, 77.0, 115.5]
+
+
+def _phases(count: int = 4, slices: int = 5, seed: int = 10) -> np.ndarray:
+    """``(t, z, y, x)`` whole numbers, every voxel different from phase to phase."""
+    return np.random.default_rng(seed).integers(-200, 3000, size=(count, slices, 20, 16)).astype(np.float32)
+
+
+def _shuffle_names(folder) -> None:
+    for index, path in enumerate(sorted(folder.iterdir())):  # names no longer sort as phases or slices do
+        path.rename(path.with_name(f"{(7 * index) % 23:02d}_{path.name}"))
+
+
+def test_a_classic_cine_reads_back_phase_by_phase_in_time_order_whatever_the_files_order(tmp_path):
+    volumes, geometry = _phases(), _oblique()
+    written = [2, 0, 3, 1]  # the files of time point 0 are the second phase written, ...
+    files = write_cine(tmp_path / "cine", volumes[written], geometry,
+                       trigger_times_ms=[TRIGGER_TIMES[phase] for phase in written])
+    for index, path in enumerate(files):  # each slice position triggered 0.5 ms later than the one before
+        edit_file(path, TriggerTime=f"{float(pydicom.dcmread(path).TriggerTime) + 0.5 * (index % 5):g}")
+    _shuffle_names(tmp_path / "cine")
+    cine = read_cine_series(tmp_path / "cine")
+    np.testing.assert_array_equal(cine.volumes, volumes)
+    assert cine.volumes.dtype == np.float32 and cine.geometry.matches(geometry, tolerance=1e-5)
+    assert cine.trigger_times_ms == pytest.approx([time + 1.0 for time in TRIGGER_TIMES])  # 0.5 · mean(0..4)
+    assert (cine.series.phases, cine.series.slices, cine.series.description) == (4, 5, "SA cine")
+
+
+@pytest.mark.parametrize("time", ["TemporalPositionIdentifier", "InstanceNumber"])
+def test_without_trigger_times_the_temporal_position_or_the_instance_number_orders_the_phases(time, tmp_path):
+    volumes = _phases(count=3)
+    files = write_cine(tmp_path / "cine", volumes, _oblique())  # no Trigger Time; Instance Numbers rise
+    if time == "TemporalPositionIdentifier":
+        for index, path in enumerate(files):  # the position gives the order, the Instance Numbers contradict it
+            edit_file(path, TemporalPositionIdentifier=index // 5 + 1, InstanceNumber=100 - index)
+    _shuffle_names(tmp_path / "cine")
+    cine = read_cine_series(tmp_path / "cine")
+    np.testing.assert_array_equal(cine.volumes, volumes)
+    assert cine.trigger_times_ms is None
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared orientation", "orientation per frame"])
+def test_an_enhanced_mr_cine_reads_back_with_its_frames_positions_times_and_rescale(shared, tmp_path):
+    stored, geometry = _phases(), _oblique()
+    rng = np.random.default_rng(11)
+    slopes = rng.choice([0.25, 0.5, 1.0, 2.0], size=stored.shape[0] * stored.shape[1])  # one per frame
+    values = (stored * slopes.reshape(stored.shape[:2])[:, :, None, None]).astype(np.float32)
+    write_enhanced(tmp_path / "enhanced" / "cine.dcm", values, geometry, trigger_times_ms=TRIGGER_TIMES,
+                   frame_order=rng.permutation(len(slopes)), slopes=slopes, shared=shared)
+    cine = read_cine_series(tmp_path / "enhanced")
+    np.testing.assert_array_equal(cine.volumes, values)
+    assert cine.volumes.dtype == np.float32 and cine.geometry.matches(geometry, tolerance=1e-5)
+    assert cine.trigger_times_ms == TRIGGER_TIMES and cine.series.kind == "Enhanced MR Image Storage"
+    # the grid SimpleITK builds for the same phases as classic files
+    write_cine(tmp_path / "classic", stored, geometry)
+    assert cine.geometry.matches(read_cine_series(tmp_path / "classic").geometry, tolerance=1e-6)
+
+
+def test_an_enhanced_mr_cine_without_temporal_index_or_trigger_times_is_ordered_by_its_dimension_index(tmp_path):
+    volumes = _phases(count=3)
+    # frames in reverse order: their numbers would give the phases backwards
+    write_enhanced(tmp_path / "enhanced" / "cine.dcm", volumes, _oblique(), frame_order=range(14, -1, -1),
+                   temporal_index=False)
+    cine = read_cine_series(tmp_path / "enhanced")
+    np.testing.assert_array_equal(cine.volumes, volumes)
+    assert cine.trigger_times_ms is None
+
+
+def test_read_cine_series_takes_the_folders_one_cine_beside_other_series(tmp_path):
+    write_cine(tmp_path / "study" / "cine", _phases(count=2), _oblique(), trigger_times_ms=[0.0, 40.0])
+    write_series(tmp_path / "study" / "localizer", _phases(count=1)[0], _oblique(), series_number=1)
+    cine = read_cine_series(tmp_path / "study")
+    assert cine.series.phases == 2 and cine.volumes.shape == (2, 5, 20, 16)
+
+
+def test_a_single_phase_enhanced_mr_file_is_segmented_like_the_classic_series(tmp_path):
+    volume = np.random.default_rng(12).normal(300, 80, size=(1, 4, 30, 26))
+    volume[..., 8:20, 6:18] += 400
+    volume, geometry, order = np.rint(volume), _oblique(spacing=(6.0, 1.25, 1.1)), [2, 0, 3, 1]
+    write_series(tmp_path / "classic", volume[0], geometry)
+    write_enhanced(tmp_path / "enhanced" / "stack.dcm", volume, geometry, frame_order=order, shared=False)
+    make_test_bundle(tmp_path / "model.calibseg")
+    for name in ("classic", "enhanced"):
+        assert main(["--bundle", str(tmp_path / "model.calibseg"), "--image", str(tmp_path / name), "--out-dir",
+                     str(tmp_path / f"out_{name}"), "--dicom-seg", "--device", "cpu", "--batch-size", "2"]) == 0
+    classic, classic_grid = read_image(tmp_path / "out_classic" / "classic_labels.nii.gz")
+    enhanced, enhanced_grid = read_image(tmp_path / "out_enhanced" / "enhanced_labels.nii.gz")
+    np.testing.assert_array_equal(enhanced, classic)
+    assert enhanced_grid.matches(classic_grid, tolerance=1e-5) and set(np.unique(enhanced)) > {0}
+    # the Segmentation's frames are the source's frames: frame f holds slice order[f]
+    source = pydicom.dcmread(tmp_path / "enhanced" / "stack.dcm", stop_before_pixels=True)
+    segmentation = hd.seg.segread(tmp_path / "out_enhanced" / "enhanced_seg.dcm")
+    assert segmentation.FrameOfReferenceUID == source.FrameOfReferenceUID
+    frames = segmentation.get_pixels_by_source_frame(source.SOPInstanceUID, source_frame_numbers=[1, 2, 3, 4],
+                                                     combine_segments=True)
+    np.testing.assert_array_equal(frames, enhanced[order])

@@ -18,7 +18,7 @@ from CalibSegLib.dicom_seg import CONFIDENCE_SCALE, segment_text
 from CalibSegLib.io import ImageGeometry, read_image
 from CalibSegLib.predict import main
 from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
-from dicom_series import write_series
+from Datasets.dicom_series import write_series
 from tiny_bundles import make_test_bundle
 
 GRID = ImageGeometry((6.0, 1.25, 1.1), (-40.0, 12.5, 7.0), (0.0, 1.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0))

@@ -1,6 +1,6 @@
 """Fault catalogue, DICOM input and output: each broken series, folder or flag is one sentence on stderr (exit
 2) before any inference, and nothing is written; with ``--image-dir`` a broken series is one row and the
-others are segmented."""
+others are segmented; a cine that cannot be read as one is one sentence of ``read_cine_series``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import pydicom
 import pytest
 from pydicom.dataset import Dataset
 
+from CalibSegLib.dicom import SinglePhaseError, read_cine_series
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
 from CalibSegLib.predict import main
-from dicom_series import edit_file, write_series
+from Datasets.dicom_series import write_cine, write_enhanced, write_series
+from dicom_series import edit_file
 from fault_checks import assert_one_sentence, tree_snapshot
 from tiny_bundles import make_test_bundle
 
@@ -51,12 +53,31 @@ def _uneven_spacing(folder: Path) -> list[str]:
     return []
 
 
-def _cine_time_points(folder: Path) -> list[str]:
+def _repeats(folder: Path) -> list[str]:
     _series(folder, prefix="t0")
     files = _series(folder, prefix="t1")
     study = pydicom.dcmread(folder / "t0_000.dcm")
-    for path in files:  # the second time point joins the first one's series
+    for path in files:  # a repeat of the stack joins the first one's series, with the same Instance Numbers
         edit_file(path, SeriesInstanceUID=study.SeriesInstanceUID)
+    return []
+
+
+def _phases(count: int = 2) -> np.ndarray:
+    return np.random.default_rng(8).normal(300, 60, size=(count, SLICES, 24, 20)).round()
+
+
+def _cine(folder: Path) -> list[str]:
+    write_cine(folder, _phases(), GRID, trigger_times_ms=[0.0, 45.0])
+    return []
+
+
+def _enhanced_cine(folder: Path) -> list[str]:
+    write_enhanced(folder / "cine.dcm", _phases(), GRID, trigger_times_ms=[0.0, 45.0])
+    return []
+
+
+def _no_frame_of_reference(folder: Path) -> list[str]:
+    _series(folder, frame_uid=None)
     return []
 
 
@@ -140,13 +161,23 @@ BAD_DICOM_SERIES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]]
                                          "between slices 2 and 3", "export the complete series")),
     "a slice in another orientation": (_two_orientations, ("holds images in 2 orientations", "localizer")),
     "uneven slice spacing": (_uneven_spacing, ("uneven slice spacing \\(steps from 5 to 7 mm",)),
-    "cine time points in one series": (_cine_time_points, ("holds 10 images at 5 slice position\\(s\\)",
-                                                           "export one image per position")),
+    "a cine of several time points": (_cine, ("is a cine of 2 time points at 5 slice positions, and "
+                                              "calibseg-predict segments one volume; give it to "
+                                              "calibseg-function --cine",)),
+    "an Enhanced MR cine": (_enhanced_cine, ("series 5 'SA cine enhanced' \\(1 Enhanced MR Image Storage file\\(s\\) "
+                                             "of 10 frames", "is a cine of 2 time points", "calibseg-function --cine")),
+    "repeats that no time tells apart": (_repeats, ("holds 2 images at each of its 5 slice positions that neither a "
+                                                    "trigger time, a temporal position nor their number tells apart",
+                                                    "export one image per position")),
     "slices shifted in-plane (tilted gantry)": (_sheared, ("shifted in-plane", "tilted CT gantry")),
     "images of two sizes": (_two_sizes, ("holds images of 2 sizes \\(12×10, 24×20\\)",)),
     "one image": (_one_image, ("is one image, not a stack of slices",)),
     "no image position": (_no_position, ("lacks the position, orientation or pixel spacing",)),
-    "multi-frame images": (_multi_frame, ("is a multi-frame \\(enhanced\\) object", "single-frame images")),
+    "multi-frame images": (_multi_frame, ("holds multi-frame images without per-frame functional groups",
+                                          "single-frame images or as one Enhanced MR file")),
+    "--dicom-seg without a Frame of Reference": (
+        _no_frame_of_reference, ("--dicom-seg writes a DICOM Segmentation, which must share its source's Frame "
+                                 "of Reference UID, and the DICOM series 3 .* has none; leave out --dicom-seg",)),
     "a structured report, not images": (_not_images, ("holds objects that are not images \\(1 "
                                                       "Comprehensive SR Storage\\)",)),
     "a slice file cut short": (_cut_short, ("Cannot read the pixel data of the DICOM series 3",
@@ -223,6 +254,61 @@ def test_dicom_flags_that_cannot_apply_are_one_sentence_before_inference(name, b
     assert _predict(bundle, *make(inputs), "--out-dir", str(tmp_path / "out")) == 2
     assert_one_sentence(capsys.readouterr().err, "^error: ", pattern)
     assert tree_snapshot(tmp_path) == before
+
+
+def _cine_missing_slice(folder: Path) -> None:
+    _cine(folder)
+    (folder / "t01_002.dcm").unlink()
+
+
+def _cine_moved_time_point(folder: Path) -> None:
+    _cine(folder)
+    for path in sorted(folder.glob("t01_*.dcm")):  # the second time point 2 mm to the side
+        position = [float(value) for value in pydicom.dcmread(path).ImagePositionPatient]
+        edit_file(path, ImagePositionPatient=[f"{position[0] + 2.0:.6f}", *map(str, position[1:])])
+
+
+def _enhanced_moved_time_point(folder: Path) -> None:
+    path = write_enhanced(folder / "cine.dcm", _phases(), GRID, trigger_times_ms=[0.0, 45.0])
+    dataset = pydicom.dcmread(path)
+    for frame in dataset.PerFrameFunctionalGroupsSequence:
+        if frame.FrameContentSequence[0].TemporalPositionIndex == 2:
+            plane = frame.PlanePositionSequence[0]
+            plane.ImagePositionPatient = [plane.ImagePositionPatient[0], plane.ImagePositionPatient[1] + 3.0,
+                                          plane.ImagePositionPatient[2]]
+    dataset.save_as(path)
+
+
+def _single_slice_cine(folder: Path) -> None:
+    write_cine(folder, _phases()[:, :1], GRID, trigger_times_ms=[0.0, 45.0])
+
+
+# case → (make(folder), the exception's type, regexes of its sentence); the folder is read_cine_series'
+BAD_DICOM_CINES: dict[str, tuple[Callable[[Path], object], type[ValueError], tuple[str, ...]]] = {
+    "a time point missing a slice": (_cine_missing_slice, ValueError, (
+        "holds 9 images at 5 slice positions, 1 to 2 at a position \\(a cine whose time points differ in their "
+        "slices or geometry", "export a complete cine")),
+    "a time point at other positions": (_cine_moved_time_point, ValueError, (
+        "is a cine whose time points differ in geometry \\(time point 2's slices lie up to 2 mm from the first's\\)",)),
+    "an Enhanced MR time point at other positions": (_enhanced_moved_time_point, ValueError, (
+        "1 Enhanced MR Image Storage file\\(s\\) of 10 frames", "time point 2's slices lie up to 3 mm")),
+    "a single-slice cine": (_single_slice_cine, ValueError, ("holds 2 images at one slice position",
+                                                             "give a series of two or more slice positions")),
+    "one time point (a volume)": (_series, SinglePhaseError, ("holds one time point of 5 slices, not a cine; give "
+                                                              "a series of several time points",)),
+    "an Enhanced MR file of one time point": (lambda folder: write_enhanced(folder / "one.dcm", _phases()[:1], GRID),
+                                              SinglePhaseError, ("Enhanced MR Image Storage", "holds one time point")),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_DICOM_CINES))
+def test_a_series_that_is_no_cine_is_one_sentence_of_read_cine_series(name, tmp_path):
+    make, kind, patterns = BAD_DICOM_CINES[name]
+    make(tmp_path / "cine")
+    with pytest.raises(ValueError) as raised:
+        read_cine_series(tmp_path / "cine")
+    assert type(raised.value) is kind  # a volume is the caller's to judge, the others are broken cines
+    assert_one_sentence(f"error: {raised.value}", "^error: The DICOM series ", *patterns)
 
 
 def test_a_broken_series_in_image_dir_is_its_row_and_the_others_are_segmented(bundle, tmp_path, capsys):
