@@ -91,10 +91,11 @@ class DicomSeries:
 
     ``files``: an image series' files sorted along the slice normal (the volume's z axis, first slice first),
     phase by phase for a cine of classic files; the one file of a multi-frame series, whose ``frames`` are then
-    the (0-based) frame numbers in that order. ``kind``: the SOP class's name (``MR Image Storage``);
-    ``problem``: why the series is neither a volume nor a cine (a clause ending with what to do), None when it
-    is one; ``phases``: its number of time points (1 for a volume); ``trigger_times_ms``: each phase's trigger
-    time in ms (the mean over its slices) where trigger times order its images, else None.
+    the (0-based) frame numbers in that order (in the file's order where the series has a problem). ``kind``:
+    the SOP class's name (``MR Image Storage``); ``problem``: why the series is neither a volume nor a cine (a
+    clause ending with what to do), None when it is one; ``phases``: its number of time points (1 for a volume);
+    ``trigger_times_ms``: each phase's trigger time in ms (the mean over its slices) where the images have trigger
+    times that rise from phase to phase, else None.
     """
 
     uid: str
@@ -142,7 +143,8 @@ class CineSeries:
     ``volumes``: ``(t, z, y, x)`` float32, each file's or frame's rescale applied, phases in time order, so
     ``volumes[t]`` is phase t's volume as :func:`read_series` returns a volume; ``geometry``: the grid every phase
     lies on; ``trigger_times_ms``: each phase's trigger time in ms after the R wave (the mean over its slices)
-    where the files order their images by it, else None; ``series``: where it was read from.
+    where the images have trigger times that rise from phase to phase, else None; ``series``: where it was read
+    from.
     """
 
     volumes: np.ndarray

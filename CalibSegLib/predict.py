@@ -32,13 +32,15 @@ case together (:func:`folder_cases`, :func:`predict_folder`), and
 sentence), the case's review flag and per structure the volume, predicted Dice and review flag. A case
 that fails is reported in its row and does not stop the others; the command then exits with status 2.
 
-**DICOM.** A folder given as ``--image`` is read as DICOM (:mod:`CalibSegLib.dicom`): its one image series, or
-the one ``--series-uid`` names; a broken series (missing slices, mixed orientations, uneven spacing, not
-images) is one sentence and nothing is written. With ``--image-dir`` every image series under the folder is a
-case too (objects that are not images, such as Segmentations written earlier, are skipped and counted).
-``--dicom-seg`` adds ``<stem>_seg.dcm``, a DICOM Segmentation of the labels, and ``<stem>_confidence.dcm``, a
-Parametric Map of the confidence, both referencing the source series (:mod:`CalibSegLib.dicom_seg`); it
-refuses an input that is no DICOM series. The NIfTI outputs are written as for any input.
+**DICOM.** A folder given as ``--image`` is read as DICOM (:mod:`CalibSegLib.dicom`): its one image series
+(single-frame files or one Enhanced MR multi-frame file), or the one ``--series-uid`` names; a broken series
+(missing slices, mixed orientations, uneven spacing, not images) is one sentence and nothing is written, and so is
+a cine of several time points, which ``calibseg-function --cine`` reads. With ``--image-dir`` every image series
+under the folder is a case too (objects that are not images, such as Segmentations written earlier, are skipped
+and counted). ``--dicom-seg`` adds ``<stem>_seg.dcm``, a DICOM Segmentation of the labels, and
+``<stem>_confidence.dcm``, a Parametric Map of the confidence, both referencing the source series
+(:mod:`CalibSegLib.dicom_seg`); it refuses, before inference, an input that is no DICOM series and a series
+without a Frame of Reference UID. The NIfTI outputs are written as for any input.
 
 **Report.** ``--report`` adds ``report.html`` (:mod:`CalibSegLib.report`): one self-contained page over the
 case (or the folder's cases, worst first) with each case's input check, per structure volume, predicted Dice

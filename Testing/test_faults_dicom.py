@@ -63,6 +63,7 @@ def _repeats(folder: Path) -> list[str]:
 
 
 def _phases(count: int = 2) -> np.ndarray:
+    """``(count, SLICES, 24, 20)`` whole numbers: the time points of a cine on GRID."""
     return np.random.default_rng(8).normal(300, 60, size=(count, SLICES, 24, 20)).round()
 
 
@@ -138,6 +139,12 @@ def _cut_short(folder: Path) -> list[str]:
     return []
 
 
+def _enhanced_cut_short(folder: Path) -> list[str]:
+    path = write_enhanced(folder / "stack.dcm", _phases(1), GRID)
+    path.write_bytes(path.read_bytes()[:-300])
+    return []
+
+
 def _no_dicom(folder: Path) -> list[str]:
     folder.mkdir(parents=True)
     (folder / "notes.txt").write_text("no images here")
@@ -183,6 +190,9 @@ BAD_DICOM_SERIES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]]
     "a slice file cut short": (_cut_short, ("Cannot read the pixel data of the DICOM series 3",
                                             "\\(Cannot read requested file: a file cut short",
                                             "export the series again")),
+    "an Enhanced MR file cut short": (_enhanced_cut_short, (
+        "Cannot read the pixel data of the DICOM series 5 .* \\(The number of bytes of pixel data is less than "
+        "expected .*: a file cut short, or a compression pydicom cannot decode\\); export the series again",)),
     "no DICOM file in the folder": (_no_dicom, ("holds no DICOM file",)),
     "several image series": (_several_series, ("holds 2 image series", "choose one with --series-uid")),
     "an unknown --series-uid": (_unknown_uid, ("holds no series with UID 1.2.3.4; its series: series 3",)),
