@@ -23,22 +23,38 @@ ACDC's HDF5 files carry no spacing: every volume here is in mL under the assumed
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
+import math
+import shlex
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from CalibSegLib.bundle import Bundle, load_bundle
+from CalibSegLib.bundle import Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.cardiac.indices import (CardiacClasses, PhaseVolumes, ProbabilityTally, cardiac_classes,
                                          label_volumes_ml, phase_volumes)
+from CalibSegLib.cardiac.intervals import (ESTIMATES, INDICES, SCALES, IntervalRule, case_indices, fit_rule,
+                                           index_values)
+from CalibSegLib.device import environment
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import Case, data_folder, find_cases, load_cases
+from Datasets.cases import ACDC_SPACING, Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import select_patients
+from Evaluation.bootstrap import group_draws, mean_interval
 
-__all__ = ["collect_volumes", "read_collected", "main"]
+__all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "PatientVolumes", "patient_volumes",
+           "leave_one_out", "summarise", "fit_and_measure", "main"]
+
+# The indices the issue sets targets on, reported with intervals; every index is fitted.
+REPORTED = ("lv_ef_percent", "rv_ef_percent", "lv_edv_ml")
+TARGETS = {"lv_ef_percent": {"mae_at_most": 5.0, "coverage_at_least": 0.8, "median_width_at_most": 12.0},
+           "rv_ef_percent": {"mae_at_most": 8.0}, "lv_edv_ml": {"coverage_at_least": 0.8}}
 
 
 def _member_phase(predictor, case: Case, classes: CardiacClasses, keep: bool
@@ -100,21 +116,239 @@ def collect_volumes(bundle: Bundle, cache: Path, data: str | Path | None = None,
         progress(f"{path.name} written")
 
 
-def read_collected(cache: Path) -> list[dict[str, Any]]:
-    """Every volume record :func:`collect_volumes` wrote, sorted by file name."""
-    return [json.loads(path.read_text()) for path in sorted(cache.glob("*.json"))]
+def read_collected(cache: Path, weights_sha256: str) -> list[dict[str, Any]]:
+    """Every volume record :func:`collect_volumes` wrote for the weights ``weights_sha256``, sorted by file name
+    (records of other weights are not read: a rewritten bundle with new weights is collected anew)."""
+    records = [json.loads(path.read_text()) for path in sorted(cache.glob("*.json"))]
+    return [record for record in records if record.get("weights_sha256") == weights_sha256]
+
+
+@dataclass(frozen=True)
+class PatientVolumes:
+    """One patient's ED and ES: the reference indices (from the label volumes), each member's predicted phases
+    ``{member: (ED, ES)}`` (out of fold: the one member that never saw the patient) and the ensemble's (test)."""
+
+    patient: str
+    reference: dict[str, float]
+    members: dict[int, tuple[PhaseVolumes, PhaseVolumes]]
+    ensemble: tuple[PhaseVolumes, PhaseVolumes] | None
+
+
+def _frame(record: dict[str, Any]) -> int:
+    return int(record["case"].rsplit("_frame", 1)[1])
+
+
+def patient_volumes(records: Sequence[dict[str, Any]], side: str) -> list[PatientVolumes]:
+    """The patients of ``side`` (``oof`` or ``test``) whose two volumes are both collected. ACDC numbers a cycle's
+    frames from the R wave, so the patient's lower frame number is ED (frame 1), the other ES."""
+    by_patient: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        if record["side"] == side:
+            by_patient.setdefault(record["patient"], []).append(record)
+    patients = []
+    for patient, pair in sorted(by_patient.items()):
+        if len(pair) != 2:
+            continue
+        ed, es = sorted(pair, key=_frame)
+        members = {int(key): (PhaseVolumes.from_dict(ed["members"][key]), PhaseVolumes.from_dict(es["members"][key]))
+                   for key in ed["members"]}
+        ensemble = (PhaseVolumes.from_dict(ed["ensemble"]), PhaseVolumes.from_dict(es["ensemble"])) \
+            if "ensemble" in ed else None
+        patients.append(PatientVolumes(patient, index_values(ed["reference"], es["reference"]), members, ensemble))
+    return patients
+
+
+def _single(patient: PatientVolumes) -> tuple[PhaseVolumes, PhaseVolumes]:
+    """An out-of-fold patient's one prediction (by the member that never saw it)."""
+    (phases,) = patient.members.values()
+    return phases
+
+
+def _interval_rows(rule: IntervalRule, phases: tuple[PhaseVolumes, PhaseVolumes], reference: dict[str, float]
+                   ) -> dict[str, dict[str, float]]:
+    """Per index the estimate's absolute error, whether the rule's interval covers the reference, and its width."""
+    values, scales = case_indices(*phases, rule.estimate, rule.scale)
+    rows = {}
+    for index in INDICES:
+        low, high = rule.interval(index, values[index], scales[index])
+        rows[index] = {"error": abs(values[index] - reference[index]),
+                       "covered": float(low <= reference[index] <= high), "width": high - low}
+    return rows
+
+
+def leave_one_out(patients: Sequence[PatientVolumes], estimate: str, scale: str) -> list[dict[str, dict[str, float]]]:
+    """Each out-of-fold patient judged by the rule fitted on all the others (its error, coverage and width per
+    index): how the rule would do on a new patient, measured without the test patients."""
+    phases = [_single(patient) for patient in patients]
+    references = [patient.reference for patient in patients]
+    rows = []
+    for held in range(len(patients)):
+        others = [index for index in range(len(patients)) if index != held]
+        rule = fit_rule([phases[index] for index in others], [references[index] for index in others], estimate,
+                        scale)
+        rows.append(_interval_rows(rule, phases[held], references[held]))
+    return rows
+
+
+def _median_interval(values: np.ndarray) -> tuple[float, float, float]:
+    """The median of one value per patient and its 95 % percentile bootstrap interval over patients."""
+    values = np.asarray(values, np.float64)
+    values = values[np.isfinite(values)]
+    draws = group_draws(np.arange(len(values)))
+    if draws is None:
+        return float(np.median(values)) if len(values) else math.nan, math.nan, math.nan
+    resampled = np.array([np.median(np.repeat(values, counts.astype(int))) for counts in draws])
+    low, high = np.percentile(resampled, [2.5, 97.5])
+    return float(np.median(values)), float(low), float(high)
+
+
+def _triple(value: tuple[float, float, float]) -> dict[str, float]:
+    return dict(zip(("value", "low", "high"), value))
+
+
+def summarise(rows: Sequence[dict[str, dict[str, float]]], indices: Sequence[str] = REPORTED
+              ) -> dict[str, dict[str, dict[str, float]]]:
+    """Per index the mean absolute error, the coverage and the median width over patients (one row each), each
+    with its patient-level 95 % bootstrap interval."""
+    patients = np.arange(len(rows))
+    summary = {}
+    for index in indices:
+        column = {key: np.array([row[index][key] for row in rows]) for key in ("error", "covered", "width")}
+        summary[index] = {"mae": _triple(mean_interval(column["error"], patients)),
+                          "coverage": _triple(mean_interval(column["covered"], patients)),
+                          "median_width": _triple(_median_interval(column["width"]))}
+    return summary
+
+
+def _members_min_max(patient: PatientVolumes, estimate: str) -> dict[str, dict[str, float]]:
+    """The naive interval: the members' smallest to largest value, around the ensemble's estimate."""
+    values = [index_values(*(({name: getattr(phase.structure(name), estimate) for name in ("lv", "rv", "myocardium")}
+                              for phase in phases))) for phases in patient.members.values()]
+    ensemble = case_indices(*patient.ensemble, estimate, "constant")[0]
+    rows = {}
+    for index in INDICES:
+        low, high = min(value[index] for value in values), max(value[index] for value in values)
+        rows[index] = {"error": abs(ensemble[index] - patient.reference[index]),
+                       "covered": float(low <= patient.reference[index] <= high), "width": high - low}
+    return rows
+
+
+def _members_averaged(rule: IntervalRule, patient: PatientVolumes) -> dict[str, dict[str, float]]:
+    """The rule applied to each member as fitted (one network each), the members' interval ends averaged."""
+    ends = []
+    for phases in patient.members.values():
+        values, scales = case_indices(*phases, rule.estimate, rule.scale)
+        ends.append({index: rule.interval(index, values[index], scales[index]) for index in INDICES})
+    ensemble = case_indices(*patient.ensemble, rule.estimate, rule.scale)[0]
+    rows = {}
+    for index in INDICES:
+        low = float(np.mean([end[index][0] for end in ends]))
+        high = float(np.mean([end[index][1] for end in ends]))
+        rows[index] = {"error": abs(ensemble[index] - patient.reference[index]),
+                       "covered": float(low <= patient.reference[index] <= high), "width": high - low}
+    return rows
+
+
+def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, dict[str, Any]]:
+    """Choose and fit the rule on the out-of-fold patients, measure it on the test patients (module docstring);
+    returns the rule and the record's measurements."""
+    out_of_fold = patient_volumes(records, "oof")
+    test = patient_volumes(records, "test")
+    if len(out_of_fold) < 10:
+        raise ValueError(f"Only {len(out_of_fold)} out-of-fold patients are collected; a 90 % rule needs at least "
+                         "10, so collect more (the collection resumes).")
+    candidates = {f"{estimate}/{scale}": summarise(leave_one_out(out_of_fold, estimate, scale))
+                  for estimate in ESTIMATES for scale in SCALES}
+    chosen = min(candidates, key=lambda name: candidates[name]["lv_ef_percent"]["median_width"]["value"])
+    estimate, scale = chosen.split("/")
+    phases = [_single(patient) for patient in out_of_fold]
+    references = [patient.reference for patient in out_of_fold]
+    fitted_on = {"patients": len(out_of_fold), "predicted_by": "each by the ensemble member (fold network) that "
+                 "never trained on it", "chosen_by": "smallest leave-one-patient-out median width of the LV EF "
+                 "interval among hard/soft volumes x spread/constant scale",
+                 "applied_as": "the ensemble's prediction (mean of the members' probabilities) read as fitted"}
+    rule = fit_rule(phases, references, estimate, scale, fitted_on=fitted_on)
+    other = fit_rule(phases, references, ESTIMATES[1 - ESTIMATES.index(estimate)], scale)
+    measured: dict[str, Any] = {
+        "out_of_fold": {"patients": [patient.patient for patient in out_of_fold],
+                        "leave_one_out": candidates, "chosen": chosen},
+        "rule": rule.to_dict()}
+    if test:
+        methods = {
+            f"rule on the ensemble ({estimate} volumes)": [_interval_rows(rule, patient.ensemble, patient.reference)
+                                                           for patient in test],
+            f"rule on the ensemble ({other.estimate} volumes)": [
+                _interval_rows(other, patient.ensemble, patient.reference) for patient in test],
+            "rule per member, interval ends averaged": [_members_averaged(rule, patient) for patient in test],
+            "members' min-max": [_members_min_max(patient, estimate) for patient in test],
+        }
+        measured["test"] = {"patients": [patient.patient for patient in test],
+                            "methods": {name: summarise(rows) for name, rows in methods.items()}}
+    return rule, measured
+
+
+def _rewrite_bundle(bundle: Bundle, rule: IntervalRule) -> Path:
+    """``bundle`` with ``rule`` as its ``function_intervals`` and nothing else changed, written over its file
+    (temporary name, then rename)."""
+    metadata = dataclasses.replace(bundle.metadata, function_intervals=rule.to_dict())
+    return save_bundle(bundle.path, bundle.state_dict, metadata, half=bundle.metadata.weights_dtype == "float16")
+
+
+def _repository_path(path: Path) -> str:
+    """``path`` relative to the working folder when it lies inside it (records carry no absolute paths)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Collect (unless ``--no-collect``), fit and measure; write the record and, with ``--write-bundle``, the rule
+    into the bundle. Returns 0; bad input exits with one sentence."""
     parser = argparse.ArgumentParser(prog="python -m Evaluation.function_intervals",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", default="acdc_ce_dice")
+    parser.add_argument("--bundle", default="acdc_ce_dice", help="an ensemble bundle or a shipped model's name")
     parser.add_argument("--cache", type=Path, required=True, help="folder of the per-volume records (resumed)")
+    parser.add_argument("--record", type=Path, help="where to write the fit's record (JSON)")
+    parser.add_argument("--write-bundle", action="store_true",
+                        help="store the fitted rule in the bundle's function_intervals (run under flock when "
+                             "others may write it)")
+    parser.add_argument("--no-collect", action="store_true",
+                        help="fit on the volumes collected so far, predicting nothing")
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--device", default="cpu")
     arguments = parser.parse_args(argv)
-    bundle = load_bundle(resolve_bundle_path(arguments.bundle))
-    collect_volumes(bundle, arguments.cache, arguments.data, arguments.device)
+    try:
+        bundle = load_bundle(resolve_bundle_path(arguments.bundle))
+        if bundle.metadata.ensemble is None:
+            raise DataError(f"{arguments.bundle} is no cross-validation ensemble, so it has no out-of-fold "
+                            "networks to fit the rule on.")
+        if not arguments.no_collect:
+            collect_volumes(bundle, arguments.cache, arguments.data, arguments.device)
+        if arguments.record is None and not arguments.write_bundle:
+            return 0
+        rule, measured = fit_and_measure(read_collected(arguments.cache, bundle.metadata.weights_sha256))
+    except (BundleError, ValueError) as error:  # DataError is a ValueError
+        raise SystemExit(f"error: {error}") from None
+    if arguments.record is not None:
+        machine = environment(arguments.device)
+        write_json_atomic(arguments.record, {
+            "bundle": arguments.bundle, "weights_sha256": bundle.metadata.weights_sha256,
+            "recorded": datetime.date.today().isoformat(),
+            "command": "python -m Evaluation.function_intervals " + shlex.join(
+                [_repository_path(Path(item)) if Path(item).is_absolute() else item for item in sys.argv[1:]]),
+            "machine": f"{machine['cpu_count']} cores ({machine['device']}), torch {machine['torch']}",
+            "volumes": f"mL under ACDC's assumed {' x '.join(f'{value:g}' for value in ACDC_SPACING)} mm voxels "
+                       "(the HDF5 files carry no spacing); ejection fractions do not depend on it",
+            "level": rule.level, "targets": TARGETS, **measured})
+        print(f"record: {arguments.record}")
+    if arguments.write_bundle:
+        print(f"bundle: {_rewrite_bundle(bundle, rule)}")
+    ejection = measured.get("test", {}).get("methods", {})
+    for name, summary in ejection.items():
+        lv = summary["lv_ef_percent"]
+        print(f"{name}: LV EF MAE {lv['mae']['value']:.2f}, coverage {lv['coverage']['value']:.0%}, median width "
+              f"{lv['median_width']['value']:.1f} points")
     return 0
 
 
