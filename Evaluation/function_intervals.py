@@ -249,6 +249,14 @@ def _members_averaged(rule: IntervalRule, patient: PatientVolumes) -> dict[str, 
     return rows
 
 
+def _ejection_row(rule: IntervalRule, patient: PatientVolumes) -> dict[str, Any]:
+    """A test patient's LV EF: reference, the ensemble's value and the rule's interval."""
+    values, scales = case_indices(*patient.ensemble, rule.estimate, rule.scale)
+    return {"patient": patient.patient, "reference": patient.reference["lv_ef_percent"],
+            "value": values["lv_ef_percent"],
+            "interval": list(rule.interval("lv_ef_percent", values["lv_ef_percent"], scales["lv_ef_percent"]))}
+
+
 def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, dict[str, Any]]:
     """Choose and fit the rule on the out-of-fold patients, measure it on the test patients (module docstring);
     returns the rule and the record's measurements."""
@@ -283,7 +291,8 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
             "members' min-max": [_members_min_max(patient, estimate) for patient in test],
         }
         measured["test"] = {"patients": [patient.patient for patient in test],
-                            "methods": {name: summarise(rows) for name, rows in methods.items()}}
+                            "methods": {name: summarise(rows) for name, rows in methods.items()},
+                            "lv_ef_percent": [_ejection_row(rule, patient) for patient in test]}
     return rule, measured
 
 
