@@ -149,6 +149,52 @@ def test_installed_packages_are_the_stages_and_import_nothing_else_of_the_reposi
     assert leaking == []
 
 
+# What the project ships or runs from the repository: the installed stages, the Slicer module, benchmarks, scripts.
+SHIPPED_FOLDERS = (*STAGES, "CalibSeg", "benchmarks", "scripts")
+TESTING_HELPERS = frozenset(path.stem for path in (ROOT / "Testing").glob("*.py"))  # chromium, tiny_bundles, ...
+
+
+def _reaches_into_testing(path: Path) -> list[str]:
+    """Where ``path`` changes Python's module path (``sys.path.insert/append/extend``, an assignment to
+    ``sys.path``, ``site.addsitedir``) or imports a module of Testing/ by its bare name, which only such a
+    change makes importable: ``"line N: ..."`` each."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        target = node.func if isinstance(node, ast.Call) else None
+        if isinstance(target, ast.Attribute) and (
+                (target.attr in ("insert", "append", "extend") and ast.unparse(target.value) == "sys.path")
+                or ast.unparse(target) == "site.addsitedir"):
+            found.append(f"line {node.lineno}: {ast.unparse(target)}")
+        elif isinstance(node, (ast.Assign, ast.AugAssign)) and any(
+                ast.unparse(item) == "sys.path" for item in (node.targets if isinstance(node, ast.Assign)
+                                                            else [node.target])):
+            found.append(f"line {node.lineno}: assigns sys.path")
+    found += [f"line {node.lineno}: imports {name} from Testing/" for name, node, _ in _imports(path, "")
+              if name.split(".")[0] in TESTING_HELPERS]
+    return found
+
+
+def test_shipped_code_never_changes_the_module_path_to_reach_testing():
+    """A shipped module or script imports only installed packages (and its own folder): none puts Testing/ (or
+    anything else) on ``sys.path``, and none imports a test helper by its bare name."""
+    files = [path for folder in SHIPPED_FOLDERS for path in (ROOT / folder).rglob("*.py")
+             if "__pycache__" not in path.parts]
+    reaching = {str(path.relative_to(ROOT)): found for path in files if (found := _reaches_into_testing(path))}
+    assert reaching == {}
+
+
+@pytest.mark.parametrize("source", ["import sys\nsys.path.insert(0, 'Testing')\n",
+                                    "import sys\nsys.path += ['Testing']\n", "import site\nsite.addsitedir('x')\n",
+                                    "from tiny_bundles import make_test_bundle\n"])
+def test_the_module_path_check_fails_on_a_script_that_reaches_into_testing(source, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    assert len(_reaches_into_testing(script)) == 1
+    script.write_text("from Reporting.chromium import screenshot\nimport sys\nprint(sys.path)\n")
+    assert _reaches_into_testing(script) == []
+
+
 def test_no_module_imports_by_a_name_computed_at_run_time():
     computed = [f"{path.relative_to(ROOT)}:{node.lineno}" for name, path in _modules().items()
                 for imported, node, _ in _imports(path, name) if imported == COMPUTED]

@@ -2,8 +2,8 @@
 
     .venv/bin/python -m scripts.make_report_picture [--model acdc_ce_dice] [--keep FOLDER]
 
-(from the repository root: it uses the test suite's DICOM writer and Chromium helper,
-``Testing/dicom_series.py`` and ``Testing/chromium.py``; needs Debian's ``chromium``).
+(from the repository root; it writes the series with :func:`Datasets.dicom_series.write_series` and renders the
+page with :func:`Reporting.chromium.screenshot`, which needs Debian's ``chromium``).
 
 The six volumes of the shipped sample's patients that are test patients of ``Datasets/splits/acdc.json``
 (patient041, 068 and 069, end-diastole and end-systole; the shipped models never saw them) are written as
@@ -16,7 +16,6 @@ to ``docs/images/report.png``. ``--keep`` keeps the series and outputs in FOLDER
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
@@ -27,13 +26,11 @@ from CalibSegLib.io import ImageGeometry
 from CalibSegLib.predict import main as predict
 from CalibSegLib.pretrained import DEFAULT_MODEL
 from Datasets.cases import SAMPLE_DATA, find_cases, load_cases
+from Datasets.dicom_series import write_series
 from Datasets.splits import SPLITS_DIR, load_split, select_patients
+from Reporting.chromium import screenshot
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "Testing"))
-from chromium import screenshot  # noqa: E402  (Testing/ is no package)
-from dicom_series import write_series  # noqa: E402
-
 PICTURE = REPO_ROOT / "docs" / "images" / "report.png"
 PICTURE_WIDTH = 800
 

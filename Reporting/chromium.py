@@ -1,6 +1,7 @@
-"""A page rendered by headless Chromium (Debian's ``chromium`` package), as a reader's browser shows it.
+"""A page rendered by headless Chromium (Debian's ``chromium`` package), as a reader's browser shows it: the
+README's picture of the report page (``scripts/make_report_picture.py``) and the report page's tests.
 
-    from chromium import CHROMIUM, screenshot
+    from Reporting.chromium import CHROMIUM, screenshot
     screenshot(out / "report.html", out / "report.png", width=1000, height=1400)
 
 Chromium runs with a throw-away profile, no network services (no component updates, sync or background
