@@ -49,7 +49,7 @@ from Datasets.splits import select_patients
 from Evaluation.bootstrap import group_draws, mean_interval
 
 __all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "PatientVolumes", "patient_volumes",
-           "leave_one_out", "summarise", "fit_and_measure", "main"]
+           "leave_one_out", "summarise", "fit_and_measure", "markdown_table", "main"]
 
 # The indices the issue sets targets on, reported with intervals; every index is fitted.
 REPORTED = ("lv_ef_percent", "rv_ef_percent", "lv_edv_ml")
@@ -296,11 +296,29 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
     return rule, measured
 
 
-def _rewrite_bundle(bundle: Bundle, rule: IntervalRule) -> Path:
-    """``bundle`` with ``rule`` as its ``function_intervals`` and nothing else changed, written over its file
-    (temporary name, then rename)."""
+def _rewrite_bundle(path: Path, rule: IntervalRule) -> Path:
+    """The bundle at ``path``, read again now (another tool may have rewritten it since), with ``rule`` as its
+    ``function_intervals`` and nothing else changed, written over its file (temporary name, then rename)."""
+    bundle = load_bundle(path)
     metadata = dataclasses.replace(bundle.metadata, function_intervals=rule.to_dict())
     return save_bundle(bundle.path, bundle.state_dict, metadata, half=bundle.metadata.weights_dtype == "float16")
+
+
+def markdown_table(record: dict[str, Any]) -> list[str]:
+    """The test patients' table of a record (docs/function.md, docs/results.md): per method the LV and RV EF mean
+    absolute error, and the coverage and median width of the LV EF and LV EDV intervals, each with its 95 %
+    patient-level bootstrap interval."""
+    def cell(entry: dict[str, float], percent: bool = False) -> str:
+        scale, unit = (100.0, " %") if percent else (1.0, "")
+        return f"{entry['value'] * scale:.1f}{unit} ({entry['low'] * scale:.1f}–{entry['high'] * scale:.1f})"
+
+    lines = ["| interval (test patients) | LV EF MAE | RV EF MAE | LV EF coverage | LV EF median width | "
+             "LV EDV coverage | LV EDV median width (mL) |", "|---|---|---|---|---|---|---|"]
+    for name, summary in record["test"]["methods"].items():
+        lv, rv, edv = summary["lv_ef_percent"], summary["rv_ef_percent"], summary["lv_edv_ml"]
+        lines.append(f"| {name} | {cell(lv['mae'])} | {cell(rv['mae'])} | {cell(lv['coverage'], True)} | "
+                     f"{cell(lv['median_width'])} | {cell(edv['coverage'], True)} | {cell(edv['median_width'])} |")
+    return lines
 
 
 def _repository_path(path: Path) -> str:
@@ -352,12 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "level": rule.level, "targets": TARGETS, **measured})
         print(f"record: {arguments.record}")
     if arguments.write_bundle:
-        print(f"bundle: {_rewrite_bundle(bundle, rule)}")
-    ejection = measured.get("test", {}).get("methods", {})
-    for name, summary in ejection.items():
-        lv = summary["lv_ef_percent"]
-        print(f"{name}: LV EF MAE {lv['mae']['value']:.2f}, coverage {lv['coverage']['value']:.0%}, median width "
-              f"{lv['median_width']['value']:.1f} points")
+        print(f"bundle: {_rewrite_bundle(bundle.path, rule)}")
+    print(f"rule: {rule.estimate} volumes, {rule.scale} scale, fitted on {rule.fitted_on['patients']} "
+          "out-of-fold patients")
+    if "test" in measured:
+        print("\n".join(markdown_table(measured)))
     return 0
 
 

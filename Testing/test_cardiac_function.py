@@ -9,11 +9,15 @@ import time
 import numpy as np
 import pytest
 
+from CalibSegLib.bundle import load_bundle
 from CalibSegLib.cardiac import command
+from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
 from CalibSegLib.cardiac.function import measure_function
 from CalibSegLib.cardiac.indices import cardiac_classes, label_volumes_ml
 from CalibSegLib.cardiac.intervals import INDICES, IntervalRule, index_values
+from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
+from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY, find_cases, load_cases
 from Datasets.dicom_series import write_cine
 from cardiac_standins import LabelPredictor, cardiac_metadata
@@ -105,3 +109,18 @@ def test_the_command_on_a_multi_phase_dicom_cine(tmp_path, sample_acdc_dir, caps
     volumes = [row["lv_ml"] for row in payload["phase_volumes"]]
     assert volumes[0] > volumes[1] and payload["lv_edv_ml"]["value"] == pytest.approx(volumes[0])
     assert "ED = phase 0, the largest LV blood pool" in capsys.readouterr().out
+
+
+def test_the_members_run_one_by_one_and_averaged_are_the_ensemble(sample_acdc_dir):
+    """What the interval fit measures per member (CalibSegLib.cardiac.members) rebuilds what the shipped ensemble
+    predicts: the same labels and probability sums on a cropped sample volume."""
+    bundle = load_bundle(resolve_bundle_path("acdc_ce_dice"))
+    case = load_cases([item for item in find_cases(sample_acdc_dir) if item.case_id == "patient013_frame01"], 4)[0]
+    image = case.image[3:5, 64:192, 40:168]
+    members = member_predictors(bundle, device="cpu")
+    assert len(members) == bundle.metadata.ensemble_size == 5
+    mean, labels = ensemble_labels([member.predict(image, case.spacing, keep_probabilities=True).probabilities
+                                    for member in members], bundle)
+    whole = Predictor(bundle, device="cpu").predict(image, case.spacing)
+    assert np.mean(labels == whole.labels) > 0.9999
+    assert np.allclose(mean.sum(axis=(1, 2, 3)), whole.probability_sums, rtol=1e-4)
