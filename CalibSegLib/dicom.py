@@ -13,10 +13,12 @@ FrameContentSequence, CardiacSynchronizationSequence).
 column directions, to within :data:`POSITION_TOLERANCE` of a step. A series holding one image per position is
 a volume; one holding the same number T > 1 of images at every position is a cine of T phases (time points):
 the images at each position are ordered by their time, the first of each position is phase 0, and so on. The
-time is the first of these that every image has and that tells apart the images at every position: the
-Trigger Time (classic files) or the Nominal (else Actual) Cardiac Trigger Delay Time (enhanced frames), in ms
-after the R wave; the Temporal Position Identifier (classic) or Temporal Position Index (enhanced; else the
-frame's dimension index value of a temporal dimension); the Instance Number (classic) or the frame's number.
+time is the first of these that every image has and that is not the same for all of them: the Trigger Time
+(classic files) or the Nominal (else Actual) Cardiac Trigger Delay Time (enhanced frames), in ms after the R
+wave; the Temporal Position Identifier (classic) or Temporal Position Index (enhanced; else the frame's dimension
+index value of a temporal dimension); the Instance Number (classic files only: a frame's number says nothing of
+its time). Where that time repeats at a position, the images there differ by something else (echoes, magnitude
+and phase, repeats) and the series is no cine.
 A phase's trigger time is the mean over its slices (each position of a cine is often acquired in its own
 breath-hold, so their trigger times differ by a few ms); there are none when the trigger times do not order
 the images.
@@ -27,7 +29,7 @@ Otherwise the series' ``problem`` says why it is neither, as a clause that ends 
 - images without a position, orientation or pixel spacing (a screenshot), or one image alone;
 - images of several sizes, pixel spacings or orientations (a localizer among the slices);
 - several images at one position that are no cine (not the same number at every position: a phase lacking
-  slices, or phases at other positions; echoes or repeats that no time tells apart), phases whose slices lie
+  slices, or phases at other positions; several at one time: echoes, repeats), phases whose slices lie
   elsewhere than the first phase's, missing slices (a gap that is a whole number of steps), uneven spacing, or
   slices shifted in-plane from one to the next (a tilted gantry).
 
@@ -163,7 +165,7 @@ class _Image:
 
     Geometry is None where the file lacks it; ``position`` ``(3,)`` and ``orientation`` ``(6,)`` in mm and
     direction cosines (LPS), ``pixel_spacing`` ``(row spacing, column spacing)`` mm; the times as in the module
-    docstring (``order``: the Instance Number or the frame's number); ``slope``, ``intercept``: its rescale.
+    docstring (``order``: a classic file's Instance Number); ``slope``, ``intercept``: its rescale.
     """
 
     path: Path
@@ -276,7 +278,7 @@ def _multi_frame_images(path: Path, header: Dataset) -> list[_Image] | str:
             _vector(_group(groups, shared, "PixelMeasuresSequence").get("PixelSpacing"), 2),
             (int(header.get("Rows") or 0), int(header.get("Columns") or 0)),
             trigger_ms=trigger if trigger is not None else _number(cardiac.get("ActualCardiacTriggerDelayTime")),
-            temporal_position=temporal, order=float(frame),
+            temporal_position=temporal,
             slope=next(value for value in (slope, rescale[0], 1.0) if value is not None),
             intercept=next(value for value in (intercept, rescale[1], 0.0) if value is not None)))
     return images
@@ -363,11 +365,14 @@ def _at_positions(images: Sequence[_Image], normal: np.ndarray) -> list[list[_Im
 
 
 def _time_key(groups: Sequence[Sequence[_Image]]) -> str | None:
-    """The first of :data:`_TIME_KEYS` that every image has and that tells apart the images at each position."""
+    """The first of :data:`_TIME_KEYS` that every image has and that is not the same for all, when it tells
+    apart the images at each position; else None (see the module docstring)."""
     for key in _TIME_KEYS:
         times = [[getattr(image, key) for image in group] for group in groups]
-        if all(None not in values and len(set(values)) == len(values) for values in times):
-            return key
+        values = {value for group in times for value in group}
+        if None in values or len(values) == 1:
+            continue  # absent somewhere, or the same everywhere: it says nothing of time
+        return key if all(len(set(group)) == len(group) for group in times) else None
     return None
 
 
@@ -394,9 +399,9 @@ def _arrangement(images: Sequence[_Image]) -> tuple[list[_Image], int, str | Non
         key = _time_key(groups)
         if key is None:
             return list(images), 1, (
-                f"holds {phases} images at each of its {len(groups)} slice positions that neither a trigger "
-                "time, a temporal position nor their number tells apart (echoes or repeats, not a cine's time "
-                "points); export one image per position as a series of its own")
+                f"holds {phases} images at each of its {len(groups)} slice positions that no trigger time, "
+                "temporal position or instance number tells apart (echoes, magnitude and phase images or repeats, "
+                "not only a cine's time points); export one image per position and time point")
         groups = [sorted(group, key=lambda image: getattr(image, key)) for group in groups]
     ordered = [group[phase] for phase in range(phases) for group in groups]
     positions = np.array([image.position for image in ordered]).reshape(phases, len(groups), 3)

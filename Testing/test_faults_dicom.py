@@ -173,9 +173,9 @@ BAD_DICOM_SERIES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]]
                                               "calibseg-function --cine",)),
     "an Enhanced MR cine": (_enhanced_cine, ("series 5 'SA cine enhanced' \\(1 Enhanced MR Image Storage file\\(s\\) "
                                              "of 10 frames", "is a cine of 2 time points", "calibseg-function --cine")),
-    "repeats that no time tells apart": (_repeats, ("holds 2 images at each of its 5 slice positions that neither a "
-                                                    "trigger time, a temporal position nor their number tells apart",
-                                                    "export one image per position")),
+    "repeats that no time tells apart": (_repeats, ("holds 2 images at each of its 5 slice positions that no "
+                                                    "trigger time, temporal position or instance number tells apart",
+                                                    "export one image per position and time point")),
     "slices shifted in-plane (tilted gantry)": (_sheared, ("shifted in-plane", "tilted CT gantry")),
     "images of two sizes": (_two_sizes, ("holds images of 2 sizes \\(12×10, 24×20\\)",)),
     "one image": (_one_image, ("is one image, not a stack of slices",)),
@@ -302,6 +302,10 @@ BAD_DICOM_CINES: dict[str, tuple[Callable[[Path], object], type[ValueError], tup
         "is a cine whose time points differ in geometry \\(time point 2's slices lie up to 2 mm from the first's\\)",)),
     "an Enhanced MR time point at other positions": (_enhanced_moved_time_point, ValueError, (
         "1 Enhanced MR Image Storage file\\(s\\) of 10 frames", "time point 2's slices lie up to 3 mm")),
+    "two images at one time point": (
+        lambda folder: write_cine(folder, _phases(4), GRID, trigger_times_ms=[0.0, 0.0, 45.0, 45.0]), ValueError,
+        ("holds 4 images at each of its 5 slice positions that no trigger time, temporal position or instance "
+         "number tells apart \\(echoes, magnitude and phase images or repeats",)),
     "a single-slice cine": (_single_slice_cine, ValueError, ("holds 2 images at one slice position",
                                                              "give a series of two or more slice positions")),
     "one time point (a volume)": (_series, SinglePhaseError, ("holds one time point of 5 slices, not a cine; give "
