@@ -10,6 +10,9 @@ network), ``CalibSegLogic`` (the parameter node; every run goes to the Qt-free
     outputs = logic.run(getNode("ACDC patient"), "acdc_crac",  # or a path to a .calibseg file
                         referenceNode=getNode("ACDC patient reference"))
     batch = logic.runBatch("acdc_crac")  # every loaded volume in turn; batch.rows, batch.summary_table
+    function = logic.cardiacFunction("acdc_ce_dice", getNode("ED"), getNode("ES"), outputFolder="/tmp/heart")
+    cine = logic.cardiacFunctionCine("acdc_ce_dice", getNode("cine"))  # a Sequence or MultiVolume node
+    function.function["lv_ef_percent"], cine.function["phases"]  # function.json's dictionary
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from slicer.util import VTKObservationMixin
 
 from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models
 from CalibSegLib.uncertainty_levels import HOT_SPOT_LEVEL, LOW_CONFIDENCE_THRESHOLD
-from CalibSegRunner import (BatchJob, BatchOutputs, CalibSegOutputs, CalibSegRequest, InferenceJob,
-                            SegmentationRunner, batch_volumes, channel_choice_problem, install_missing,
-                            missing_packages, input_and_review_text, run_batch)
-from CalibSegRunner.display import show_outputs, show_table
+from CalibSegRunner import (BatchJob, BatchOutputs, CalibSegOutputs, CalibSegRequest, FunctionJob, FunctionOutputs,
+                            FunctionRunner, InferenceJob, SegmentationRunner, batch_volumes, channel_choice_problem,
+                            cine_phases, ed_es_phases, install_missing, missing_packages, input_and_review_text,
+                            run_batch)
+from CalibSegRunner.display import show_function, show_outputs, show_table
+from CalibSegRunner.function import function_text
 
 MODULE_DIR = Path(__file__).resolve().parent
 SAMPLE_DIR = MODULE_DIR / "Resources" / "SampleData"
@@ -70,6 +75,9 @@ a reliability diagram. Ready-to-use cardiac MRI models (CE+Dice, NACL, CRaC, tra
 with the module and the CE+Dice one, chosen on the validation patients for its Dice and its review
 flag on degraded input, is preselected; others
 are trained with <code>calibseg-train</code> (CRaC, NACL, MbLS and baselines).
+<b>Cardiac function</b> measures, from an end-diastolic and an end-systolic volume or from a cine (a 4D sequence,
+ED and ES chosen as the largest and smallest LV blood pool), the LV and RV volumes and ejection fractions and the
+myocardial mass, each with its 90 % interval, and can write them as <code>function.json</code> with a report page.
 """
         self.parent.acknowledgementText = """
 Methods: Murugesan et al., CRaC (class and region-adaptive constraints), 2024;
@@ -108,6 +116,11 @@ class CalibSegParameterNode:
     lowConfidenceThreshold: Annotated[float, WithinRange(0.0, 1.0)] = LOW_CONFIDENCE_THRESHOLD
     hotSpotLevel: Annotated[float, WithinRange(0.0, 1.0)] = HOT_SPOT_LEVEL
     segmentAllVolumes: bool = False  # Run segments every loaded volume in turn (CalibSegRunner.batch)
+    functionFromCine: bool = False  # cardiac function of cineNode rather than of edVolume and esVolume
+    edVolume: slicer.vtkMRMLScalarVolumeNode
+    esVolume: slicer.vtkMRMLScalarVolumeNode
+    cineNode: slicer.vtkMRMLNode  # a Sequence node, or a MultiVolume node (MultiVolumeExplorer's)
+    functionOutputFolder: Path  # function.json and report.html go there; none: not written
 
 
 class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
@@ -147,6 +160,7 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.lowConfidenceCheckBox.connect("toggled(bool)", self.onThresholdChanged)
         self.ui.hotSpotSlider.connect("valueChanged(double)", self.onHotSpotLevelChanged)
         self.ui.uncertainSlicesList.connect("currentRowChanged(int)", self.onUncertainSliceSelected)
+        self.ui.functionButton.connect("clicked(bool)", self.onMeasureFunction)
         self.initializeParameterNode()
 
     def cleanup(self) -> None:
@@ -170,6 +184,7 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self._job = None
         self._outputs = None  # its nodes go with the scene
         self._showQuality(None)
+        self.ui.functionLabel.text = ""
         self.setParameterNode(None)
 
     def onSceneEndClose(self, caller, event) -> None:
@@ -199,8 +214,8 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         running = self._job is not None
         parameters = self._parameterNode
         batch = bool(parameters and parameters.segmentAllVolumes)
-        ready = bool(parameters and (batch or parameters.inputVolume) and parameters.bundlePath
-                     and str(parameters.bundlePath) not in ("", "."))
+        bundle = bool(parameters and parameters.bundlePath and str(parameters.bundlePath) not in ("", "."))
+        ready = bundle and bool(batch or parameters.inputVolume)
         self.ui.runButton.enabled = ready and not running
         self.ui.runButton.toolTip = (("Segment every loaded volume in turn" if batch else
                                       "Segment the input with the bundle") if ready else
@@ -210,6 +225,11 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.channelsWidget.enabled = not batch
         self.ui.cancelButton.enabled = running
         self.ui.progressBar.visible = running
+        cine = bool(parameters and parameters.functionFromCine)
+        self.ui.edVolumeSelector.enabled = self.ui.esVolumeSelector.enabled = not cine
+        self.ui.cineSelector.enabled = cine
+        phases = bool(parameters and (parameters.cineNode if cine else parameters.edVolume and parameters.esVolume))
+        self.ui.functionButton.enabled = phases and bundle and not running
 
     def _updateChannelSelectors(self, bundlePath: str = "") -> None:
         """One volume selector per further input channel of the chosen bundle, labelled with its channel name (a
@@ -248,31 +268,55 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             selectors[channel].setCurrentNode(None)
             slicer.util.errorDisplay(problem, windowTitle="CalibSeg")
 
-    def onRun(self) -> None:
+    def _start(self, startJob) -> bool:
+        """Start the job ``startJob()`` returns and poll it; an expected failure is one sentence in a message (and
+        False), with the scene untouched."""
         if missing_packages() and not install_missing(slicer.util.confirmOkCancelDisplay):
             self.ui.statusLabel.text = "CalibSeg needs PyTorch and MONAI; nothing was run."
-            return
-        parameters = self._parameterNode
-        threshold = parameters.lowConfidenceThreshold if parameters.showLowConfidence else None
+            return False
         try:
-            if parameters.segmentAllVolumes:
-                settings = self.logic.runner.settings(str(parameters.bundlePath), parameters.device, threshold,
-                                                      parameters.hotSpotLevel)
-                self._job = BatchJob(self.logic.runner, batch_volumes(slicer.mrmlScene), settings).start()
-            else:
-                request = self.logic.prepare(parameters.inputVolume, str(parameters.bundlePath),
-                                             parameters.referenceNode, parameters.device, threshold,
-                                             parameters.hotSpotLevel,
-                                             [selector.currentNode() for selector in self._channelSelectors])
-                self._job = InferenceJob(self.logic.runner, request).start()  # the network runs in a child process
+            self._job = startJob()
         except Exception as error:  # every expected failure is one sentence; the scene is untouched
+            self.ui.statusLabel.text = str(error)
             slicer.util.errorDisplay(str(error), windowTitle="CalibSeg")
-            return
-        self._showQuality(None)
+            return False
         self.ui.statusLabel.text = "Running…"
         self.ui.progressBar.value = 0
         self._updateButtons()
         self._timer.start()
+        return True
+
+    def onRun(self) -> None:
+        parameters = self._parameterNode
+        threshold = parameters.lowConfidenceThreshold if parameters.showLowConfidence else None
+
+        def startJob():
+            if parameters.segmentAllVolumes:
+                settings = self.logic.runner.settings(str(parameters.bundlePath), parameters.device, threshold,
+                                                      parameters.hotSpotLevel)
+                return BatchJob(self.logic.runner, batch_volumes(slicer.mrmlScene), settings).start()
+            request = self.logic.prepare(parameters.inputVolume, str(parameters.bundlePath),
+                                         parameters.referenceNode, parameters.device, threshold,
+                                         parameters.hotSpotLevel,
+                                         [selector.currentNode() for selector in self._channelSelectors])
+            return InferenceJob(self.logic.runner, request).start()  # the network runs in a child process
+
+        if self._start(startJob):
+            self._showQuality(None)
+
+    def onMeasureFunction(self) -> None:
+        """Cardiac function of the chosen ED and ES volumes, or of the cine, in a child process."""
+        parameters = self._parameterNode
+
+        def startJob():
+            phases = (cine_phases(parameters.cineNode) if parameters.functionFromCine
+                      else ed_es_phases(parameters.edVolume, parameters.esVolume))
+            request = self.logic.functionRunner.request(phases, str(parameters.bundlePath), parameters.device,
+                                                        str(parameters.functionOutputFolder))
+            return FunctionJob(request).start()
+
+        self.ui.functionLabel.text = ""
+        self._start(startJob)
 
     def onCancel(self) -> None:
         if self._job is not None:
@@ -305,6 +349,9 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if batch:
             self._showBatch(outputs)
             return
+        if isinstance(job, FunctionJob):
+            self._showFunction(outputs)
+            return
         self._outputs = outputs
         show_outputs(self._outputs, job.request.input_node)
         self.ui.statusLabel.text = "Done." + (
@@ -320,6 +367,13 @@ class CalibSegWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             show_outputs(self._outputs, segmented[-1].volume)
         show_table(outputs.summary_table)
         self._showQuality(self._outputs and self._outputs.summary)
+
+    def _showFunction(self, outputs: FunctionOutputs) -> None:
+        """The indices with their intervals in the panel, the tables (and a cine's volume curve) in the layout."""
+        self.ui.functionLabel.text = function_text(outputs.function)
+        written = f" Written to {outputs.json_path.parent}." if outputs.json_path else ""
+        self.ui.statusLabel.text = f"Done.{written}"
+        show_function(outputs)
 
     def _showQuality(self, summary) -> None:
         """The review sentence and the most uncertain slices of the last run."""
@@ -356,9 +410,26 @@ class CalibSegLogic(ScriptedLoadableModuleLogic):
     def __init__(self) -> None:
         ScriptedLoadableModuleLogic.__init__(self)
         self.runner = SegmentationRunner()
+        self.functionRunner = FunctionRunner()
 
     def getParameterNode(self):
         return CalibSegParameterNode(super().getParameterNode())
+
+    def cardiacFunction(self, bundlePath, edVolumeNode, esVolumeNode, device: str = "auto", outputFolder=None,
+                        progress=None) -> FunctionOutputs:
+        """Cardiac function of an end-diastolic and an end-systolic volume (on one grid) measured with a bundle (a
+        ``.calibseg`` path or a shipped model's name), in the calling thread (the Python console): a table of the
+        indices with their intervals and, with ``outputFolder``, ``function.json`` and ``report.html`` there.
+        Raises ValueError with one sentence (volumes on different grids, a bundle without the heart's codes, ...),
+        nothing added."""
+        return self.functionRunner.run(ed_es_phases(edVolumeNode, esVolumeNode), bundlePath, device, outputFolder,
+                                       progress)
+
+    def cardiacFunctionCine(self, bundlePath, cineNode, device: str = "auto", outputFolder=None,
+                            progress=None) -> FunctionOutputs:
+        """Cardiac function of a cine (a Sequence or MultiVolume node of at least two phases on one grid), ED and
+        ES chosen from its phases, as :meth:`cardiacFunction`; adds the phases' volume table and curve too."""
+        return self.functionRunner.run(cine_phases(cineNode), bundlePath, device, outputFolder, progress)
 
     def prepare(self, inputVolumeNode, bundlePath, referenceNode=None, device: str = "auto",
                 lowConfidenceThreshold: float | None = None, hotSpotLevel: float | None = None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from CalibSegLib.analysis import CaseAnalysis
 
 __all__ = ["REQUEST_NAME", "RESULT_NAME", "PROGRESS_PREFIX", "REFUSED_STATUS", "BUNDLE_REFUSED_STATUS",
-           "write_request", "read_result", "main"]
+           "write_request", "read_result", "run_child", "main"]
 
 REQUEST_NAME = "request.json"
 RESULT_NAME = "result.json"
@@ -102,8 +102,9 @@ def _analyse(folder: Path) -> None:
                                                   "reliability": bins}))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m CalibSegLib.analysis_process FOLDER``: the exit status (see the module docstring)."""
+def run_child(argv: Sequence[str] | None, work: Callable[[Path], None]) -> int:
+    """A child's entry point: ``work(FOLDER)`` for ``argv`` (default ``sys.argv[1:]``) = ``[FOLDER]``, a folder
+    holding :data:`REQUEST_NAME`; returns the exit status (see the module docstring)."""
     from CalibSegLib.bundle import BundleError
 
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: give the folder a host wrote its request into.", file=sys.stderr)
         return REFUSED_STATUS
     try:
-        _analyse(Path(arguments[0]))
+        work(Path(arguments[0]))
     except BundleError as error:
         print(f"error: {error}", file=sys.stderr)
         return BUNDLE_REFUSED_STATUS
@@ -119,6 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return REFUSED_STATUS
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m CalibSegLib.analysis_process FOLDER``: the exit status (see the module docstring)."""
+    return run_child(argv, _analyse)
 
 
 if __name__ == "__main__":

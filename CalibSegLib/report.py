@@ -45,7 +45,7 @@ from CalibSegLib.quality import review_sentence, structure_key
 from CalibSegLib.slice_pictures import SlicePicture, case_pictures, hot_spot_colors
 
 __all__ = ["REPORT_NAME", "ReportCase", "report_case", "lowest_predicted_dice", "worst_first", "report_html",
-           "write_report", "FUNCTION_ROWS", "function_table_html", "phase_curve", "volume_curve_png",
+           "write_report", "function_table_html", "phase_curve", "volume_curve_png",
            "function_report_html", "write_function_report"]
 
 REPORT_NAME = "report.html"
@@ -273,55 +273,58 @@ def _write_page(path: str | Path, text: str) -> Path:
     return Path(path)
 
 
-# The indices of function.json (CalibSegLib.cardiac's keys) in the table's order: key, what it is, unit, digits.
-FUNCTION_ROWS = (("lv_edv_ml", "LV end-diastolic volume", "mL", 1), ("lv_esv_ml", "LV end-systolic volume", "mL", 1),
-                 ("lv_sv_ml", "LV stroke volume", "mL", 1), ("lv_ef_percent", "LV ejection fraction", "%", 1),
-                 ("rv_edv_ml", "RV end-diastolic volume", "mL", 1), ("rv_esv_ml", "RV end-systolic volume", "mL", 1),
-                 ("rv_ef_percent", "RV ejection fraction", "%", 1), ("myocardium_mass_g", "Myocardial mass", "g", 1))
 _LV_COLOR, _RV_COLOR = "#c62828", "#1565c0"
 
 
 def function_table_html(function: Mapping[str, Any]) -> str:
-    """The indices of a ``function.json`` dictionary as an HTML table: index, value, interval at the file's
-    ``level`` and unit (``–`` where a value is null, e.g. an EF of an empty ventricle)."""
+    """The indices of a ``function.json`` dictionary as an HTML table, in
+    :data:`~CalibSegLib.cardiac.intervals.INDICES`' order under their
+    :data:`~CalibSegLib.cardiac.function.INDEX_LABELS`: index, value, interval at the file's ``level`` and unit
+    (``–`` where a value or an interval is null: an EF of an empty ventricle, a bundle without an interval rule)."""
+    from CalibSegLib.cardiac.function import INDEX_LABELS
+    from CalibSegLib.cardiac.intervals import INDICES
+
     level = float(function["level"])
     rows = []
-    for key, title, unit, digits in FUNCTION_ROWS:
+    for key in INDICES:
+        title, unit = INDEX_LABELS[key]
         entry = function[key]
-        low, high = entry["interval"]
-        interval = "–" if low is None or high is None else f"{_number(low, digits)} – {_number(high, digits)}"
-        rows.append(f'<tr><td>{_text(title)}</td><td class="number">{_number(entry["value"], digits)}</td>'
+        low, high = entry["interval"] or (None, None)
+        interval = "–" if low is None or high is None else f"{_number(low, 1)} – {_number(high, 1)}"
+        rows.append(f'<tr><td>{_text(title)}</td><td class="number">{_number(entry["value"], 1)}</td>'
                     f'<td class="number">{interval}</td><td>{_text(unit)}</td></tr>')
     return (f'<table class="function"><tr><th>index</th><th>value</th><th>{level:.0%} interval</th><th>unit</th>'
             f'</tr>{"".join(rows)}</table>')
 
 
 def phase_curve(function: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, str] | None:
-    """A cine's volume curve from its ``function.json``: ``(x, lv_ml, rv_ml, x_label)``, each array ``(T,)``, x the
-    trigger times (ms) where the file has them, else the phase numbers; None for an ED/ES pair (no ``phases``)."""
-    phases = function.get("phases")
-    if phases is None:
+    """A cine's volume curve from its ``function.json`` (its ``phase_volumes``): ``(x, lv_ml, rv_ml, x_label)``,
+    each array ``(T,)`` in the cine's phase order, x the trigger times (ms) where the file has them, else the phase
+    numbers; None for an ED/ES pair."""
+    rows = function.get("phase_volumes")
+    if rows is None:
         return None
-    lv = np.asarray(phases["lv_volume_ml"], dtype=np.float64)
-    rv = np.asarray(phases["rv_volume_ml"], dtype=np.float64)
-    times = phases.get("trigger_times_ms")
-    if times is not None:
-        return np.asarray(times, dtype=np.float64), lv, rv, "trigger time (ms)"
-    return np.arange(len(lv), dtype=np.float64), lv, rv, "phase"
+    lv = np.array([row["lv_ml"] for row in rows], dtype=np.float64)
+    rv = np.array([row["rv_ml"] for row in rows], dtype=np.float64)
+    times = [row["trigger_time_ms"] for row in rows]
+    if all(time is not None for time in times):
+        return np.array(times, dtype=np.float64), lv, rv, "trigger time (ms)"
+    return np.array([row["phase"] for row in rows], dtype=np.float64), lv, rv, "phase"
 
 
 def volume_curve_png(function: Mapping[str, Any], width_px: int = 640, height_px: int = 320) -> bytes | None:
-    """PNG bytes of a cine's LV and RV volume (mL) over its phases (:func:`phase_curve`), ED and ES marked with a
-    dashed line each; None for an ED/ES pair."""
+    """PNG bytes of a cine's LV and RV volume (mL) over its phases (:func:`phase_curve`, in time order), ED and ES
+    marked with a dashed line each; None for an ED/ES pair."""
     curve = phase_curve(function)
     if curve is None:
         return None
     x, lv, rv, x_label = curve
+    order = np.argsort(x, kind="stable")
     dpi = 100
     figure = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi, layout="constrained")
     axis = figure.add_subplot()
-    axis.plot(x, lv, "o-", color=_LV_COLOR, markersize=3, label="LV blood pool")
-    axis.plot(x, rv, "s-", color=_RV_COLOR, markersize=3, label="RV blood pool")
+    axis.plot(x[order], lv[order], "o-", color=_LV_COLOR, markersize=3, label="LV blood pool")
+    axis.plot(x[order], rv[order], "s-", color=_RV_COLOR, markersize=3, label="RV blood pool")
     for name in ("ed", "es"):
         index = int(function["phases"][name])
         axis.axvline(x[index], color="#555", linestyle="--", linewidth=1)
@@ -343,19 +346,22 @@ def function_report_html(function: Mapping[str, Any], bundle_name: str, command:
     made it (``calibseg-function``, the Slicer module), ``case_name``: what was measured (e.g. the input's name)."""
     created = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M")
     title = f"cardiac function{f' of {case_name}' if case_name else ''}"
-    phases = function.get("phases")
+    phase_count = len(function.get("phase_volumes") or ())
+    measured = f"a cine of {phase_count} phases" if phase_count else "an ED and an ES volume"
+    absent = function.get("intervals_absent")
+    note = (f"No intervals: {absent}" if absent else
+            f"Each interval is meant to hold the true value for {float(function['level']):.0%} of patients like "
+            "the model's cross-validation patients.")
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>CalibSeg {_text(title)}</title>'
              f"<style>{_STYLE}</style></head><body>",
-             f'<header><h1>CalibSeg {_text(title)}</h1><p class="meta">Model {_text(bundle_name)}; '
-             f"{'a cine of ' + str(len(phase_curve(function)[1])) + ' phases' if phases else 'an ED and an ES volume'}"
-             f". Made by {_text(command)} (CalibSeg {__version__}) on {created}.</p></header>",
-             f'<section class="case"><h2>Indices</h2>{function_table_html(function)}<p class="note">Each interval '
-             f"is meant to hold the true value for {float(function['level']):.0%} of patients like the model's "
-             "cross-validation patients; mass at 1.05 g/mL.</p></section>"]
+             f'<header><h1>CalibSeg {_text(title)}</h1><p class="meta">Model {_text(bundle_name)}, {measured}. '
+             f"Made by {_text(command)} (CalibSeg {__version__}) on {created}.</p></header>",
+             f'<section class="case"><h2>Indices</h2>{function_table_html(function)}<p class="note">Volumes from '
+             f"{_text(function.get('volumes_from', 'label voxels'))}. {_text(note)}</p></section>"]
     picture = volume_curve_png(function)
     if picture is not None:
-        parts.append(f'<section class="case"><h2>Volume over the cardiac cycle</h2><p>ED: phase {phases["ed"]} '
-                     f'(largest LV blood pool), ES: phase {phases["es"]} (smallest).</p>'
+        parts.append(f'<section class="case"><h2>Volume over the cardiac cycle</h2>'
+                     f"<p>{_text(function.get('phase_rule') or '')}.</p>"
                      f"{_image(picture, 'LV and RV volume over the phases, ED and ES marked')}</section>")
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -288,3 +288,76 @@ def test_volumes_removed_while_a_batch_runs_are_reported_in_their_rows(bundle, m
     assert statuses[2] == "ok" and outputs.cases[2].outputs.segmentation.GetScene() is mrml_scene
     names = [mrml_scene.GetNthNode(index).GetName() or "" for index in range(mrml_scene.GetNumberOfNodes())]
     assert not [name for name in names if name.startswith(("running", "waiting"))], names
+
+
+def _heart_phases(scene):
+    """An ED and an ES phase on the module's grid."""
+    from CalibSegRunner import ed_es_phases
+
+    ed, es = (make_volume_node(scene, image(), name) for name in ("ED", "ES"))
+    return ed_es_phases(ed, es)
+
+
+# What a cardiac function measurement is given (bundle, output folder: files in tmp_path) → the sentence; refused
+# before anything runs, no file written.
+BAD_FUNCTION_REQUESTS = {
+    "no bundle": (lambda folder: ("", folder / "out"), r"^Choose a model bundle \(\.calibseg file\)\.$"),
+    "a missing bundle": (lambda folder: (folder / "missing.calibseg", folder / "out"), "No model bundle"),
+    "a bundle without the heart's codes": (
+        lambda folder: (_tiny(folder, cardiac=False), folder / "out"),
+        r"^The bundle's terminology codes no class as left ventricle \(SCT 87878005\), right ventricle "),
+    "an output folder that is a file": (
+        lambda folder: (_tiny(folder), _file(folder / "taken")), r"is a file, not a folder; choose another output"),
+    "function.json a folder": (
+        lambda folder: (_tiny(folder), _folder(folder / "out" / "function.json").parent),
+        r"function\.json: a folder of that name is in the way"),
+}
+
+
+def _tiny(folder: Path, cardiac: bool = True) -> Path:
+    from CalibSegTesting.scene import cardiac_terminology, tiny_bundle
+
+    return tiny_bundle(folder / ("heart" if cardiac else "plain"),
+                       **({"class_terminology": cardiac_terminology()} if cardiac else {}))
+
+
+def _file(path: Path) -> Path:
+    path.write_text("taken")
+    return path
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path
+
+
+@pytest.mark.parametrize("case", list(BAD_FUNCTION_REQUESTS))
+def test_a_function_request_that_cannot_run_is_one_sentence(case, mrml_scene, tmp_path):  # noqa: F811
+    from fault_checks import tree_snapshot
+
+    from CalibSegRunner import FunctionRunner
+
+    make, pattern = BAD_FUNCTION_REQUESTS[case]
+    bundle, folder = make(tmp_path)
+    phases = _heart_phases(mrml_scene)
+    files = tree_snapshot(tmp_path)
+    message = refused_without_change(mrml_scene, lambda: FunctionRunner().run(phases, bundle, "cpu", folder))
+    assert_one_sentence(message, pattern)
+    assert tree_snapshot(tmp_path) == files
+
+
+def test_a_function_child_that_dies_is_one_sentence_and_writes_nothing(mrml_scene, tmp_path):  # noqa: F811
+    """The measuring child reports progress, then dies with a message of its own: one sentence saying how it
+    ended, nothing published, no file written."""
+    from CalibSegRunner import FunctionJob, FunctionRunner
+
+    failing = tmp_path / "failing-python"
+    failing.write_text("#!/bin/sh\necho 'progress 0.2500'\necho 'Killed' >&2\nexit 137\n")
+    failing.chmod(0o755)
+    request = FunctionRunner().request(_heart_phases(mrml_scene), _tiny(tmp_path), "cpu", tmp_path / "out")
+    job = FunctionJob(request, python=str(failing)).start()
+    assert job.wait(timeout=60) and job.fraction == 0.25
+    message = refused_without_change(mrml_scene, job.finish)
+    assert_one_sentence(message, r"^The cardiac function process stopped with exit status 137 \(Killed\); it may have "
+                                 r"run out of memory")
+    assert not (tmp_path / "out").exists()

@@ -208,30 +208,38 @@ def test_chromium_renders_the_page_with_its_pictures_and_outlines(sample_report,
 
 
 def _function(cine: bool = False, trigger_times: bool = False) -> dict:
-    """A function.json dictionary of made-up values (a cine of 8 phases with ``cine``): LV 150 → 60 mL, RV 160 → 80."""
+    """A function.json dictionary (:meth:`CalibSegLib.cardiac.function.FunctionResult.to_json`'s shape) of made-up
+    values; with ``cine`` 8 phases, LV 150 → 60 mL, RV 10 mL more, ED phase 0 and ES phase 4."""
     values = {"lv_edv_ml": (150.0, 140.0, 161.0), "lv_esv_ml": (60.0, 52.5, 66.0), "lv_sv_ml": (90.0, 80.0, 99.0),
               "lv_ef_percent": (60.0, 55.25, 64.75), "rv_edv_ml": (160.0, 150.0, 171.0),
               "rv_esv_ml": (80.0, 70.0, 90.0), "rv_ef_percent": (50.0, None, None),
               "myocardium_mass_g": (120.0, 110.0, 131.5)}
     function = {key: {"value": value, "interval": [low, high]} for key, (value, low, high) in values.items()}
-    function["level"] = 0.9
+    function.update(level=0.9, volumes_from="label voxels")
     if cine:
         lv = [150.0, 140.0, 110.0, 80.0, 60.0, 75.0, 110.0, 140.0]
-        function["phases"] = {"ed": 0, "es": 4, "lv_volume_ml": lv, "rv_volume_ml": [value + 10 for value in lv],
-                              "trigger_times_ms": [40.0 * index for index in range(8)] if trigger_times else None}
+        function["phases"] = {"ed": 0, "es": 4}
+        function["phase_rule"] = "ED = phase 0, the largest LV blood pool (150.0 mL); ES = phase 4, the smallest"
+        function["phase_volumes"] = [{"phase": index, "trigger_time_ms": 40.0 * index if trigger_times else None,
+                                      "lv_ml": value, "rv_ml": value + 10} for index, value in enumerate(lv)]
     return function
 
 
 def test_the_function_table_shows_every_index_with_its_interval():
-    from CalibSegLib.report import FUNCTION_ROWS, function_table_html
+    from CalibSegLib.cardiac.function import INDEX_LABELS
+    from CalibSegLib.cardiac.intervals import INDICES
+    from CalibSegLib.report import function_table_html
 
     text = function_table_html(_function())
     rows = re.findall(r"<tr><td>([^<]+)</td><td class=\"number\">([^<]+)</td><td class=\"number\">([^<]+)</td>"
                       r"<td>([^<]+)</td></tr>", text)
-    assert [row[0] for row in rows] == [title for _, title, _, _ in FUNCTION_ROWS]
+    assert [row[0] for row in rows] == [INDEX_LABELS[key][0] for key in INDICES]
     assert rows[3] == ("LV ejection fraction", "60.0", "55.2 – 64.8", "%")  # rounded as the value, 1 digit
-    assert rows[6] == ("RV ejection fraction", "50.0", "–", "%")  # an interval the file leaves open
+    assert rows[6] == ("RV ejection fraction", "50.0", "–", "%")  # an interval with undefined ends
     assert "<th>90% interval</th>" in text
+    absent = dict(_function(), lv_ef_percent={"value": 60.0, "interval": None})  # a bundle without a rule
+    assert "<td>LV ejection fraction</td><td class=\"number\">60.0</td><td class=\"number\">–</td>" in \
+        function_table_html(absent)
 
 
 def test_a_cine_page_draws_the_volume_curve_with_ed_and_es_marked(tmp_path):
@@ -247,7 +255,7 @@ def test_a_cine_page_draws_the_volume_curve_with_ed_and_es_marked(tmp_path):
     # The LV curve is drawn in its colour, and the ED / ES marks move with the phases the file names.
     lv_red = np.all(np.abs(picture[..., :3] - np.array([0xc6, 0x28, 0x28]) / 255) < 0.02, axis=-1)
     assert lv_red.sum() > 200
-    moved = dict(cine, phases=dict(cine["phases"], ed=1, es=5))
+    moved = dict(cine, phases={"ed": 1, "es": 5})
     assert not np.array_equal(imread(io.BytesIO(volume_curve_png(moved)), format="png"), picture)
 
     page = write_function_report(tmp_path / REPORT_NAME, cine, "acdc_ce_dice", "calibseg-function", "patient001")
@@ -256,14 +264,17 @@ def test_a_cine_page_draws_the_volume_curve_with_ed_and_es_marked(tmp_path):
     assert parsed.headings == ["Indices", "Volume over the cardiac cycle"]
     assert len(parsed.images) == 1 and parsed.links == [] and not {"script", "link", "iframe"} & parsed.tags
     assert parsed.images[0] == "data:image/png;base64," + base64.b64encode(volume_curve_png(cine)).decode()
-    assert "a cine of 8 phases" in text and "ED: phase 0 (largest LV blood pool), ES: phase 4 (smallest)" in text
+    assert "a cine of 8 phases" in text and "ED = phase 0, the largest LV blood pool (150.0 mL)" in text
+    assert "Each interval is meant to hold the true value for 90% of patients" in text
     assert sorted(path.name for path in tmp_path.iterdir()) == [REPORT_NAME]  # no temporary left
 
 
-def test_an_ed_es_page_has_the_table_and_no_curve(tmp_path):
+def test_an_ed_es_page_has_the_table_and_no_curve():
     from CalibSegLib.report import function_report_html, volume_curve_png
 
     pair = _function()
     assert volume_curve_png(pair) is None
     page = _Page(function_report_html(pair, "acdc_ce_dice", "calibseg-function"))
     assert page.headings == ["Indices"] and page.images == []
+    ruleless = dict(pair, intervals_absent="the bundle holds no fitted interval rule.")
+    assert "No intervals: the bundle holds no fitted interval rule." in function_report_html(ruleless, "tiny", "x")

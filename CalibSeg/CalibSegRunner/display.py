@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["show_outputs", "show_table", "FOREGROUND_OPACITY"]
+__all__ = ["show_outputs", "show_table", "show_function", "FOREGROUND_OPACITY"]
 
 # The hot-spot overlay is transparent below its level; where it shows, a little anatomy still shows through.
 FOREGROUND_OPACITY = 0.8
@@ -40,3 +40,13 @@ def show_table(table_node) -> None:
     selection = slicer.app.applicationLogic().GetSelectionNode()
     selection.SetActiveTableID(table_node.GetID())
     slicer.app.applicationLogic().PropagateTableSelection()
+
+
+def show_function(outputs) -> None:
+    """A cardiac function measurement's table in the layout's table view and, for a cine, its volume curve in the
+    plot view."""
+    import slicer
+
+    show_table(outputs.table)
+    if outputs.chart is not None:
+        slicer.modules.plots.logic().ShowChartInLayout(outputs.chart)

@@ -1,10 +1,11 @@
-"""Background inference in a child process; the main thread polls and publishes.
+"""Background work in a child process; the main thread polls and publishes.
 
-The widget starts an :class:`InferenceJob`, polls :attr:`InferenceJob.fraction` from a timer for the
-progress bar, and calls :meth:`InferenceJob.finish` on the main thread once :meth:`InferenceJob.done` is
-true; MRML is only touched there. The network runs in a child Python process
-(:mod:`CalibSegLib.analysis_process`, as SlicerMONAIAuto3DSeg and SlicerTotalSegmentator run theirs): a crash,
-an out-of-memory kill or a hung CUDA call there ends that process, never the user's Slicer session, and
+:class:`ChildJob` runs a library entry point in a child process: an :class:`InferenceJob` one case's inference, a
+:class:`~CalibSegRunner.function.FunctionJob` a cardiac function measurement. The widget starts a job, polls
+:attr:`ChildJob.fraction` from a timer for the progress bar, and calls :meth:`ChildJob.finish` on the main thread
+once :meth:`ChildJob.done` is true; MRML is only touched there. The network runs in a child Python process
+(:mod:`CalibSegLib.analysis_process`'s protocol, as SlicerMONAIAuto3DSeg and SlicerTotalSegmentator run theirs): a
+crash, an out-of-memory kill or a hung CUDA call there ends that process, never the user's Slicer session, and
 becomes one sentence with the scene unchanged. The child alone reads the bundle's weights; this process has
 read its metadata only (:meth:`~CalibSegRunner.runner.SegmentationRunner.settings`).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from .runner import CalibSegOutputs, CalibSegRequest, SegmentationRunner
 
-__all__ = ["InferenceJob", "child_python"]
+__all__ = ["ChildJob", "InferenceJob", "child_python"]
 
 
 def child_python() -> str:
@@ -38,21 +39,32 @@ def _library_path() -> str:
     return os.pathsep.join([parent, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-class InferenceJob:
-    """One :func:`CalibSegLib.analysis.analyse_case` of ``request`` in a child process, with progress and cancel.
+class ChildJob:
+    """Work of the library done in a child process (``python -m <module> FOLDER``, the protocol of
+    :mod:`CalibSegLib.analysis_process`), with progress and cancel; a subclass writes the request and publishes the
+    result.
 
     ``python``: the child's interpreter (default :func:`child_python`).
     """
 
-    def __init__(self, runner: SegmentationRunner, request: CalibSegRequest, python: str | None = None) -> None:
-        self.runner = runner
-        self.request = request
+    module = ""  # the child's entry point
+    what = "inference"  # the work's name in the sentences
+
+    def __init__(self, python: str | None = None) -> None:
         self.python = python or child_python()
         self.fraction = 0.0
         self._folder: Path | None = None  # made by start(), removed by finish()
         self._process: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self._cancelled = False
+
+    def _write_request(self, folder: Path) -> None:
+        """Write what the child reads into ``folder``."""
+        raise NotImplementedError
+
+    def _publish(self, folder: Path):
+        """Read the child's result from ``folder`` and add it to the scene (main thread)."""
+        raise NotImplementedError
 
     def _progress(self, fraction: float) -> None:
         self.fraction = fraction
@@ -65,17 +77,14 @@ class InferenceJob:
             if line.startswith(PROGRESS_PREFIX):
                 self._progress(float(line[len(PROGRESS_PREFIX):]))
 
-    def start(self) -> "InferenceJob":
-        from CalibSegLib.analysis_process import write_request
-
-        request = self.request
+    def start(self) -> "ChildJob":
+        """Write the request and start the child; returns the job itself."""
         self._folder = Path(tempfile.mkdtemp(prefix="calibseg-job-"))
         try:
-            write_request(self._folder, request.bundle_path, request.image, request.spacing,
-                          request.reference, request.device, request.hot_spot_level)
+            self._write_request(self._folder)
             with (self._folder / "stderr.txt").open("w") as stderr:
                 self._process = subprocess.Popen(
-                    [self.python, "-m", "CalibSegLib.analysis_process", str(self._folder)], stdout=subprocess.PIPE,
+                    [self.python, "-m", self.module, str(self._folder)], stdout=subprocess.PIPE,
                     stderr=stderr, stdin=subprocess.DEVNULL, text=True,
                     env={**os.environ, "PYTHONPATH": _library_path()})
         except OSError:  # a full disk, a missing interpreter: no child, so finish() will not clean up
@@ -102,7 +111,7 @@ class InferenceJob:
         self._reader.join(timeout)
         return self.done()
 
-    def finish(self) -> CalibSegOutputs:
+    def finish(self):
         """Publish the results (main thread).
 
         Raises:
@@ -110,23 +119,22 @@ class InferenceJob:
             BundleError: the child refused the bundle (its weights; one sentence); nothing added.
             ValueError: the library refused the input, or the child died (one sentence each); nothing added.
         """
-        from CalibSegLib.analysis_process import BUNDLE_REFUSED_STATUS, REFUSED_STATUS, read_result
+        from CalibSegLib.analysis_process import BUNDLE_REFUSED_STATUS, REFUSED_STATUS
         from CalibSegLib.bundle import BundleError
         from CalibSegLib.inference import InferenceCancelled
 
         if not self.done():
-            raise RuntimeError("The inference job is still running; wait for done() first.")
+            raise RuntimeError(f"The {self.what} job is still running; wait for done() first.")
         try:
             status = self._process.returncode
             if self._cancelled:
-                raise InferenceCancelled("The inference was cancelled; the scene is unchanged.")
+                raise InferenceCancelled(f"The {self.what} was cancelled; the scene is unchanged.")
             if status != 0:
                 sentence = self._failure(status, (REFUSED_STATUS, BUNDLE_REFUSED_STATUS))
                 raise (BundleError if status == BUNDLE_REFUSED_STATUS else ValueError)(sentence)
-            analysis = read_result(self._folder)
+            return self._publish(self._folder)
         finally:
             shutil.rmtree(self._folder, ignore_errors=True)
-        return self.runner.publish(self.request, analysis)
 
     def _failure(self, status: int, refused: tuple[int, ...]) -> str:
         """One sentence for a child that ended with ``status``: its own refusal (a status in ``refused``), or how
@@ -136,5 +144,31 @@ class InferenceJob:
             return lines[-1][len("error: "):]
         how = (f"was killed by signal {-status}" if status < 0 else f"stopped with exit status {status}")
         last = f" ({lines[-1].strip()[:200]})" if lines else ""
-        return (f"The inference process {how}{last}; it may have run out of memory, so try the CPU device or a "
+        return (f"The {self.what} process {how}{last}; it may have run out of memory, so try the CPU device or a "
                 "smaller volume; the scene is unchanged.")
+
+
+class InferenceJob(ChildJob):
+    """One :func:`CalibSegLib.analysis.analyse_case` of ``request`` in a child process, with progress and cancel.
+
+    ``python``: the child's interpreter (default :func:`child_python`).
+    """
+
+    module = "CalibSegLib.analysis_process"
+
+    def __init__(self, runner: SegmentationRunner, request: CalibSegRequest, python: str | None = None) -> None:
+        super().__init__(python)
+        self.runner = runner
+        self.request = request
+
+    def _write_request(self, folder: Path) -> None:
+        from CalibSegLib.analysis_process import write_request
+
+        request = self.request
+        write_request(folder, request.bundle_path, request.image, request.spacing, request.reference, request.device,
+                      request.hot_spot_level)
+
+    def _publish(self, folder: Path) -> CalibSegOutputs:
+        from CalibSegLib.analysis_process import read_result
+
+        return self.runner.publish(self.request, read_result(folder))

@@ -28,6 +28,7 @@ __all__ = [
     "add_reliability_plot",
     "batch_columns",
     "add_batch_table",
+    "add_table",
     "is_calibseg_output",
     "LOW_CONFIDENCE_SEGMENT",
     "OUTPUT_ATTRIBUTE",
@@ -145,7 +146,7 @@ def set_low_confidence_segment(segmentation_node, reference_node, confidence: np
                         (1.0, 1.0, 0.0))
 
 
-def _table(scene, name: str, columns: dict[str, list]):
+def add_table(scene, name: str, columns: dict[str, list]):
     """A table node with one column per entry, text or numbers. Filled here: ``slicer.util.updateTableFromArray``
     takes NumPy arrays of numbers only (Slicer 5.6 and older also store them as float32)."""
     import vtk
@@ -204,7 +205,7 @@ def quality_columns(summary: dict, measured_dice: Sequence[float] | None = None)
 
 def add_quality_table(scene, name: str, summary: dict, measured_dice: Sequence[float] | None = None):
     """A table node with the :func:`quality_columns` of a summary."""
-    return _table(scene, name, quality_columns(summary, measured_dice))
+    return add_table(scene, name, quality_columns(summary, measured_dice))
 
 
 # (key in CaseEvaluation.segmentation, label, unit); one row per foreground class and the mean.
@@ -237,7 +238,7 @@ def metrics_rows(metrics: dict[str, float], class_names: Sequence[str]) -> list[
 def add_metrics_table(scene, name: str, rows: Sequence[tuple[str, float, str]]):
     """A table node with columns Metric, Value and Unit, one row per entry of :func:`metrics_rows`."""
     labels, values, units = zip(*rows)
-    return _table(scene, name, {"Metric": list(labels), "Value": [float(v) for v in values], "Unit": list(units)})
+    return add_table(scene, name, {"Metric": list(labels), "Value": [float(v) for v in values], "Unit": list(units)})
 
 
 def add_reliability_plot(scene, name: str, reliability):
@@ -245,7 +246,7 @@ def add_reliability_plot(scene, name: str, reliability):
     centres = (reliability.edges[:-1] + reliability.edges[1:]) / 2
     total = max(float(reliability.counts.sum()), 1.0)
     accuracy = [0.0 if math.isnan(v) else float(v) for v in reliability.accuracy]
-    table = _table(scene, f"{name} data", {
+    table = add_table(scene, f"{name} data", {
         "confidence": [float(v) for v in centres],
         "accuracy": accuracy,
         "perfect calibration": [float(v) for v in centres],
@@ -290,4 +291,4 @@ def batch_columns(rows: Sequence[dict]) -> dict[str, list]:
 
 def add_batch_table(scene, name: str, rows: Sequence[dict]):
     """A table node with the :func:`batch_columns` of a batch's rows."""
-    return _table(scene, name, batch_columns(rows))
+    return add_table(scene, name, batch_columns(rows))

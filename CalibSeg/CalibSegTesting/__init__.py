@@ -12,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from . import (batch_checks, channel_checks, job_checks, metrics_checks, quality_checks, refusal_checks,
-               segmentation_checks)
+from . import (batch_checks, channel_checks, function_checks, job_checks, metrics_checks, quality_checks,
+               refusal_checks, segmentation_checks)
 from .scene import make_volume_node, scene_snapshot
 
 __all__ = ["CHECKS", "make_volume_node", "scene_snapshot"]
 
 CHECK_MODULES = (segmentation_checks, channel_checks, metrics_checks, quality_checks, refusal_checks, job_checks,
-                 batch_checks)
+                 batch_checks, function_checks)
 CHECKS: dict[str, Callable[[object, Path], None]] = {
     name.removeprefix("check_"): function for module in CHECK_MODULES for name, function in vars(module).items()
     if name.startswith("check_") and callable(function)

@@ -10,7 +10,8 @@ from typing import Callable
 import numpy as np
 
 __all__ = ["NUM_CLASSES", "SPACING_XYZ", "ORIGIN", "DIRECTION", "make_volume_node", "ijk_to_ras", "scene_snapshot",
-           "phantom", "tiny_bundle", "hand_made_quality_model", "hand_made_terminology", "table_columns",
+           "phantom", "tiny_bundle", "hand_made_quality_model", "hand_made_terminology", "cardiac_terminology",
+           "hand_made_interval_rule", "table_columns",
            "scene_is_unchanged_after", "class_segment_id"]
 
 NUM_CLASSES = 4
@@ -107,6 +108,26 @@ def hand_made_terminology() -> dict:
     return {"class 1": {"category": structure, "type": code("53085002", "Right ventricle")},
             "class 2": {"category": structure, "type": code("74281007", "Myocardium"),
                         "region": code("87878005", "Left Ventricle")}}
+
+
+def cardiac_terminology() -> dict:
+    """SNOMED CT types of the heart for classes 1-3, in ACDC's order: right ventricle, myocardium, left ventricle (the
+    codes cardiac function finds its structures by)."""
+    def code(value: str, meaning: str) -> dict:
+        return {"CodingSchemeDesignator": "SCT", "CodeValue": value, "CodeMeaning": meaning}
+
+    structure = code("123037004", "Anatomical Structure")
+    return {"class 1": {"category": structure, "type": code("53085002", "Right ventricle")},
+            "class 2": {"category": structure, "type": code("74281007", "Myocardium")},
+            "class 3": {"category": structure, "type": code("87878005", "Left ventricle")}}
+
+
+def hand_made_interval_rule(half_width: float = 5.0) -> dict:
+    """A hand-made interval rule of cardiac function: every index's interval is its label-voxel value ± ``half_width``
+    (a constant scale of 1 times a score quantile of ``half_width``)."""
+    from CalibSegLib.cardiac.intervals import INDICES, IntervalRule
+
+    return IntervalRule("hard", "constant", {index: half_width for index in INDICES}).to_dict()
 
 
 def table_columns(table_node) -> dict[str, list]:
