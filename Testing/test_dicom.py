@@ -15,6 +15,7 @@ import pydicom
 import pytest
 
 from CalibSegLib.dicom import find_series, read_cine_series, read_dicom_folder, series_case_names
+from CalibSegLib.dicom_seg import CONFIDENCE_SCALE
 from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.predict import batch_row, main
 from Datasets.dicom_series import write_cine, write_enhanced, write_series
@@ -252,3 +253,13 @@ def test_a_single_phase_enhanced_mr_file_is_segmented_like_the_classic_series(tm
     frames = segmentation.get_pixels_by_source_frame(source.SOPInstanceUID, source_frame_numbers=[1, 2, 3, 4],
                                                      combine_segments=True)
     np.testing.assert_array_equal(frames, enhanced[order])
+    # and the Parametric Map's frame at each slice's position holds that slice's confidence
+    confidence, _ = read_image(tmp_path / "out_enhanced" / "enhanced_confidence.nii.gz")
+    parametric_map = pydicom.dcmread(tmp_path / "out_enhanced" / "enhanced_confidence.dcm")
+    normal = np.array(geometry.direction).reshape(3, 3)[:, 2]
+    slices = [int(round((np.array(frame.PlanePositionSequence[0].ImagePositionPatient, dtype=float)
+                         - geometry.origin) @ normal / geometry.spacing[0]))
+              for frame in parametric_map.PerFrameFunctionalGroupsSequence]
+    assert sorted(slices) == [0, 1, 2, 3]
+    np.testing.assert_allclose(parametric_map.pixel_array / CONFIDENCE_SCALE, confidence[slices],
+                               atol=0.5 / CONFIDENCE_SCALE + 1e-7)
