@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from CalibSegLib.io import write_json_atomic
+from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.metrics.calibration import Reliability
 
 __all__ = ["EVALUATION_DIR", "SUMMARY_NAME", "CASES_NAME", "VARIANTS", "Metric", "METRICS", "RANKED_METRICS",
@@ -126,7 +126,7 @@ class EvaluationSummary:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object, in the order ``summary.json`` has always had."""
-        return {"cases": self.cases, "patients": self.patients, "bundle": self.bundle,
+        return {"cases": self.cases, "patients": self.patients, "bundle": recorded_path(self.bundle),
                 "temperature": self.temperature, "environment": self.environment, "quality": self.quality,
                 **{name: variant.to_json() for name, variant in self.variants.items()}, "wall_s": self.wall_s,
                 "case_patients": self.case_patients}

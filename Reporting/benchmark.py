@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
-from CalibSegLib.io import atomic_output
+from CalibSegLib.io import atomic_output, recorded_path
 from CalibSegLib.losses import LOSSES
 from CalibSegLib.metrics import RankTable, rank_methods
 from Datasets.cases import recorded_dataset
@@ -145,7 +145,7 @@ def _markdown(runs: Sequence[RunResult]) -> str:
     lines = ["# CalibSeg benchmark", "", table_caption(runs), ""]
     for variant in ("uncalibrated", "scaled"):
         lines += [f"## {VARIANT_TITLES[variant]}", "", *ranked_table(runs, variant), ""]
-    lines += ["Runs: " + ", ".join(f"`{run.run_dir}`" for run in runs), ""]
+    lines += ["Runs: " + ", ".join(f"`{recorded_path(run.run_dir)}`" for run in runs), ""]
     return "\n".join(lines)
 
 
@@ -160,7 +160,7 @@ def benchmark_csv(runs: Sequence[RunResult]) -> str:
         _, ranks = benchmark_tables(runs, variant)
         for label, run in zip(_labels(runs), runs):
             index = ranks.methods.index(label)
-            writer.writerow([label, run.dataset, variant, str(run.run_dir), len(run.summary.cases),
+            writer.writerow([label, run.dataset, variant, recorded_path(run.run_dir), len(run.summary.cases),
                              f"{ranks.friedman[index]:.4f}", f"{ranks.rank_sum[index]:.0f}"]
                             + [run.value(variant, metric.key, statistic)
                                for metric in METRICS for statistic in statistics])

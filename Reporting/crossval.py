@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from CalibSegLib.io import os_error_sentence, write_json_atomic
+from CalibSegLib.io import os_error_sentence, recorded_path, write_json_atomic
 from Datasets.cases import DataError, patient_of_case
 from Evaluation.crossval import (CROSSVAL_DIR, CaseResults, cross_validation_summary, paired_comparisons,
                                  read_out_of_fold, write_cross_validation)
@@ -66,7 +66,7 @@ def crossval_record(results: Sequence[CaseResults], folders: Sequence[str | Path
                  for result, folder in zip(results, folders)}
     comparisons = {variant: paired_comparisons(results, variant) for variant, _ in _VARIANTS} \
         if len(results) >= 2 else {}
-    return {"folders": [str(folder) for folder in folders], "methods": summaries, "comparisons": comparisons}
+    return {"folders": [recorded_path(folder) for folder in folders], "methods": summaries, "comparisons": comparisons}
 
 
 def _interval_cell(entry: dict[str, float], digits: int) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Sequence
 
 from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle, save_bundle
-from CalibSegLib.io import write_json_atomic
+from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
 from Datasets.cases import DataError, data_folder, find_cases, load_cases, recorded_dataset
 from Datasets.splits import recorded_split, select_patients
@@ -115,7 +115,7 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     bundle_path, metrics_path = out_dir / f"{name}{BUNDLE_SUFFIX}", out_dir / f"{name}{METRICS_SUFFIX}"
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
         staged = save_bundle(Path(staging) / bundle_path.name, bundle.state_dict, bundle.metadata, half=True)
-        metrics = _shipped_metrics(load_bundle(staged), name, str(run_dir), cases, Path(staging), device)
+        metrics = _shipped_metrics(load_bundle(staged), name, recorded_path(run_dir), cases, Path(staging), device)
         if out_of_fold is not None:
             metrics["out_of_fold"] = out_of_fold
         os.replace(staged, bundle_path)

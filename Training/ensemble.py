@@ -48,7 +48,7 @@ from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle,
 from CalibSegLib.device import resolve_device
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import MemberNetworks
-from CalibSegLib.io import check_output_file, os_error_sentence, write_json_atomic
+from CalibSegLib.io import check_output_file, os_error_sentence, recorded_path, write_json_atomic
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, fit_from_observations,
                                  held_out_predictions, observe_cases, structure_key)
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_threshold,
@@ -292,8 +292,8 @@ def build_ensemble(cross_validation: str | Path, out: str | Path | None = None, 
              for name, tensor in fold.bundle.state_dict.items()}
     half = all(fold.bundle.metadata.weights_dtype == "float16" for fold in folds)
     path = save_bundle(out, state, metadata, half=half)
-    record = {"bundle": str(path), "folds": [str(fold.run_dir) for fold in folds], "choices": choices,
-              "quality": fitted["quality_model"], "input_statistics": fitted["input_statistics"]}
+    record = {"bundle": recorded_path(path), "folds": [recorded_path(fold.run_dir) for fold in folds],
+              "choices": choices, "quality": fitted["quality_model"], "input_statistics": fitted["input_statistics"]}
     write_json_atomic(record_path, record)
     return path, record
 

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from CalibSegLib.io import recorded_path
+
 __all__ = ["CHECKPOINT_NAME", "BUNDLE_NAME", "HISTORY_NAME", "RUN_SUMMARY_NAME", "PLAN_NAME",
            "OUT_OF_FOLD_DIR", "RunSummary", "EpochRecord", "read_history"]
 
@@ -48,7 +50,7 @@ class RunSummary:
     world_size: int = 1
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "bundle": recorded_path(self.bundle)}
 
     @classmethod
     def from_json(cls, values: dict[str, Any]) -> "RunSummary":

@@ -26,8 +26,10 @@ def make_record(benchmark: str, results: dict[str, Any], argv: Sequence[str] | N
     """The record of one benchmark run; ``argv`` are its flags (default: this process's), ``device``
     the one it measured on (named in the environment)."""
     from CalibSegLib.device import environment
+    from CalibSegLib.io import recorded_path
 
-    flags = list(sys.argv[1:] if argv is None else argv)
+    flags = [recorded_path(flag) if Path(flag).is_absolute() else flag
+             for flag in (sys.argv[1:] if argv is None else argv)]
     if "--record" in flags:  # where the record went is not part of what was measured
         index = flags.index("--record")
         del flags[index:index + 2]

@@ -2,7 +2,8 @@
 "The review rule: written before its numbers").
 
     python -m scripts.review_rule_table --bundle acdc_ce_dice --data "$CALIBSEG_ACDC" \
-        --fold-bundles runs/folds/ce_dice-seed0-fold*/model.calibseg --record docs/records/review_rule_acdc_ce_dice.json
+        --fold-bundles runs/folds/ce_dice-seed0-fold*/model.calibseg \
+        --record docs/records/history/review_rule_acdc_ce_dice.json
 
 The fold networks (the bundle's method, folds of its training patients) predict their own validation
 patients (:func:`Training.fit_quality.fold_observations`); each structure's predicted Dice there comes from
@@ -22,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from CalibSegLib.bundle import load_bundle
-from CalibSegLib.io import write_json_atomic
+from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import held_out_predictions
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, THRESHOLDS,
@@ -68,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{row['good_flagged']} / {row['good']} good")
     if arguments.record is not None:
         write_json_atomic(arguments.record, {
-            "bundle": str(arguments.bundle), "fold_networks": [str(path) for path in arguments.fold_bundles],
+            "bundle": recorded_path(arguments.bundle),
+            "fold_networks": [recorded_path(path) for path in arguments.fold_bundles],
             "volumes": len(observations), "patients": len({item.patient for item in observations}),
             "rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE, "target_recall": TARGET_RECALL},
             "chosen": chosen, "table": rows, "per_structure": per_structure,
