@@ -38,7 +38,7 @@ import numpy as np
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.cardiac.indices import (CardiacClasses, PhaseVolumes, ProbabilityTally, cardiac_classes,
                                          label_volumes_ml, phase_volumes)
-from CalibSegLib.cardiac.intervals import (ESTIMATES, INDICES, SCALES, IntervalRule, case_indices, fit_rule,
+from CalibSegLib.cardiac.intervals import (ESTIMATES, INDICES, RECALIBRATIONS, SCALES, IntervalRule, fit_rule,
                                            index_values)
 from CalibSegLib.device import environment
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
@@ -167,7 +167,7 @@ def _single(patient: PatientVolumes) -> tuple[PhaseVolumes, PhaseVolumes]:
 def _interval_rows(rule: IntervalRule, phases: tuple[PhaseVolumes, PhaseVolumes], reference: dict[str, float]
                    ) -> dict[str, dict[str, float]]:
     """Per index the estimate's absolute error, whether the rule's interval covers the reference, and its width."""
-    values, scales = case_indices(*phases, rule.estimate, rule.scale)
+    values, scales = rule.indices(*phases)
     rows = {}
     for index in INDICES:
         low, high = rule.interval(index, values[index], scales[index])
@@ -176,7 +176,8 @@ def _interval_rows(rule: IntervalRule, phases: tuple[PhaseVolumes, PhaseVolumes]
     return rows
 
 
-def leave_one_out(patients: Sequence[PatientVolumes], estimate: str, scale: str) -> list[dict[str, dict[str, float]]]:
+def leave_one_out(patients: Sequence[PatientVolumes], estimate: str, scale: str, recalibrate: bool
+                  ) -> list[dict[str, dict[str, float]]]:
     """Each out-of-fold patient judged by the rule fitted on all the others (its error, coverage and width per
     index): how the rule would do on a new patient, measured without the test patients."""
     phases = [_single(patient) for patient in patients]
@@ -185,7 +186,7 @@ def leave_one_out(patients: Sequence[PatientVolumes], estimate: str, scale: str)
     for held in range(len(patients)):
         others = [index for index in range(len(patients)) if index != held]
         rule = fit_rule([phases[index] for index in others], [references[index] for index in others], estimate,
-                        scale)
+                        scale, recalibrate=recalibrate)
         rows.append(_interval_rows(rule, phases[held], references[held]))
     return rows
 
@@ -220,11 +221,11 @@ def summarise(rows: Sequence[dict[str, dict[str, float]]], indices: Sequence[str
     return summary
 
 
-def _members_min_max(patient: PatientVolumes, estimate: str) -> dict[str, dict[str, float]]:
-    """The naive interval: the members' smallest to largest value, around the ensemble's estimate."""
-    values = [index_values(*(({name: getattr(phase.structure(name), estimate) for name in ("lv", "rv", "myocardium")}
-                              for phase in phases))) for phases in patient.members.values()]
-    ensemble = case_indices(*patient.ensemble, estimate, "constant")[0]
+def _members_min_max(rule: IntervalRule, patient: PatientVolumes) -> dict[str, dict[str, float]]:
+    """The naive interval: the members' smallest to largest value (read as ``rule`` reads them), around the
+    ensemble's estimate."""
+    values = [rule.indices(*phases)[0] for phases in patient.members.values()]
+    ensemble = rule.indices(*patient.ensemble)[0]
     rows = {}
     for index in INDICES:
         low, high = min(value[index] for value in values), max(value[index] for value in values)
@@ -237,9 +238,9 @@ def _members_averaged(rule: IntervalRule, patient: PatientVolumes) -> dict[str, 
     """The rule applied to each member as fitted (one network each), the members' interval ends averaged."""
     ends = []
     for phases in patient.members.values():
-        values, scales = case_indices(*phases, rule.estimate, rule.scale)
+        values, scales = rule.indices(*phases)
         ends.append({index: rule.interval(index, values[index], scales[index]) for index in INDICES})
-    ensemble = case_indices(*patient.ensemble, rule.estimate, rule.scale)[0]
+    ensemble = rule.indices(*patient.ensemble)[0]
     rows = {}
     for index in INDICES:
         low = float(np.mean([end[index][0] for end in ends]))
@@ -251,7 +252,7 @@ def _members_averaged(rule: IntervalRule, patient: PatientVolumes) -> dict[str, 
 
 def _ejection_row(rule: IntervalRule, patient: PatientVolumes) -> dict[str, Any]:
     """A test patient's LV EF: reference, the ensemble's value and the rule's interval."""
-    values, scales = case_indices(*patient.ensemble, rule.estimate, rule.scale)
+    values, scales = rule.indices(*patient.ensemble)
     return {"patient": patient.patient, "reference": patient.reference["lv_ef_percent"],
             "value": values["lv_ef_percent"],
             "interval": list(rule.interval("lv_ef_percent", values["lv_ef_percent"], scales["lv_ef_percent"]))}
@@ -265,31 +266,38 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
     if len(out_of_fold) < 10:
         raise ValueError(f"Only {len(out_of_fold)} out-of-fold patients are collected; a 90 % rule needs at least "
                          "10, so collect more (the collection resumes).")
-    candidates = {f"{estimate}/{scale}": summarise(leave_one_out(out_of_fold, estimate, scale))
-                  for estimate in ESTIMATES for scale in SCALES}
-    chosen = min(candidates, key=lambda name: candidates[name]["lv_ef_percent"]["median_width"]["value"])
-    estimate, scale = chosen.split("/")
+    candidates = {f"{estimate}/{scale}/{recalibration}": summarise(leave_one_out(
+        out_of_fold, estimate, scale, recalibration == "linear"))
+        for estimate in ESTIMATES for scale in SCALES for recalibration in RECALIBRATIONS}
+    chosen = min(candidates, key=lambda name: sum(candidates[name][index]["median_width"]["value"]
+                                                  for index in ("lv_ef_percent", "rv_ef_percent")))
+    estimate, scale, recalibration = chosen.split("/")
     phases = [_single(patient) for patient in out_of_fold]
     references = [patient.reference for patient in out_of_fold]
     fitted_on = {"patients": len(out_of_fold), "predicted_by": "each by the ensemble member (fold network) that "
-                 "never trained on it", "chosen_by": "smallest leave-one-patient-out median width of the LV EF "
-                 "interval among hard/soft volumes x spread/constant scale",
+                 "never trained on it", "chosen_by": "smallest sum of the leave-one-patient-out median widths of "
+                 "the LV and RV EF intervals among hard/soft volumes x spread/constant scale x none/linear "
+                 "recalibration",
                  "applied_as": "the ensemble's prediction (mean of the members' probabilities) read as fitted"}
-    rule = fit_rule(phases, references, estimate, scale, fitted_on=fitted_on)
-    other = fit_rule(phases, references, ESTIMATES[1 - ESTIMATES.index(estimate)], scale)
+    rule = fit_rule(phases, references, estimate, scale, fitted_on=fitted_on,
+                    recalibrate=recalibration == "linear")
+    other = fit_rule(phases, references, ESTIMATES[1 - ESTIMATES.index(estimate)], scale,
+                     recalibrate=recalibration == "linear")
     measured: dict[str, Any] = {
         "out_of_fold": {"patients": [patient.patient for patient in out_of_fold],
                         "leave_one_out": candidates, "chosen": chosen},
         "rule": rule.to_dict()}
     if test:
-        methods = {
-            f"rule on the ensemble ({estimate} volumes)": [_interval_rows(rule, patient.ensemble, patient.reference)
-                                                           for patient in test],
-            f"rule on the ensemble ({other.estimate} volumes)": [
-                _interval_rows(other, patient.ensemble, patient.reference) for patient in test],
-            "rule per member, interval ends averaged": [_members_averaged(rule, patient) for patient in test],
-            "members' min-max": [_members_min_max(patient, estimate) for patient in test],
-        }
+        recalibrated = ", recalibrated" if rule.recalibration is not None else ""
+        rules = {f"rule on the ensemble ({estimate} volumes{recalibrated})": rule,
+                 f"rule on the ensemble ({other.estimate} volumes{recalibrated})": other}
+        if rule.recalibration is not None:
+            rules[f"rule on the ensemble ({estimate} volumes, not recalibrated)"] = fit_rule(phases, references,
+                                                                                            estimate, scale)
+        methods = {name: [_interval_rows(method, patient.ensemble, patient.reference) for patient in test]
+                   for name, method in rules.items()}
+        methods["rule per member, interval ends averaged"] = [_members_averaged(rule, patient) for patient in test]
+        methods["members' min-max"] = [_members_min_max(rule, patient) for patient in test]
         measured["test"] = {"patients": [patient.patient for patient in test],
                             "methods": {name: summarise(rows) for name, rows in methods.items()},
                             "lv_ef_percent": [_ejection_row(rule, patient) for patient in test]}
@@ -371,8 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"record: {arguments.record}")
     if arguments.write_bundle:
         print(f"bundle: {_rewrite_bundle(bundle.path, rule)}")
-    print(f"rule: {rule.estimate} volumes, {rule.scale} scale, fitted on {rule.fitted_on['patients']} "
-          "out-of-fold patients")
+    print(f"rule: {measured['out_of_fold']['chosen']} (volumes/scale/recalibration), fitted on "
+          f"{rule.fitted_on['patients']} out-of-fold patients")
     if "test" in measured:
         print("\n".join(markdown_table(measured)))
     return 0

@@ -4,7 +4,8 @@
 :func:`~CalibSegLib.cardiac.phases.choose_phases`); both read the structures' volumes from the bundle's prediction
 (an ensemble's: the mean of its members' probabilities) and apply the bundle's interval rule
 (``metadata.function_intervals``, :class:`~CalibSegLib.cardiac.intervals.IntervalRule`) to them: its point estimate
-(hard label volumes or probability sums) and its per-case scale. A bundle without a fitted rule still gives every
+(hard label volumes or probability sums), its recalibration of the volumes when it has one, and its per-case
+scale. A bundle without a fitted rule still gives every
 value, with the intervals absent and a sentence saying why.
 
 Inputs are 3D ``(z, y, x)`` images with their :class:`~CalibSegLib.io.ImageGeometry` (spacing ``(z, y, x)`` mm):
@@ -55,7 +56,8 @@ class FunctionResult:
     ``values`` and ``intervals`` per index of :data:`~CalibSegLib.cardiac.intervals.INDICES` (mL, %, g; an
     interval is ``(low, high)``, None when absent, NaN ends when an EF is undefined); ``level`` 0.9;
     ``intervals_absent`` the sentence saying why there are none (None when there are); ``estimate`` the volumes
-    the values come from (``hard`` label voxels or ``soft`` probability sums); ``ed_volumes`` and ``es_volumes``
+    the values come from (``hard`` label voxels or ``soft`` probability sums), ``recalibrated`` whether the rule
+    mapped them by its lines (then the values differ from the segmentation's volumes); ``ed_volumes`` and ``es_volumes``
     the two phases' structures (:class:`~CalibSegLib.cardiac.indices.PhaseVolumes`); ``predictions`` the ED and
     ES predictions (labels and maps on the input grid, for a report); for a cine ``phases`` ``{"ed": i, "es": j}``,
     ``phase_volumes`` every phase's LV and RV volume (mL), ``trigger_times_ms`` and ``phase_rule`` (words).
@@ -66,6 +68,7 @@ class FunctionResult:
     level: float
     intervals_absent: str | None
     estimate: str
+    recalibrated: bool
     ed_volumes: PhaseVolumes
     es_volumes: PhaseVolumes
     predictions: dict[str, Prediction] = field(default_factory=dict)
@@ -84,7 +87,8 @@ class FunctionResult:
             payload[index] = {"value": _number(self.values[index]),
                               "interval": None if interval is None else [_number(end) for end in interval]}
         payload["level"] = self.level
-        payload["volumes_from"] = {"hard": "label voxels", "soft": "probability sums"}[self.estimate]
+        payload["volumes_from"] = {"hard": "label voxels", "soft": "probability sums"}[self.estimate] + (
+            ", recalibrated by the interval rule's lines (fitted out of fold)" if self.recalibrated else "")
         if self.intervals_absent is not None:
             payload["intervals_absent"] = self.intervals_absent
         if self.phases is not None:
@@ -135,10 +139,11 @@ def function_result(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes
     """The indices of measured ED and ES volumes, with the intervals of ``metadata``'s rule (module docstring)."""
     rule, absent = stored_rule(metadata)
     estimate = rule.estimate if rule is not None else _DEFAULT_ESTIMATE
-    values, scales = case_indices(ed, es, estimate, rule.scale if rule is not None else "constant")
+    values, scales = rule.indices(ed, es) if rule is not None else case_indices(ed, es, estimate, "constant")
     intervals = {index: None if rule is None else rule.interval(index, values[index], scales[index])
                  for index in INDICES}
-    return FunctionResult(values, intervals, rule.level if rule is not None else LEVEL, absent, estimate, ed, es)
+    return FunctionResult(values, intervals, rule.level if rule is not None else LEVEL, absent, estimate,
+                          rule is not None and rule.recalibration is not None, ed, es)
 
 
 def _check_geometry(phases: Sequence[PhaseImage], names: Sequence[str]) -> None:

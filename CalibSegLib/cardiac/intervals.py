@@ -11,6 +11,11 @@ not independent of one drawn too wide at ES): s(EDV) = b_ED, s(SV) = b_ED + b_ES
 s(EF) = 100 (ESV · b_ED + EDV · b_ES) / EDV², s(mass) = 1.05 b_myo,ED. ``constant`` is 1 for every case (plain
 split-conformal, one width for all).
 
+**Recalibration** (optional): each of the five volumes the indices need (:data:`VOLUMES`) mapped by a line
+``intercept + slope · volume`` fitted by least squares on the calibration patients (a network that draws the RV
+too large at ES in most patients has that bias taken out); the indices are then made of the mapped volumes, the
+bands scaled by |slope|.
+
 **Rule** (split-conformal, Vovk et al. 2005; Lei et al., JASA 2018, for the scaled form): on n calibration
 patients the score of an index is |reference − estimate| / scale; q is the ⌈(n + 1) · level⌉-th smallest score
 (infinite when that rank exceeds n); a new case's interval is estimate ± q · scale. For a new patient exchangeable
@@ -29,14 +34,18 @@ import numpy as np
 
 from CalibSegLib.cardiac.indices import MYOCARDIUM_DENSITY_G_PER_ML, PhaseVolumes
 
-__all__ = ["INDICES", "LEVEL", "ESTIMATES", "SCALES", "IntervalRuleError", "index_values", "index_scales",
-           "case_indices", "conformal_quantile", "IntervalRule", "fit_rule"]
+__all__ = ["INDICES", "LEVEL", "ESTIMATES", "SCALES", "RECALIBRATIONS", "VOLUMES", "IntervalRuleError",
+           "Recalibration", "index_values", "phase_pair_volumes", "case_indices", "index_scales", "reference_volumes",
+           "fit_recalibration", "conformal_quantile", "IntervalRule", "fit_rule"]
 
 INDICES: tuple[str, ...] = ("lv_edv_ml", "lv_esv_ml", "lv_sv_ml", "lv_ef_percent", "rv_edv_ml", "rv_esv_ml",
                             "rv_ef_percent", "myocardium_mass_g")
 LEVEL = 0.9
 ESTIMATES = ("hard", "soft")  # label volumes, probability sums
 SCALES = ("spread", "constant")
+RECALIBRATIONS = ("none", "linear")  # the volumes as measured, or mapped by lines fitted on calibration patients
+# The volumes the indices are made of: structure and phase (the myocardium's at ED gives the mass).
+VOLUMES = ("lv_ed", "lv_es", "rv_ed", "rv_es", "myocardium_ed")
 
 
 class IntervalRuleError(ValueError):
@@ -60,27 +69,69 @@ def _ef_scale(diastole: float, systole: float, band_diastole: float, band_systol
     return 100.0 * (systole * band_diastole + diastole * band_systole) / diastole ** 2 if diastole > 0 else math.nan
 
 
-def index_scales(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, scale: str) -> dict[str, float]:
-    """Each index's per-case scale (module docstring) for the ``estimate`` (:data:`ESTIMATES`) and ``scale``
-    (:data:`SCALES`) named."""
+Recalibration = dict[str, tuple[float, float]]
+"""Per volume of :data:`VOLUMES` the ``(intercept, slope)`` of the line mapping the estimate to the reference."""
+
+
+def phase_pair_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str,
+                       recalibration: Recalibration | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """The :data:`VOLUMES` of an ED/ES pair read as ``estimate`` (mL), recalibrated when a map is given, and their
+    bands (mL; a line of slope s widens a band by |s|)."""
+    volumes, bands = {}, {}
+    for key in VOLUMES:
+        structure, phase = key.rsplit("_", 1)
+        measured = (ed if phase == "ed" else es).structure(structure)
+        intercept, slope = recalibration[key] if recalibration is not None else (0.0, 1.0)
+        volumes[key] = intercept + slope * getattr(measured, estimate)
+        bands[key] = abs(slope) * measured.spread
+    return volumes, bands
+
+
+def _indices_of(volumes: Mapping[str, float]) -> dict[str, float]:
+    return index_values({"lv": volumes["lv_ed"], "rv": volumes["rv_ed"], "myocardium": volumes["myocardium_ed"]},
+                        {"lv": volumes["lv_es"], "rv": volumes["rv_es"], "myocardium": math.nan})
+
+
+def _scales_of(volumes: Mapping[str, float], bands: Mapping[str, float], scale: str) -> dict[str, float]:
     if scale == "constant":
         return dict.fromkeys(INDICES, 1.0)
-    volume = {name: (getattr(ed.structure(name), estimate), getattr(es.structure(name), estimate))
-              for name in ("lv", "rv")}
-    band = {name: (ed.structure(name).spread, es.structure(name).spread) for name in ("lv", "rv", "myocardium")}
-    return {"lv_edv_ml": band["lv"][0], "lv_esv_ml": band["lv"][1], "lv_sv_ml": sum(band["lv"]),
-            "lv_ef_percent": _ef_scale(*volume["lv"], *band["lv"]), "rv_edv_ml": band["rv"][0],
-            "rv_esv_ml": band["rv"][1],
-            "rv_ef_percent": _ef_scale(*volume["rv"], *band["rv"]),
-            "myocardium_mass_g": MYOCARDIUM_DENSITY_G_PER_ML * band["myocardium"][0]}
+    return {"lv_edv_ml": bands["lv_ed"], "lv_esv_ml": bands["lv_es"], "lv_sv_ml": bands["lv_ed"] + bands["lv_es"],
+            "lv_ef_percent": _ef_scale(volumes["lv_ed"], volumes["lv_es"], bands["lv_ed"], bands["lv_es"]),
+            "rv_edv_ml": bands["rv_ed"], "rv_esv_ml": bands["rv_es"],
+            "rv_ef_percent": _ef_scale(volumes["rv_ed"], volumes["rv_es"], bands["rv_ed"], bands["rv_es"]),
+            "myocardium_mass_g": MYOCARDIUM_DENSITY_G_PER_ML * bands["myocardium_ed"]}
 
 
-def case_indices(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, scale: str
-                 ) -> tuple[dict[str, float], dict[str, float]]:
-    """One case's index values and scales, read with ``estimate`` and ``scale``."""
-    values = index_values({name: getattr(ed.structure(name), estimate) for name in ("lv", "rv", "myocardium")},
-                          {name: getattr(es.structure(name), estimate) for name in ("lv", "rv", "myocardium")})
-    return values, index_scales(ed, es, estimate, scale)
+def case_indices(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, scale: str,
+                 recalibration: Recalibration | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """One case's index values and per-case scales (module docstring), read with ``estimate``
+    (:data:`ESTIMATES`), ``scale`` (:data:`SCALES`) and, when given, the volumes' ``recalibration``."""
+    volumes, bands = phase_pair_volumes(ed, es, estimate, recalibration)
+    return _indices_of(volumes), _scales_of(volumes, bands, scale)
+
+
+def index_scales(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, scale: str) -> dict[str, float]:
+    """Each index's per-case scale for the ``estimate`` and ``scale`` named (no recalibration)."""
+    return case_indices(ed, es, estimate, scale)[1]
+
+
+def reference_volumes(reference: Mapping[str, float]) -> dict[str, float]:
+    """The :data:`VOLUMES` a patient's reference indices hold (the myocardium's from the mass)."""
+    return {"lv_ed": reference["lv_edv_ml"], "lv_es": reference["lv_esv_ml"], "rv_ed": reference["rv_edv_ml"],
+            "rv_es": reference["rv_esv_ml"],
+            "myocardium_ed": reference["myocardium_mass_g"] / MYOCARDIUM_DENSITY_G_PER_ML}
+
+
+def fit_recalibration(cases: Sequence[tuple[PhaseVolumes, PhaseVolumes]],
+                      references: Sequence[Mapping[str, float]], estimate: str) -> Recalibration:
+    """Least-squares lines from each estimated volume to the reference one over calibration patients."""
+    estimated = [phase_pair_volumes(ed, es, estimate)[0] for ed, es in cases]
+    observed = [reference_volumes(reference) for reference in references]
+    recalibration = {}
+    for key in VOLUMES:
+        slope, intercept = np.polyfit([item[key] for item in estimated], [item[key] for item in observed], 1)
+        recalibration[key] = (float(intercept), float(slope))
+    return recalibration
 
 
 def conformal_quantile(scores: Sequence[float], level: float = LEVEL) -> float:
@@ -94,14 +145,20 @@ def conformal_quantile(scores: Sequence[float], level: float = LEVEL) -> float:
 @dataclass(frozen=True)
 class IntervalRule:
     """A fitted rule: point ``estimate`` (``hard`` or ``soft`` volumes), per-case ``scale`` (``spread`` or
-    ``constant``), the ``level``, one score quantile per index (``quantiles``) and what it was fitted on
-    (``fitted_on``: free JSON, e.g. patients and networks)."""
+    ``constant``), the ``level``, one score quantile per index (``quantiles``), the volumes' ``recalibration``
+    (None: the volumes as measured) and what it was fitted on (``fitted_on``: free JSON, e.g. patients and
+    networks)."""
 
     estimate: str
     scale: str
     quantiles: dict[str, float]
     level: float = LEVEL
     fitted_on: dict[str, Any] = field(default_factory=dict)
+    recalibration: Recalibration | None = None
+
+    def indices(self, ed: PhaseVolumes, es: PhaseVolumes) -> tuple[dict[str, float], dict[str, float]]:
+        """A case's index values and scales as this rule reads them (:func:`case_indices`)."""
+        return case_indices(ed, es, self.estimate, self.scale, self.recalibration)
 
     def interval(self, index: str, value: float, scale: float) -> tuple[float, float]:
         """``value ± q · scale`` of ``index``; NaN ends when the value or the scale is not finite."""
@@ -112,14 +169,17 @@ class IntervalRule:
 
     def to_dict(self) -> dict[str, Any]:
         return {"estimate": self.estimate, "scale": self.scale, "level": self.level,
-                "quantiles": dict(self.quantiles), "fitted_on": dict(self.fitted_on)}
+                "quantiles": dict(self.quantiles), "fitted_on": dict(self.fitted_on),
+                "recalibration": None if self.recalibration is None else
+                {key: list(line) for key, line in self.recalibration.items()}}
 
     @classmethod
     def from_dict(cls, values: Any) -> "IntervalRule":
         """The rule stored by :meth:`to_dict`.
 
         Raises:
-            IntervalRuleError: a missing or unknown estimate, scale, level or quantile (a phrase saying which).
+            IntervalRuleError: a missing or unknown estimate, scale, level, quantile or recalibration line (a
+                phrase saying which).
         """
         if not isinstance(values, dict):
             raise IntervalRuleError(f"it must be an object, got {type(values).__name__}")
@@ -127,30 +187,55 @@ class IntervalRule:
             raise IntervalRuleError(f"its estimate must be one of {', '.join(ESTIMATES)} and its scale one of "
                                     f"{', '.join(SCALES)}, got {values.get('estimate')!r} and {values.get('scale')!r}")
         level = values.get("level")
-        if not isinstance(level, (int, float)) or isinstance(level, bool) or not 0 < level < 1:
+        if not _is_number(level) or not 0 < level < 1:
             raise IntervalRuleError(f"its level must be a number in (0, 1), got {level!r}")
         quantiles = values.get("quantiles")
         if not isinstance(quantiles, dict) or set(quantiles) != set(INDICES) or not all(
-                isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-                for value in quantiles.values()):
+                _is_number(value) and value >= 0 for value in quantiles.values()):
             raise IntervalRuleError(f"its quantiles must give each of {', '.join(INDICES)} a number >= 0")
         fitted_on = values.get("fitted_on", {})
         if not isinstance(fitted_on, dict):
             raise IntervalRuleError("its fitted_on must be an object")
+        lines = values.get("recalibration")
+        if lines is not None and (not isinstance(lines, dict) or set(lines) != set(VOLUMES) or not all(
+                isinstance(line, list) and len(line) == 2 and all(_is_number(item) and math.isfinite(item)
+                                                                  for item in line) for line in lines.values())):
+            raise IntervalRuleError(f"its recalibration must be null or give each of {', '.join(VOLUMES)} a finite "
+                                    "[intercept, slope]")
         return cls(values["estimate"], values["scale"], {key: float(quantiles[key]) for key in INDICES},
-                   float(level), fitted_on)
+                   float(level), fitted_on,
+                   None if lines is None else {key: (float(lines[key][0]), float(lines[key][1])) for key in VOLUMES})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _scores(values: Mapping[str, float], scales: Mapping[str, float], reference: Mapping[str, float]
+            ) -> dict[str, float]:
+    return {index: abs(reference[index] - values[index]) / scales[index] if scales[index] > 0 else math.nan
+            for index in INDICES}
 
 
 def fit_rule(cases: Sequence[tuple[PhaseVolumes, PhaseVolumes]], references: Sequence[Mapping[str, float]],
-             estimate: str, scale: str, level: float = LEVEL, fitted_on: Mapping[str, Any] | None = None
-             ) -> IntervalRule:
+             estimate: str, scale: str, level: float = LEVEL, fitted_on: Mapping[str, Any] | None = None,
+             recalibrate: bool = False) -> IntervalRule:
     """Fit the rule on calibration patients: their predicted ``(ED, ES)`` volumes and their reference indices
-    (:func:`index_values` of the label volumes), one patient per entry."""
+    (:func:`index_values` of the label volumes), one patient per entry.
+
+    With ``recalibrate`` the volumes are first mapped by least-squares lines fitted on the same patients
+    (:func:`fit_recalibration`); each patient's score then comes from the lines fitted without it (jackknife+,
+    Barber et al., Ann. Statist. 2021), so the quantile is not made small by residuals the lines were fitted to.
+    """
     scores: dict[str, list[float]] = {index: [] for index in INDICES}
-    for (ed, es), reference in zip(cases, references, strict=True):
-        values, scales = case_indices(ed, es, estimate, scale)
-        for index in INDICES:
-            scores[index].append(abs(reference[index] - values[index]) / scales[index] if scales[index] > 0
-                                 else math.nan)
+    for held, ((ed, es), reference) in enumerate(zip(cases, references, strict=True)):
+        lines = None
+        if recalibrate:
+            others = [index for index in range(len(cases)) if index != held]
+            lines = fit_recalibration([cases[index] for index in others], [references[index] for index in others],
+                                      estimate)
+        for index, score in _scores(*case_indices(ed, es, estimate, scale, lines), reference).items():
+            scores[index].append(score)
+    recalibration = fit_recalibration(cases, references, estimate) if recalibrate else None
     return IntervalRule(estimate, scale, {index: conformal_quantile(scores[index], level) for index in INDICES},
-                        level, dict(fitted_on or {}))
+                        level, dict(fitted_on or {}), recalibration)
