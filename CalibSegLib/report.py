@@ -293,8 +293,8 @@ def function_table_html(function: Mapping[str, Any]) -> str:
         interval = "–" if low is None or high is None else f"{_number(low, 1)} – {_number(high, 1)}"
         rows.append(f'<tr><td>{_text(title)}</td><td class="number">{_number(entry["value"], 1)}</td>'
                     f'<td class="number">{interval}</td><td>{_text(unit)}</td></tr>')
-    return (f'<table class="function"><tr><th>index</th><th>value</th><th>{level:.0%} interval</th><th>unit</th>'
-            f'</tr>{"".join(rows)}</table>')
+    return (f'<table class="function"><tr><th>index</th><th>value</th><th>{100 * level:.0f} % interval</th>'
+            f'<th>unit</th></tr>{"".join(rows)}</table>')
 
 
 def phase_curve(function: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray, str] | None:
@@ -350,8 +350,8 @@ def function_report_html(function: Mapping[str, Any], bundle_name: str, command:
     measured = f"a cine of {phase_count} phases" if phase_count else "an ED and an ES volume"
     absent = function.get("intervals_absent")
     note = (f"No intervals: {absent}" if absent else
-            f"Each interval is meant to hold the true value for {float(function['level']):.0%} of patients like "
-            "the model's cross-validation patients.")
+            f"Each interval is meant to hold the true value for {100 * float(function['level']):.0f} % of patients "
+            "like the model's cross-validation patients.")
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>CalibSeg {_text(title)}</title>'
              f"<style>{_STYLE}</style></head><body>",
              f'<header><h1>CalibSeg {_text(title)}</h1><p class="meta">Model {_text(bundle_name)}, {measured}. '

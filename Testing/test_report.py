@@ -236,7 +236,7 @@ def test_the_function_table_shows_every_index_with_its_interval():
     assert [row[0] for row in rows] == [INDEX_LABELS[key][0] for key in INDICES]
     assert rows[3] == ("LV ejection fraction", "60.0", "55.2 – 64.8", "%")  # rounded as the value, 1 digit
     assert rows[6] == ("RV ejection fraction", "50.0", "–", "%")  # an interval with undefined ends
-    assert "<th>90% interval</th>" in text
+    assert "<th>90 % interval</th>" in text
     absent = dict(_function(), lv_ef_percent={"value": 60.0, "interval": None})  # a bundle without a rule
     assert "<td>LV ejection fraction</td><td class=\"number\">60.0</td><td class=\"number\">–</td>" in \
         function_table_html(absent)
@@ -265,7 +265,7 @@ def test_a_cine_page_draws_the_volume_curve_with_ed_and_es_marked(tmp_path):
     assert len(parsed.images) == 1 and parsed.links == [] and not {"script", "link", "iframe"} & parsed.tags
     assert parsed.images[0] == "data:image/png;base64," + base64.b64encode(volume_curve_png(cine)).decode()
     assert "a cine of 8 phases" in text and "ED = phase 0, the largest LV blood pool (150.0 mL)" in text
-    assert "Each interval is meant to hold the true value for 90% of patients" in text
+    assert "Each interval is meant to hold the true value for 90 % of patients" in text
     assert sorted(path.name for path in tmp_path.iterdir()) == [REPORT_NAME]  # no temporary left
 
 

@@ -102,14 +102,15 @@ def phase_columns(function: dict) -> dict[str, list] | None:
 
 
 def function_text(function: dict) -> str:
-    """The module panel's lines: one per index, ``LV ejection fraction: 58.1 % (90 % interval 52.0 to 64.2)``, and
-    for a cine which phases are ED and ES."""
+    """The module panel's lines: one per index, ``LV ejection fraction: <value> % (90 % interval <low> to <high>)``
+    (``(no interval)`` where the file has none, ``not measurable`` for a null value), and for a cine which phases are
+    ED and ES."""
     columns = function_columns(function)
     level = float(function["level"])
     lines = []
     for title, value, low, high, unit in zip(*columns.values()):
-        interval = (f" ({level:.0%} interval {low:.1f} to {high:.1f})" if math.isfinite(low) and math.isfinite(high)
-                    else " (no interval)")
+        interval = (f" ({100 * level:.0f} % interval {low:.1f} to {high:.1f})"
+                    if math.isfinite(low) and math.isfinite(high) else " (no interval)")
         lines.append(f"{title}: {value:.1f} {unit}{interval}" if math.isfinite(value) else f"{title}: not measurable")
     phases = function.get("phases")
     if phases is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from CalibSegRunner import FunctionJob, FunctionRunner, cine_phases, ed_es_phases
+from CalibSegRunner.function import function_text
 
 from .scene import (ORIGIN, cardiac_terminology, hand_made_interval_rule, make_volume_node, scene_is_unchanged_after,
                     scene_snapshot, table_columns, tiny_bundle)
@@ -92,6 +93,9 @@ def check_function_of_ed_and_es_is_the_label_volumes_with_their_intervals(scene,
     assert (columns["Value"][0], columns["Interval low"][0], columns["Interval high"][0]) == (
         lv_edv["value"], *lv_edv["interval"])
     assert outputs.table.GetName() == "ED cardiac function" and outputs.table.GetScene() is scene
+    ef = function["lv_ef_percent"]["value"]
+    assert function_text(function).splitlines()[3] == (
+        f"LV ejection fraction: {ef:.1f} % (90 % interval {ef - 5:.1f} to {ef + 5:.1f})")  # what the panel shows
     assert json.loads((folder / "function.json").read_text()) == function
     page = (folder / "report.html").read_text()
     assert "LV ejection fraction" in page and "an ED and an ES volume" in page
@@ -101,6 +105,7 @@ def check_function_of_ed_and_es_is_the_label_volumes_with_their_intervals(scene,
     _assert_values(plain, {index: function[index]["value"] if function[index]["value"] is not None else math.nan
                            for index in ("lv_edv_ml", "rv_esv_ml", "myocardium_mass_g")}, half_width=None)
     assert "interval rule" in plain["intervals_absent"]
+    assert function_text(plain).splitlines()[0] == f"LV end-diastolic volume: {lv_edv['value']:.1f} mL (no interval)"
 
 
 def _sequence(scene, images: list[np.ndarray], name: str = "cine", times=None, unit: str = "ms", **grid):
@@ -136,6 +141,8 @@ def check_a_cine_sequence_gives_every_phase_and_chooses_ed_and_es(scene, work_di
     chart = outputs.chart
     assert chart.GetNumberOfPlotSeriesNodes() == 2 and f"ED: phase {ed}, ES: phase {es}" in chart.GetTitle()
     assert outputs.table.GetScene() is scene and outputs.table.GetName() == "cine cardiac function"
+    assert function_text(function).splitlines()[-1] == (
+        f"ED: phase {ed} (largest LV blood pool), ES: phase {es} (smallest).")
 
 
 def check_a_multi_volume_gives_what_its_sequence_gives(scene, work_dir: Path) -> None:
