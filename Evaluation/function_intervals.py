@@ -101,6 +101,7 @@ def collect_volumes(bundle: Bundle, cache: Path, data: str | Path | None = None,
         if path.is_file():
             continue
         record: dict[str, Any] = {"case": case.case_id, "patient": case.patient_id, "side": side,
+                                  "weights_sha256": metadata.weights_sha256,
                                   "reference": label_volumes_ml(case.label, case.spacing, classes),
                                   "members": {}}
         probabilities = []
