@@ -68,8 +68,9 @@ def ed_es_phases(edVolumeNode, esVolumeNode) -> Phases:
 
 
 def is_cine_node(node) -> bool:
-    """True for a Sequence node or a MultiVolume node (a scalar volume carrying :data:`MULTIVOLUME_FRAMES`)."""
-    return node is not None and (node.IsA("vtkMRMLSequenceNode") or node.GetAttribute(MULTIVOLUME_FRAMES) is not None)
+    """True for a Sequence node or a MultiVolume node (by class, or a volume carrying :data:`MULTIVOLUME_FRAMES`)."""
+    return node is not None and (node.IsA("vtkMRMLSequenceNode") or node.IsA("vtkMRMLMultiVolumeNode")
+                                 or node.GetAttribute(MULTIVOLUME_FRAMES) is not None)
 
 
 def _times_ms(values: list[str], unit: str | None) -> list[float] | None:
