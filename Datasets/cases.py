@@ -43,6 +43,7 @@ import torch
 from CalibSegLib.io import WRITE_SUFFIXES, case_and_channel, read_channels, read_image
 from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_channels,
                                        resample_slices, resample_volume, volume_grid_shape)
+from Datasets.cache import is_cache, read_cached
 
 __all__ = [
     "ACDC_SPACING",
@@ -115,6 +116,7 @@ DATASET_DESCRIPTION = "dataset.json"  # nnU-Net v2 / Decathlon: the classes' nam
 ACDC_ENVIRONMENT = "CALIBSEG_ACDC"
 
 _ACDC_NAME = re.compile(r"^(patient\d+)_frame\d+\.h5$")
+_ACDC_CACHED = re.compile(r"^(patient\d+)_frame\d+\.npz$")
 # A pair-folder case of one frame of a patient (ACDC: end-diastole and end-systole): grouped by patient.
 _FRAME_CASE = re.compile(r"^(.+)_frame\d+$")
 _ACDC_CASE = re.compile(r"^patient\d+_frame\d+$")
@@ -132,7 +134,7 @@ class CaseFile:
     patient_id: str
     image_path: Path  # the first (or only) channel
     label_path: Path | None
-    kind: str  # "acdc" or "image"
+    kind: str  # "acdc", "cache" (Datasets/cache.py's copy of an ACDC file) or "image"
     more_channels: tuple[Path, ...] = ()  # channels 1 .. K - 1, in order
 
     @property
@@ -313,6 +315,9 @@ def find_cases(folder: str | Path, dataset: str = "auto") -> list[CaseFile]:
     if not folder.is_dir():
         raise DataError(f"Data folder {folder} does not exist; "
                         "pass --data with a folder of ACDC .h5 files or image/label pairs.")
+    if dataset != "folder" and is_cache(folder):  # Datasets/cache.py's compact copy of an ACDC folder
+        return [CaseFile(path.stem, match.group(1), path, None, "cache")
+                for path in sorted(folder.glob("*.npz")) if (match := _ACDC_CACHED.match(path.name))]
     if dataset != "folder":
         acdc = [CaseFile(path.name[:-3], match.group(1), path, None, "acdc")
                 for path in sorted(folder.glob("*.h5")) if (match := _ACDC_NAME.match(path.name))]
@@ -507,6 +512,14 @@ def _read_acdc(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, 
                         f"({error}).") from None
 
 
+def _read_cache(path: Path) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
+    """An ACDC volume from its cached copy (:mod:`Datasets.cache`), with ACDC's assumed spacing."""
+    try:
+        return (*read_cached(path), ACDC_SPACING)
+    except ValueError as error:
+        raise DataError(str(error)) from None
+
+
 def _read_pair(case: CaseFile) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
     """Image ``(z, y, x)`` (one channel) or ``(K, z, y, x)``, label and spacing of a file-pair case."""
     try:
@@ -529,7 +542,8 @@ def load_cases(files: Iterable[CaseFile], num_classes: int) -> list[Case]:
     """
     cases = []
     for file in files:
-        image, label, spacing = _read_acdc(file.image_path) if file.kind == "acdc" else _read_pair(file)
+        image, label, spacing = (_read_acdc(file.image_path) if file.kind == "acdc" else
+                                 _read_cache(file.image_path) if file.kind == "cache" else _read_pair(file))
         if image.ndim != 3 + bool(file.more_channels) or image.shape[-3:] != label.shape:
             raise DataError(f"{file.case_id}: image shape {image.shape} and label shape {label.shape} "
                             "must be the same 3D shape.")

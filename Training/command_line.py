@@ -14,7 +14,7 @@ from Datasets.cases import DATASETS, DEFAULT_CLASS_COUNT, SAMPLE_DATA
 from Datasets.splits.folds import FOLDS, SHIPPED_FOLDS
 from Training.choices import MIRRORING, TEMPERATURE_FITS
 from Training.plan import IMAGE_SCHEMES
-from Training.schedules import SCHEDULES
+from Training.schedules import REFERENCE_BATCH, REFERENCE_LR, SCHEDULES, UnsetBatch
 from Training.trainer import LR_SCHEDULES
 
 __all__ = ["DEFAULT_DATA", "ALL_FOLDS", "parser"]
@@ -48,7 +48,11 @@ def _schedule_help(name: str) -> str:
     """A schedule flag's help, from the schedule itself."""
     schedule = SCHEDULES[name]
     steps = (f"{schedule.iterations_per_epoch} batches" if schedule.iterations_per_epoch else "one pass")
-    return (f"{schedule.description}: {schedule.epochs} epochs of {steps}, {schedule.patch_size}×"
+    size = (f"{schedule.epochs} epochs of {steps} {'of' if schedule.iterations_per_epoch else 'in batches of'} "
+            f"{schedule.batch_size}" if schedule.batch_size else
+            f"{schedule.crops:,} crops in epochs of {steps} of the batch that fills the GPU (256 for 128×128 crops: "
+            f"{schedule.epochs} epochs), lr scaled to the batch after a warm-up")
+    return (f"{schedule.description}: {size}, {schedule.patch_size}×"
             f"{schedule.patch_size} crops where the slices hold them, lr {schedule.lr_schedule}"
             + (f" at epoch {schedule.lr_step_epoch}" if schedule.lr_step_epoch else "")
             + (", compiled" if schedule.compile else ""))
@@ -85,11 +89,15 @@ def parser() -> argparse.ArgumentParser:
     schedule = flags.add_mutually_exclusive_group()
     schedule.add_argument("--cpu", action="store_true", help=_schedule_help("cpu"))
     schedule.add_argument("--paper", action="store_true", help=_schedule_help("paper"))
+    schedule.add_argument("--gpu", action="store_true", help=_schedule_help("gpu") + " (needs CUDA)")
     flags.add_argument("--epochs", type=int, default=None, help="default: the schedule's")
     flags.add_argument("--iterations-per-epoch", type=int, default=None,
                        help="batches per epoch (default: the schedule's; --paper: one pass over the slices)")
-    flags.add_argument("--batch-size", type=int, default=16)
-    flags.add_argument("--lr", type=float, default=1e-3)
+    flags.add_argument("--batch-size", type=int, default=UnsetBatch(REFERENCE_BATCH),
+                       help=f"crops per step (default {REFERENCE_BATCH}; --gpu: the batch that fills the GPU)")
+    flags.add_argument("--lr", type=float, default=None,
+                       help=f"Adam's learning rate (default {REFERENCE_LR:g}; --gpu: {REFERENCE_LR:g} × "
+                            f"√(batch / {REFERENCE_BATCH}) after a linear warm-up)")
     flags.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=None,
                        help="poly: lr·(1 − step/steps)^0.9; step: × lr-step-to/lr at --lr-step-epoch "
                             "(default: the schedule's)")
@@ -125,6 +133,14 @@ def parser() -> argparse.ArgumentParser:
                                help="torch.compile the network for training (default on the quick and --cpu "
                                     "schedules)")
     compile_group.add_argument("--no-compile", dest="compile", action="store_false")
+    graphs_group = flags.add_mutually_exclusive_group()
+    graphs_group.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true", default=None,
+                              help="replay the compiled step as CUDA graphs (torch.compile mode "
+                                   "reduce-overhead; default on CUDA where every batch has the same shape); "
+                                   "where it cannot, the step runs without, and the log says why once")
+    graphs_group.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
+    flags.add_argument("--channels-last", action="store_true",
+                       help="NHWC (NDHWC in 3D) memory format for the network and its crops")
     flags.add_argument("--device", default="auto", help="auto, cpu or cuda")
     amp_group = flags.add_mutually_exclusive_group()
     amp_group.add_argument("--amp", dest="amp", action="store_true", default=None,

@@ -13,12 +13,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from CalibSegLib.device import resolve_device
 from CalibSegLib.losses import build_loss
 from CalibSegLib.preprocessing import ChannelNormalization
 from Datasets.cases import DataError
 from Training.plan import Plan, per_axis
-from Training.schedules import Schedule
+from Training.schedules import REFERENCE_LR, Schedule, UnsetBatch, device_batch_size, scaled_lr, warmup_steps
 
 __all__ = ["TrainConfig", "check_flags", "train_config", "check_config"]
 
@@ -65,6 +67,10 @@ class TrainConfig:
     plan: dict[str, Any] | None  # the plan the data choices came from (Plan.to_json), for the records
     workers: int  # background threads assembling batches ahead of the step (0: in the loop)
     progress: bool = True  # progress bars (on an interactive terminal only)
+    # Steps over which the learning rate rises linearly to ``lr`` (0: none, the CPU schedules' and older runs').
+    warmup_steps: int = 0
+    cuda_graphs: bool | None = None  # replay the step as CUDA graphs; None: on CUDA where the shapes are static
+    channels_last: bool = False  # NHWC (NDHWC) memory format for the network and its crops
 
     @property
     def in_channels(self) -> int:
@@ -77,8 +83,16 @@ def check_flags(arguments: argparse.Namespace) -> None:
 
     Raises:
         DataError: a number that must be positive and finite is not, ``--workers`` is negative,
-            ``--foreground-share`` lies outside [0, 1], or a per-axis flag has the wrong count.
+            ``--foreground-share`` lies outside [0, 1], a per-axis flag has the wrong count, or ``--gpu`` is
+            asked for where PyTorch sees no CUDA device (or with another ``--device``).
     """
+    if getattr(arguments, "gpu", False):
+        if not str(arguments.device).startswith(("auto", "cuda")):
+            raise DataError(f"--gpu trains on a CUDA device; drop --device {arguments.device}, or train with "
+                            "--cpu.")
+        if not torch.cuda.is_available():
+            raise DataError("--gpu needs a CUDA GPU and PyTorch sees none on this machine; train with --cpu "
+                            "here (the full dataset within an hour on 2 cores).")
     for name in _POSITIVE_FLAGS:
         value = getattr(arguments, name)
         # NaN compares False with everything, so it is refused too
@@ -95,17 +109,23 @@ def check_flags(arguments: argparse.Namespace) -> None:
 def train_config(plan: Plan, schedule: Schedule, arguments: argparse.Namespace) -> TrainConfig:
     """The run's configuration: the data's choices from ``plan``, every other choice from the flags
     (``arguments``), and from ``schedule`` where a flag is left open (``--lr-step-epoch`` then half the
-    epochs)."""
-    epochs = arguments.epochs or schedule.epochs
+    epochs). A schedule without a batch of its own (``--gpu``) takes the batch that fills the device for the
+    plan's patch, the learning rate scaled to that batch with a warm-up, and the epochs its crops budget needs
+    at that batch (docs/decisions.md, "The GPU step")."""
+    scaled = schedule.batch_size is None
+    given = not isinstance(arguments.batch_size, UnsetBatch)
+    batch_size = int(arguments.batch_size) if given or not scaled else device_batch_size(plan.patch_size)
+    iterations = arguments.iterations_per_epoch or schedule.iterations_per_epoch
+    epochs = arguments.epochs or schedule.epochs_for(batch_size, iterations)
     return TrainConfig(
         method=arguments.method,
         loss_args={**schedule.loss_args.get(arguments.method, {}), **dict(arguments.loss_arg)},
         network=arguments.network,
         network_kwargs=dict(arguments.network_arg),
         epochs=epochs,
-        iterations_per_epoch=arguments.iterations_per_epoch or schedule.iterations_per_epoch,
-        batch_size=arguments.batch_size,
-        lr=arguments.lr,
+        iterations_per_epoch=iterations,
+        batch_size=batch_size,
+        lr=arguments.lr or (scaled_lr(batch_size) if scaled else REFERENCE_LR),
         lr_schedule=arguments.lr_schedule or schedule.lr_schedule,
         lr_step_to=arguments.lr_step_to,
         lr_step_epoch=arguments.lr_step_epoch or schedule.lr_step_epoch or max(epochs // 2, 1),
@@ -130,6 +150,9 @@ def train_config(plan: Plan, schedule: Schedule, arguments: argparse.Namespace) 
                                else list(plan.channel_normalization)),
         plan=plan.to_json(),
         workers=arguments.workers,
+        warmup_steps=warmup_steps(batch_size) if scaled else 0,
+        cuda_graphs=getattr(arguments, "cuda_graphs", None),
+        channels_last=getattr(arguments, "channels_last", False),
     )
 
 

@@ -3,6 +3,7 @@
     calibseg-train                                          # CRaC on the shipped sample, quick CPU schedule
     calibseg-train --cpu --data data/full --method ce_dice  # the full cardiac dataset on a CPU, ≤ 60 min
     calibseg-train --paper --data data/full --method nacl   # the papers' schedule (GPU)
+    calibseg-train --gpu --data data/full --fold 0          # nnU-Net 2D's budget of crops on one GPU, ≤ 30 min
     calibseg-train --plan-only --data data/own --out runs/own   # only the plan: runs/own/plan.json
 
 A run plans first (:mod:`Training.plan`: the training cases' fingerprint, the grid, patch, normalisation,

@@ -34,6 +34,7 @@ from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, val
 from Training.config import TrainConfig
 from Training.distributed import SINGLE_PROCESS, Processes
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, HISTORY_NAME, RUN_SUMMARY_NAME, EpochRecord, RunSummary
+from Training.step_mode import StepChoice, build_optimizer, choose_step
 
 __all__ = ["TrainResult", "EpochStatistics", "Trainer", "LR_SCHEDULES"]
 
@@ -44,7 +45,12 @@ _PROGRESS_EVERY = 10
 _RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing",
                       "patch_size", "channel_normalization", "batch_size", "lr", "lr_schedule", "lr_step_to",
                       "lr_step_epoch", "seed", "num_classes",
-                      "iterations_per_epoch", "augment", "foreground_share", "epochs")
+                      "iterations_per_epoch", "augment", "foreground_share", "epochs", "warmup_steps")
+# What runs recorded before a key existed meant by it (a checkpoint without the key resumes as that).
+_RESUME_DEFAULTS: dict[str, Any] = {"warmup_steps": 0}
+# The first steps of a process in which a CUDA-graph capture error falls back to the step without graphs
+# (torch.compile warms up, then records, within them).
+_CAPTURE_STEPS = 3
 
 
 @dataclass
@@ -88,14 +94,15 @@ def _data_parallel(model: torch.nn.Module, processes: Processes, device: torch.d
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
 
-def _compiled(model: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """``torch.compile(model)`` when asked and possible; the eager model otherwise (said once on stdout)."""
-    if not enabled:
+def _compiled(model: torch.nn.Module, step: StepChoice) -> torch.nn.Module:
+    """``model`` as ``step`` runs it: ``torch.compile``d (for CUDA graphs with ``mode="reduce-overhead"``) when
+    asked and possible; the eager model otherwise (said once on stdout)."""
+    if step.mode == "eager":
         return model
     try:
         import torch._inductor.cpp_builder  # noqa: F401  (fails early where inductor cannot work)
 
-        return torch.compile(model)
+        return torch.compile(model, mode="reduce-overhead" if step.mode == "cuda_graphs" else None)
     except Exception as error:  # no C++ compiler, unsupported platform: train eagerly, just slower
         print(f"torch.compile unavailable ({type(error).__name__}); training without it.", flush=True)
         return model
@@ -152,9 +159,19 @@ class Trainer:
                                    unit_range)
         self.model = build_network(config.network, config.in_channels, config.num_classes, config.spatial_dims,
                                    **config.network_kwargs).to(self.device)
-        self.training_model = _compiled(_data_parallel(self.model, processes, self.device), config.compile)
+        self.memory_format = ((torch.channels_last if config.spatial_dims == 2 else torch.channels_last_3d)
+                              if config.channels_last else torch.contiguous_format)
+        self.model.to(memory_format=self.memory_format)
         self.loss = build_loss(config.method, config.num_classes, **config.loss_args).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr)
+        self.step_choice = choose_step(self.device, config.compile, config.cuda_graphs,
+                                       config.iterations_per_epoch is not None, self.loss.needs_model,
+                                       processes.is_distributed)
+        if self.step_choice.note and processes.is_main:
+            print(self.step_choice.note, flush=True)
+        self.parallel_model = _data_parallel(self.model, processes, self.device)
+        self.training_model = _compiled(self.parallel_model, self.step_choice)
+        self.graph_steps = 0  # steps this process ran with CUDA graphs (a capture error falls back in the first)
+        self.optimizer = build_optimizer(self.model.parameters(), config.lr, self.device)
         self.steps_per_epoch = config.iterations_per_epoch or -(-len(self.sampler) // config.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
         self.data_order = torch.Generator().manual_seed(config.seed)
@@ -173,11 +190,13 @@ class Trainer:
                                                 batch_size=config.batch_size)
 
     def _lr_factor(self, step: int) -> float:
-        """Learning-rate multiplier after ``step`` optimiser steps (the scheduler steps once per batch)."""
+        """Learning-rate multiplier after ``step`` optimiser steps (the scheduler steps once per batch): the
+        schedule's, times a linear warm-up from 1/W to 1 over the first ``config.warmup_steps`` = W steps."""
+        warmup = min(1.0, (step + 1) / self.config.warmup_steps) if self.config.warmup_steps else 1.0
         if self.config.lr_schedule == "poly":
-            return max(1.0 - step / (self.config.epochs * self.steps_per_epoch), 0.0) ** 0.9
+            return warmup * max(1.0 - step / (self.config.epochs * self.steps_per_epoch), 0.0) ** 0.9
         milestone = self.config.lr_step_epoch * self.steps_per_epoch
-        return 1.0 if step < milestone else self.config.lr_step_to / self.config.lr
+        return warmup * (1.0 if step < milestone else self.config.lr_step_to / self.config.lr)
 
     # ----------------------------------------------------------------- state
     def state(self) -> dict[str, Any]:
@@ -202,7 +221,8 @@ class Trainer:
     def _check_same_run(self, saved_config: str, checkpoint_path: Path) -> None:
         saved = json.loads(saved_config)
         current = json.loads(json.dumps(asdict(self.config), default=str))
-        changed = [key for key in _RESUME_MUST_MATCH if saved.get(key) != current.get(key)]
+        changed = [key for key in _RESUME_MUST_MATCH
+                   if saved.get(key, _RESUME_DEFAULTS.get(key)) != current.get(key)]
         if changed:
             key = changed[0]
             raise CheckpointError(
@@ -253,17 +273,39 @@ class Trainer:
             return self.loss.compute(logits, target, model=self.training_model, images=images)
         return self.loss.compute(logits, target)
 
-    def train_step(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """One optimiser step on ``images (B, K, *patch)`` and ``target (B, *patch)`` int64 (on the device); returns
-        the loss, a 0-d tensor on the device (reading it waits for the step: the loop sums them on the device)."""
+    def _forward_backward(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.step_choice.mode == "cuda_graphs":  # the previous step's graph outputs are no longer read
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.amp):
             logits = self.training_model(images)
             value = self._loss_value(logits.float(), target, images)
         self.optimizer.zero_grad(set_to_none=True)
         value.backward()  # bfloat16 keeps float32's range: no loss scaling (which would read the device)
+        return value.detach()
+
+    def _leave_graphs(self, error: Exception) -> None:
+        """Run the step without CUDA graphs from now on (said once): their capture failed with ``error``."""
+        self.step_choice = StepChoice("compiled" if self.config.compile else "eager")
+        print(f"CUDA graphs off: their capture failed ({type(error).__name__}: {str(error)[:200]}); the step "
+              f"runs {self.step_choice.mode}.", flush=True)
+        self.training_model = _compiled(self.parallel_model, self.step_choice)
+
+    def train_step(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """One optimiser step on ``images (B, K, *patch)`` and ``target (B, *patch)`` int64 (on the device); returns
+        the loss, a 0-d tensor on the device (reading it waits for the step: the loop sums them on the device).
+        With CUDA graphs, an error in the first steps (the capture) repeats the step once without them."""
+        images = images.contiguous(memory_format=self.memory_format)
+        try:
+            value = self._forward_backward(images, target)
+        except Exception as error:  # capture errors have no common type; later ones are the step's own
+            if self.step_choice.mode != "cuda_graphs" or self.graph_steps >= _CAPTURE_STEPS:
+                raise
+            self._leave_graphs(error)
+            value = self._forward_backward(images, target)
+        self.graph_steps += self.step_choice.mode == "cuda_graphs"
         self.optimizer.step()
         self.scheduler.step()
-        return value.detach()
+        return value
 
     def epoch_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The batches of the next epoch (advances the data-order generator)."""
@@ -380,6 +422,8 @@ class Trainer:
             "mirroring": self.config.mirroring,
             "optimizer": "adam",
             "lr": self.config.lr,
+            "warmup_steps": self.config.warmup_steps,
+            "step": self.step_choice.mode,
             "lr_schedule": self.config.lr_schedule,
             "lr_step_to": self.config.lr_step_to,
             "lr_step_epoch": self.config.lr_step_epoch,
