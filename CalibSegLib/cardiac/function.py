@@ -80,7 +80,8 @@ class FunctionResult:
     def to_json(self) -> dict[str, Any]:
         """``function.json``: every index as ``{"value", "interval": [low, high]}`` (null where undefined or
         absent), ``"level"``, and why intervals are absent; for a cine ``"phases"`` and ``"phase_volumes"``
-        (``[{"phase", "trigger_time_ms", "lv_ml", "rv_ml"}]``)."""
+        (``[{"phase", "trigger_time_ms", "lv_ml", "rv_ml"}]``: each phase's segmentation volumes as the rule's
+        estimate reads them, before any recalibration, the volumes ED and ES were chosen by)."""
         payload: dict[str, Any] = {}
         for index in INDICES:
             interval = self.intervals[index]
