@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from CalibSegLib.cardiac.intervals import INDICES, IntervalRule
-from Evaluation.function_intervals import fit_and_measure, patient_volumes, read_collected
+from Evaluation.function_intervals import fit_and_measure, markdown_table, patient_volumes, read_collected
 
 STRUCTURES = ("lv", "rv", "myocardium")
 
@@ -70,3 +70,13 @@ def test_too_few_patients_is_one_sentence():
     rng = np.random.default_rng(1)
     with pytest.raises(ValueError, match="^Only 6 out-of-fold patients are collected; a 90 % rule needs at least 10"):
         fit_and_measure(_records(rng, "oof", 6, 1))
+
+
+def test_the_documented_table_is_the_recorded_one(repo_root):
+    """docs/function.md and docs/results.md show the test table the committed record holds, digit for digit."""
+    record = json.loads((repo_root / "docs" / "records" / "function" / "acdc_ce_dice.json").read_text())
+    table = "\n".join(markdown_table(record))
+    assert table in (repo_root / "docs" / "function.md").read_text()
+    results = (repo_root / "docs" / "results.md").read_text()
+    lines = markdown_table(record)
+    assert all(line in results for line in (lines[0], lines[2], lines[-1]))  # the header, the rule, the min-max
