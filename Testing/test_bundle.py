@@ -108,6 +108,7 @@ def test_bundle_json_records_every_section(good):
         "weights_sha256",
         "ensemble_size",
         "ensemble",
+        "function_intervals",
     } == set(stored)
     assert stored["preprocessing"] == {
         "normalization": "percentile",
