@@ -15,10 +15,14 @@ Data flow per batch of slices along the bundle's slice axis (every step from the
    members side by side through the same windows, averages their probabilities (each at the bundle's temperature)
    and adds the members' disagreement: the mutual information between the prediction and the member, i.e. the
    entropy of the average minus the members' mean entropy (the epistemic part of the entropy), normalised by log C;
+   it can also keep each member's own maps, what that member alone would give (its quality model was fitted on
+   such single networks: :mod:`CalibSegLib.quality.members`);
 5. once the whole volume is labelled, the bundle's post-processing (largest connected
    component of the classes validation chose, :mod:`CalibSegLib.postprocessing`).
 
-Memory is bounded by the batch: the ``(C, z, y, x)`` probability volume exists only when asked for.
+Memory is bounded by the batch: the ``(C, z, y, x)`` probability volume exists only when asked for. An ensemble
+whose quality model reads its members keeps their M maps by default (9 bytes per voxel and member: 25 MB for a
+10 × 256 × 256 cine volume of five members).
 
 A 3D bundle (``spatial_dims`` 3) runs the same steps on the whole volume: it is scaled and resampled to the
 model's ``(z, y, x)`` target spacing, the network runs in 3D windows over it (its logits stay on the model's
@@ -84,7 +88,10 @@ class Prediction:
     (:class:`~CalibSegLib.sliding_window.MirrorAgreement`; NaN for a class no pass draws), None for a bundle
     that does not mirror;
     ``disagreement`` float32 the ensemble members' disagreement (mutual information normalised by log C, in
-    [0, ``entropy``]), None for a single network.
+    [0, ``entropy``]), None for a single network;
+    ``members``: an ensemble's members' own predictions (labels, confidence, entropy, probability sums, mirror
+    agreement, post-processed), each what that member alone under the bundle's settings gives, when kept
+    (:meth:`Predictor.predict_variants`), else None.
     """
 
     labels: np.ndarray
@@ -94,6 +101,7 @@ class Prediction:
     probability_sums: np.ndarray | None = None
     mirror_agreement: np.ndarray | None = None
     disagreement: np.ndarray | None = None
+    members: list["Prediction"] | None = None
 
 
 def member_logits(logits: torch.Tensor, members: int, dim: int = 1) -> tuple[torch.Tensor, ...]:
@@ -222,6 +230,21 @@ class Predictor:
         return ensemble_average((resample_slices(torch.softmax(apply_temperature(member, temperature), dim=1), shape)
                                  for member in member_logits(logits, self.members)), self.members)
 
+    def _kept_members(self, keep_members: bool | None) -> int:
+        """How many members' own predictions to keep: M or 0 (a single network keeps none)."""
+        model = self.metadata.quality
+        keep = model is not None and model.per_member if keep_members is None else keep_members
+        return self.members if keep and self.members > 1 else 0
+
+    def _agreement(self, members: int) -> "MirrorAgreement | _MemberAgreements | None":
+        """The mirrored passes' agreement to count (None without mirroring); per member too when ``members``."""
+        window = self.metadata.sliding_window
+        if not window.mirror_axes:
+            return None
+        if members:
+            return _MemberAgreements(self.num_classes, window.passes, members)
+        return MirrorAgreement(self.num_classes, window.passes)
+
     def predict(
         self,
         image: np.ndarray,
@@ -230,6 +253,7 @@ class Predictor:
         cancel: threading.Event | None = None,
         keep_probabilities: bool = False,
         probability_sink: ProbabilitySink | None = None,
+        keep_members: bool | None = None,
     ) -> Prediction:
         """Segment a ``(z, y, x)`` volume (or ``(K, z, y, x)`` for a bundle of K channels, in the order of its
         ``channel_names``) with voxel ``spacing`` ``(z, y, x)`` in mm; the outputs are ``(z, y, x)``.
@@ -245,6 +269,8 @@ class Predictor:
             probability_sink: called once per batch with the slice range along the slice axis
                 and that batch's ``(C, n, *in-plane)`` float32 probabilities on the input grid,
                 to stream metrics without keeping the probability volume.
+            keep_members: an ensemble's members' own predictions in :attr:`Prediction.members`
+                (None: when the bundle's quality model reads them, ``per_member``).
 
         Raises:
             ValueError: the image is not 3D (or not K channels of 3D for a K-channel bundle), empty, constant,
@@ -252,7 +278,7 @@ class Predictor:
             InferenceCancelled: ``cancel`` was set.
         """
         return self.predict_variants(image, spacing, [self.metadata.temperature], progress, cancel,
-                                     keep_probabilities, [probability_sink])[0]
+                                     keep_probabilities, [probability_sink], keep_members)[0]
 
     def channels_of(self, image: np.ndarray, spacing: Sequence[float], slice_axis: int = 0) -> np.ndarray:
         """``image`` as the bundle's ``(K, z, y, x)`` channels (a view), each checked as a volume of ``spacing`` with
@@ -284,13 +310,16 @@ class Predictor:
         cancel: threading.Event | None = None,
         keep_probabilities: bool = False,
         probability_sinks: Sequence[ProbabilitySink | None] | None = None,
+        keep_members: bool | None = None,
     ) -> list[Prediction]:
         """:meth:`predict` at several ``temperatures`` from one pass of the network (e.g. the bundle's fitted
         temperature and T = 1 for an evaluation): one :class:`Prediction` per temperature, and
-        ``probability_sinks[i]`` (or None) receives variant i's probabilities."""
+        ``probability_sinks[i]`` (or None) receives variant i's probabilities; ``keep_members`` as in
+        :meth:`predict`."""
+        members = self._kept_members(keep_members)
         if self.metadata.spatial_dims == 3:
             return self._volume_variants(image, spacing, temperatures, progress, cancel, keep_probabilities,
-                                         probability_sinks)
+                                         probability_sinks, members)
         preprocessing = self.metadata.preprocessing
         axis = preprocessing.slice_axis
         channels = self.channels_of(image, spacing, axis)
@@ -301,9 +330,8 @@ class Predictor:
         network_grid_shape(in_plane_shape, plane_spacing, preprocessing.target_spacing)
         sinks = _sinks(probability_sinks, temperatures)
         intensities = channel_intensities(channels, preprocessing)
-        predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities)
-        window = self.metadata.sliding_window
-        agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
+        predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities, members)
+        agreement = self._agreement(members)
         # Slice-first views: writing into them fills the outputs in the input's own layout.
         sources = [np.moveaxis(channel, axis, 0) for channel in channels]
         count = sources[0].shape[0]
@@ -315,32 +343,42 @@ class Predictor:
                                for source, intensity in zip(sources, intensities)], axis=1)
             logits = self.slice_logits(slices, plane_spacing, agreement)
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
-                probabilities, disagreement = self.input_grid_probabilities(logits, temperature, in_plane_shape)
-                _write_batch(prediction, axis, batch, probabilities, disagreement, sink)
+                member_probabilities = (
+                    resample_slices(torch.softmax(apply_temperature(member, temperature), dim=1), in_plane_shape)
+                    for member in member_logits(logits, self.members))
+                _write_members(prediction, axis, batch, member_probabilities, self.members, sink)
             if progress is not None and batch.stop < count:
                 progress(batch.stop / count)
         return self._finish(predictions, agreement, progress)
 
-    def _empty_predictions(self, shape: Sequence[int], count: int, keep_probabilities: bool) -> list[Prediction]:
-        """``count`` predictions of a ``shape`` input to be filled batch by batch (:func:`_write_batch`)."""
-        return [
-            Prediction(
+    def _empty_predictions(self, shape: Sequence[int], count: int, keep_probabilities: bool,
+                           members: int = 0) -> list[Prediction]:
+        """``count`` predictions of a ``shape`` input to be filled batch by batch (:func:`_write_members`), each
+        with ``members`` members' own (maps only: a member is one network)."""
+
+        def empty(whole: bool, own: int) -> Prediction:
+            return Prediction(
                 labels=np.empty(shape, np.uint8),
                 confidence=np.empty(shape, np.float32),
                 entropy=np.empty(shape, np.float32),
-                probabilities=np.empty((self.num_classes, *shape), np.float32) if keep_probabilities else None,
+                probabilities=np.empty((self.num_classes, *shape), np.float32) if keep_probabilities and whole
+                else None,
                 probability_sums=np.zeros(self.num_classes),
-                disagreement=np.empty(shape, np.float32) if self.members > 1 else None,
+                disagreement=np.empty(shape, np.float32) if whole and self.members > 1 else None,
+                members=[empty(False, 0) for _ in range(own)] or None,
             )
-            for _ in range(count)
-        ]
 
-    def _finish(self, predictions: list[Prediction], agreement: MirrorAgreement | None,
+        return [empty(True, members) for _ in range(count)]
+
+    def _finish(self, predictions: list[Prediction], agreement: "MirrorAgreement | _MemberAgreements | None",
                 progress: Callable[[float], None] | None) -> list[Prediction]:
-        """Post-process the whole labelled volumes, record the mirror agreement, report 1.0."""
+        """Post-process the whole labelled volumes (each member's too), record the mirror agreement, report 1.0."""
         for prediction in predictions:
             self.metadata.postprocessing.apply(prediction.labels)
             prediction.mirror_agreement = None if agreement is None else agreement.dice()
+            for index, member in enumerate(prediction.members or ()):
+                self.metadata.postprocessing.apply(member.labels)
+                member.mirror_agreement = agreement.member_dice(index) if agreement is not None else None
         if progress is not None:
             progress(1.0)
         return predictions
@@ -354,6 +392,7 @@ class Predictor:
         cancel: threading.Event | None,
         keep_probabilities: bool,
         probability_sinks: Sequence[ProbabilitySink | None] | None,
+        members: int = 0,
     ) -> list[Prediction]:
         """:meth:`predict_variants` of a 3D network: the whole volume on the model's grid through 3D windows, then
         back to the input grid ``batch_size`` slices at a time (progress: 0.5 once the network has run)."""
@@ -365,24 +404,22 @@ class Predictor:
         normalized = normalize_channels(channels, preprocessing)  # (K, z, y, x)
         if cancel is not None and cancel.is_set():
             raise InferenceCancelled("Inference was cancelled before the network ran.")
-        window = self.metadata.sliding_window
-        agreement = MirrorAgreement(self.num_classes, window.passes) if window.mirror_axes else None
+        agreement = self._agreement(members)
         volume = torch.from_numpy(normalized)[None]  # (1, K, z, y, x)
         logits = self.network_logits(resample_volume(volume, grid), agreement)[0]  # (C, z', y', x') model grid
         del volume, normalized
         if progress is not None:
             progress(0.5)
-        predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities)
+        predictions = self._empty_predictions(image.shape, len(temperatures), keep_probabilities, members)
         count = image.shape[0]
         for start in range(0, count, self.batch_size):
             if cancel is not None and cancel.is_set():
                 raise InferenceCancelled(f"Inference was cancelled after {start} of {count} slices.")
             batch = slice(start, min(start + self.batch_size, count))
             for prediction, temperature, sink in zip(predictions, temperatures, sinks):
-                probabilities, disagreement = ensemble_average(
-                    (volume_chunk_probabilities(member, temperature, image.shape, batch)
-                     for member in member_logits(logits, self.members, dim=0)), self.members)
-                _write_batch(prediction, 0, batch, probabilities, disagreement, sink)
+                member_probabilities = (volume_chunk_probabilities(member, temperature, image.shape, batch)
+                                        for member in member_logits(logits, self.members, dim=0))
+                _write_members(prediction, 0, batch, member_probabilities, self.members, sink)
             if progress is not None and batch.stop < count:
                 progress(0.5 + 0.5 * batch.stop / count)
         return self._finish(predictions, agreement, progress)
@@ -416,6 +453,43 @@ def _sinks(probability_sinks: Sequence[ProbabilitySink | None] | None,
     if len(sinks) != len(temperatures):
         raise ValueError(f"Got {len(sinks)} probability sinks for {len(temperatures)} temperatures.")
     return sinks
+
+
+class _MemberAgreements:
+    """The mirrored passes' agreement of an ensemble counted as one (:class:`MirrorAgreement`, every member's
+    voxels alike) and per member, each member's exactly as that member alone would count it."""
+
+    def __init__(self, num_classes: int, passes: int, members: int) -> None:
+        self.num_classes = num_classes
+        self.pooled = MirrorAgreement(num_classes, passes)
+        self.members = [MirrorAgreement(num_classes, passes) for _ in range(members)]
+
+    def add(self, pass_labels: Sequence[torch.Tensor], average_labels: torch.Tensor) -> None:
+        """Count one batch of ``(n, M, *spatial)`` labels (:meth:`MirrorAgreement.add`)."""
+        self.pooled.add(pass_labels, average_labels)
+        for index, member in enumerate(self.members):
+            member.add([labels[:, index:index + 1] for labels in pass_labels], average_labels[:, index:index + 1])
+
+    def dice(self) -> np.ndarray:
+        """The ensemble's ``(C,)`` agreement (:meth:`MirrorAgreement.dice`)."""
+        return self.pooled.dice()
+
+    def member_dice(self, index: int) -> np.ndarray:
+        """Member ``index``'s own ``(C,)`` agreement."""
+        return self.members[index].dice()
+
+
+def _write_members(prediction: Prediction, axis: int, batch: slice, member_probabilities: Iterable[torch.Tensor],
+                   members: int, sink: ProbabilitySink | None) -> None:
+    """Write one batch of the ``members`` networks' ``(n, C, *in-plane)`` probabilities on the input grid, one
+    after the other: their average (:func:`ensemble_average`) into ``prediction`` (and the sink), each member's
+    into its own when kept (only then are all M held at once)."""
+    if prediction.members:
+        member_probabilities = list(member_probabilities)
+        for member, own in zip(prediction.members, member_probabilities, strict=True):
+            _write_batch(member, axis, batch, own, None, None)
+    probabilities, disagreement = ensemble_average(member_probabilities, members)
+    _write_batch(prediction, axis, batch, probabilities, disagreement, sink)
 
 
 def _write_batch(prediction: Prediction, axis: int, batch: slice, probabilities: torch.Tensor,

@@ -18,7 +18,9 @@ from CalibSegLib.evaluation import predict_and_evaluate
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
 from CalibSegLib.predict import main as predict_main
+from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
+from CalibSegLib.quality import MIRROR_AGREEMENT
 from CalibSegLib.sliding_window import MirrorAgreement, SlidingWindow, window_logits
 from fault_checks import assert_one_sentence
 from tiny_bundles import make_test_bundle
@@ -145,3 +147,115 @@ def test_an_ensembles_metrics_score_its_disagreement_as_an_error_detector(tmp_pa
     correct = evaluation.prediction.labels == reference
     assert evaluation.confidence["disagreement_auroc"] == pytest.approx(
         error_detection_auroc(1.0 - evaluation.prediction.disagreement, correct))
+
+
+def _averaged_model(class_names: list[str]):
+    """A quality model that reads every per-member feature the fit averages, mirror agreement included."""
+    from CalibSegLib.quality import UNCERTAINTY_FEATURES, QualityModel, StructureQuality
+    from CalibSegLib.quality.model import AVERAGED, AVERAGED_FEATURES, FEATURES
+
+    terms = [{"feature": name, "intercept": 0.5, "slope": 0.3 * FEATURES[name]}
+             for name in (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT)]
+    return QualityModel({name: StructureQuality(AVERAGED_FEATURES, AVERAGED, {"terms": terms}, (-0.1, 0.1), 0.05, 0.1,
+                                                20) for name in class_names[1:]},
+                        validation={"fold_networks": 3, "applied_to": "members"})
+
+
+def _quality_ensemble(tmp_path, **overrides):
+    """Three tiny members, mirrored and post-processed like the shipped ensembles, with a quality model."""
+    members = _members(tmp_path, 3, sliding_window=SlidingWindow(patch_size=(64, 64), mirror_axes=(0, 1)),
+                       postprocessing=Postprocessing(largest_component=(1, 2)), **overrides)
+    ensemble = _ensemble(tmp_path, members, temperature=1.3)
+    metadata = dataclasses.replace(ensemble.metadata, quality_model=_averaged_model(ensemble.metadata.class_names)
+                                   .to_dict())
+    return load_bundle(save_bundle(tmp_path / "quality.calibseg", ensemble.state_dict, metadata))
+
+
+def _fold_case(seed: int, shape=(4, 56, 48)):
+    from Datasets.cases import Case
+
+    image = np.random.default_rng(seed).normal(100, 20, shape).astype(np.float32)
+    label = (np.indices(shape)[1] // 14 % 4).astype(np.uint8)
+    return Case("case0", "patient0", image, label, SPACING)
+
+
+@pytest.mark.parametrize("three_d", [False, True])
+def test_each_kept_member_is_what_that_member_alone_gives_under_the_ensembles_settings(tmp_path, three_d):
+    from Training.ensemble import member_metadata
+
+    overrides = {}
+    if three_d:
+        overrides = {"num_classes": 3, "patch_size": (8, 32, 32), "spatial_dims": 3,
+                     "preprocessing": Preprocessing(target_spacing=(4.0, 1.5, 1.5))}
+    members = _members(tmp_path, 2, sliding_window=SlidingWindow(patch_size=overrides.get("patch_size", (64, 64)),
+                                                                 mirror_axes=(0, 1)), **overrides)
+    ensemble = _ensemble(tmp_path, members, temperature=1.3)
+    image = _fold_case(5, (9, 30, 27) if three_d else (4, 56, 48)).image
+    prediction = Predictor(ensemble, device="cpu", batch_size=4).predict(image, SPACING, keep_members=True)
+    assert len(prediction.members) == 2
+    settings = member_metadata(ensemble.metadata)
+    for member, network in zip(prediction.members, ensemble.build_model().members):
+        alone = Predictor.from_network(network, settings, device="cpu", batch_size=4).predict(image, SPACING)
+        np.testing.assert_array_equal(member.labels, alone.labels)
+        np.testing.assert_allclose(member.confidence, alone.confidence, atol=1e-6)
+        np.testing.assert_allclose(member.entropy, alone.entropy, atol=1e-6)
+        np.testing.assert_allclose(member.probability_sums, alone.probability_sums, rtol=1e-6)
+        np.testing.assert_allclose(member.mirror_agreement, alone.mirror_agreement)
+    # The members differ, so the ensemble's own maps are not any one member's.
+    assert not np.allclose(prediction.confidence, prediction.members[0].confidence)
+
+
+def test_a_members_quality_features_at_inference_are_those_the_out_of_fold_fit_computed(tmp_path):
+    from CalibSegLib.quality import observe_cases, quality_summary, structure_features
+    from CalibSegLib.quality.members import member_predicted_dice
+    from Training.ensemble import member_metadata
+
+    ensemble = _quality_ensemble(tmp_path)
+    case = _fold_case(6)
+    prediction = Predictor(ensemble, device="cpu").predict(case.image, SPACING)  # a quality model: members kept
+    model = ensemble.metadata.quality
+    at_inference = [structure_features(member, 4, model.low_confidence_threshold, model.boundary_ring, SPACING)
+                    for member in prediction.members]
+    # What Training.ensemble.out_of_fold_quality fitted on: each fold network alone under member_metadata.
+    settings = member_metadata(ensemble.metadata)
+    fitted = [observe_cases(Predictor.from_network(network, settings, device="cpu"), [case])[0].features
+              for network in ensemble.build_model().members]
+    assert any(MIRROR_AGREEMENT in values for features in fitted for values in features if values)
+    for inference_features, fit_features in zip(at_inference, fitted):
+        assert [values is None for values in inference_features] == [values is None for values in fit_features]
+        for ours, theirs in zip(inference_features, fit_features):
+            if theirs is not None:
+                assert ours.keys() == theirs.keys()
+                np.testing.assert_allclose([ours[key] for key in theirs], list(theirs.values()), rtol=1e-6)
+    # The summary's predicted Dice is the mean of the members' predictions from those features.
+    expected = np.nan_to_num(member_predicted_dice(model, fitted, ensemble.metadata.class_names)).mean(axis=0)
+    summary = quality_summary(prediction, SPACING, ensemble.metadata)
+    shown = [entry["predicted_dice"] for entry in summary["structures"].values()]
+    present = [entry["volume_ml"] > 0 for entry in summary["structures"].values()]
+    np.testing.assert_allclose([value for value, kept in zip(shown, present) if kept],
+                               [value for value, kept in zip(expected, present) if kept], rtol=1e-6)
+    # ... and not what the model says of the average's smoother features.
+    own = model.structures["class 1"].predict(structure_features(prediction, 4, spacing=SPACING)[0])
+    assert shown[0] != pytest.approx(own, abs=1e-6)
+
+
+def test_an_ensemble_prediction_without_its_members_gets_no_guessed_dice(tmp_path):
+    from CalibSegLib.quality import quality_summary, structure_features
+
+    ensemble = _quality_ensemble(tmp_path)
+    image = _fold_case(7).image
+    prediction = Predictor(ensemble, device="cpu").predict(image, SPACING, keep_members=False)
+    assert prediction.members is None
+    with pytest.raises(ValueError) as caught:
+        quality_summary(prediction, SPACING, ensemble.metadata)
+    assert_one_sentence(str(caught.value), "each member's own prediction")
+    # A model fitted on the ensemble's own predictions (its validation patients) reads the average, not the members.
+    own_model = dataclasses.replace(ensemble.metadata.quality, validation={"cases": 2})
+    own = dataclasses.replace(ensemble.metadata, quality_model=own_model.to_dict())
+    for metadata in (own, dataclasses.replace(ensemble.metadata, quality_model=None)):
+        plain = Predictor(dataclasses.replace(ensemble, metadata=metadata), device="cpu").predict(image, SPACING)
+        assert plain.members is None  # nothing reads them: no memory spent
+    averaged = Predictor(dataclasses.replace(ensemble, metadata=own), device="cpu").predict(image, SPACING)
+    summary = quality_summary(averaged, SPACING, own)
+    expected = own_model.structures["class 1"].predict(structure_features(averaged, 4, spacing=SPACING)[0])
+    assert summary["structures"]["class 1"]["predicted_dice"] == pytest.approx(expected)

@@ -19,9 +19,23 @@ def test_trade_off_counts_flags_among_poor_and_good_structures_by_hand():
     assert (at_085["poor_flagged"], at_085["good_flagged"]) == (3, 1)  # 0.84 caught; the good 0.83 flagged too
     assert (at_087["poor_flagged"], at_087["recall"], at_087["false_flag_share"]) == (4, 1.0, pytest.approx(1 / 3))
     assert at_087["flagged_share"] == pytest.approx(5 / 8)
-    # the rule: the smallest threshold reaching 85 % of the poor ones (4 of 4 from 0.87 on; 3 of 4 is 75 %)
-    assert choose_review_threshold(trade_off(predicted, measured))["review_below"] == 0.87
+    # the rule: the smallest threshold reaching 90 % of the poor ones (4 of 4 from 0.87 on; 3 of 4 is 75 %), and
+    # whether its false flags stay within 5 % (1 of 3 good ones flagged: they do not)
+    chosen = choose_review_threshold(trade_off(predicted, measured))
+    assert (chosen["review_below"], chosen["meets_false_flags"]) == (0.87, False)
     assert choose_review_threshold(trade_off(predicted, measured), target_recall=0.75)["review_below"] == 0.85
+
+
+def test_the_rule_says_when_its_false_flags_meet_the_target():
+    # 10 poor structures predicted low, 40 good ones predicted high, 2 of them at 0.86 (flagged from 0.87 on)
+    predicted = np.array([0.70] * 10 + [0.86] * 2 + [0.97] * 38)
+    measured = np.array([0.60] * 10 + [0.95] * 40)
+    chosen = choose_review_threshold(trade_off(predicted, measured))
+    assert (chosen["review_below"], chosen["recall"], chosen["false_flag_share"]) == (0.80, 1.0, 0.0)
+    assert chosen["meets_false_flags"]
+    rows = trade_off(predicted, measured)
+    assert [row["false_flag_share"] for row in rows if row["review_below"] == 0.87] == [pytest.approx(2 / 40)]
+    assert choose_review_threshold(rows[7:])["meets_false_flags"]  # 2 of 40 = 5 %: within the target
 
 
 def test_the_rule_takes_the_largest_threshold_when_none_reaches_the_target():

@@ -20,7 +20,9 @@ network that did not train on it, with the rules the trainer uses on one validat
 - the largest component per class where it raises that class's out-of-fold Dice;
 - the quality model (predicted Dice) fitted on every fold network's out-of-fold predictions under those settings,
   and its review threshold chosen on them by the review rule (:mod:`CalibSegLib.quality.review_rule`) from
-  held-out predictions (a patient's own volumes never in the fit that predicts them).
+  held-out predictions (a patient's own volumes never in the fit that predicts them). It is applied as it was
+  fitted: to each member's own prediction, the members' predicted Dice averaged (:mod:`CalibSegLib.quality.members`),
+  not to the smoother average of the five;
 - the input check's statistics through the first member (:func:`judging_patients`): the patients it trained on,
   and its feature-distance threshold from the fold it never saw.
 
@@ -51,6 +53,7 @@ from CalibSegLib.networks import MemberNetworks
 from CalibSegLib.io import check_output_file, os_error_sentence, recorded_path, write_json_atomic
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, fit_from_observations,
                                  held_out_predictions, observe_cases, structure_key)
+from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_threshold,
                                              flagged, trade_off)
 from Datasets.cases import Case, DataError, to_model_grid
@@ -222,7 +225,8 @@ def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, devi
               "table": table, "held_out": _flag_record(predicted, measured, patients, review_below),
               "held_out_mae": error}
     model = fit_from_observations(observations, class_names, review_below=review_below,
-                                  validation={"fold_networks": len(folds), "fold_patients": len(set(patients))})
+                                  validation={"fold_networks": len(folds), "fold_patients": len(set(patients)),
+                                              APPLIED_TO: MEMBERS})
     return model, record
 
 

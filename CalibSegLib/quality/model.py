@@ -18,7 +18,7 @@ from CalibSegLib.uncertainty_levels import LOW_CONFIDENCE_THRESHOLD
 
 __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", "INTERVAL_COVERAGE", "BOUNDARY_RING",
            "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "MEAN_DISAGREEMENT",
-           "OPTIONAL_FEATURES", "FORMS", "AVERAGED",
+           "OPTIONAL_FEATURES", "FORMS", "AVERAGED", "APPLIED_TO", "MEMBERS",
            "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "structure_key", "StructureQuality",
            "QualityModel", "evaluate_form"]
 
@@ -54,6 +54,10 @@ FORMS: tuple[str, ...] = ("linear", "isotonic")
 # The form that chooses no feature: one linear fit per feature (each held to its direction), their mean.
 AVERAGED = "linear_mean"
 AVERAGED_FEATURES = "features, averaged"  # what an averaged structure's ``feature`` says
+# The key of a model's ``validation`` record that says what it predicts from, and its value for an ensemble's model
+# fitted on its single fold networks' predictions: applied to each member's own (CalibSegLib.quality.members).
+APPLIED_TO = "applied_to"
+MEMBERS = "members"
 # The largest intercept or slope a stored linear fit may have: larger ones only come from a feature that barely varies.
 PARAMETER_BOUND = 1e6
 
@@ -135,7 +139,8 @@ class QualityModel:
     ``review_below``: a predicted Dice below it flags the structure. ``interval_coverage``: the
     nominal coverage of the intervals. ``low_confidence_threshold`` and ``boundary_ring``: the
     feature settings it was fitted with (applied again at prediction). ``validation``: what it
-    was fitted on (cases, patients, scheme), for the record.
+    was fitted on (cases, patients, scheme), for the record; its :data:`APPLIED_TO` is :data:`MEMBERS` for an
+    ensemble's model fitted on single networks (:attr:`per_member`).
     """
 
     structures: dict[str, StructureQuality]
@@ -144,6 +149,11 @@ class QualityModel:
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD
     boundary_ring: int = BOUNDARY_RING
     validation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def per_member(self) -> bool:
+        """Whether an ensemble applies it to each member's own prediction (it was fitted on single networks')."""
+        return self.validation.get(APPLIED_TO) == MEMBERS
 
     @property
     def inputs(self) -> tuple[str, ...]:

@@ -6,7 +6,9 @@ patients, each structure's predicted Dice from a quality model fitted without th
 (:func:`CalibSegLib.quality.held_out_predictions`). For every threshold of :data:`THRESHOLDS`,
 :func:`trade_off` counts the poor structures (measured Dice below :data:`POOR_BELOW`) and the good ones (above
 :data:`GOOD_ABOVE`) it flags; :func:`choose_review_threshold` takes the smallest threshold that flags
-:data:`TARGET_RECALL` of the poor ones (the largest when none does): the fewest false flags at that recall.
+:data:`TARGET_RECALL` of the poor ones (the largest when none does): the fewest false flags at that recall. Its row
+says whether the false flags then stay within :data:`TARGET_FALSE_FLAGS`; where they do not, the two targets conflict
+on these patients and recall wins: a missed poor structure costs a patient, a false flag a reader's minute.
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ import numpy as np
 
 from CalibSegLib.quality.model import REVIEW_BELOW
 
-__all__ = ["POOR_BELOW", "GOOD_ABOVE", "THRESHOLDS", "TARGET_RECALL", "flagged", "trade_off",
+__all__ = ["POOR_BELOW", "GOOD_ABOVE", "THRESHOLDS", "TARGET_RECALL", "TARGET_FALSE_FLAGS", "flagged", "trade_off",
            "choose_review_threshold"]
 
 # A structure below this measured Dice needs a person's look, whatever threshold a model's flag uses.
 POOR_BELOW = REVIEW_BELOW
 GOOD_ABOVE = 0.90  # a structure above this needs none: flagging it is a false alarm
 THRESHOLDS: tuple[float, ...] = tuple(round(0.80 + 0.01 * step, 2) for step in range(16))  # 0.80 ... 0.95
-TARGET_RECALL = 0.85  # of the poor structures, flagged
+TARGET_RECALL = 0.90  # of the poor structures, flagged (issue 63's target)
+TARGET_FALSE_FLAGS = 0.05  # of the good structures, flagged at most (issue 63's target)
 
 
 def flagged(predicted: np.ndarray, review_below: float) -> np.ndarray:
@@ -51,5 +54,6 @@ def trade_off(predicted: np.ndarray, measured: np.ndarray) -> list[dict[str, Any
 
 def choose_review_threshold(rows: Sequence[dict[str, Any]], target_recall: float = TARGET_RECALL) -> dict[str, Any]:
     """The rule's row of :func:`trade_off`: the smallest threshold whose recall reaches ``target_recall``, else the
-    largest."""
-    return next((row for row in rows if row["recall"] >= target_recall), rows[-1])
+    largest; with ``meets_false_flags``, whether its false-flag share is within :data:`TARGET_FALSE_FLAGS`."""
+    chosen = next((row for row in rows if row["recall"] >= target_recall), rows[-1])
+    return {**chosen, "meets_false_flags": chosen["false_flag_share"] <= TARGET_FALSE_FLAGS}

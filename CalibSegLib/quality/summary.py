@@ -38,6 +38,9 @@ Definitions (every number a reader sees is one of these):
   uncertainty Σ entropy over voxels with entropy ≥ :data:`HOT_SPOT_LEVEL`, most first;
   slices without a hot spot are left out, at most :data:`MAX_UNCERTAIN_SLICES`. The level is
   the one the Slicer hot-spot overlay shows, so the list points where the overlay lights up.
+- ``predicted_dice``: the quality model's Dice from the features above; where an ensemble's model was fitted on
+  single networks (``per_member``), the mean of its members' predicted Dice, each from that member's own prediction,
+  as the model was fitted (:mod:`CalibSegLib.quality.members`).
 - ``review``: the structure is absent from the prediction, or its predicted Dice is below the
   model's ``review_below`` (:data:`REVIEW_BELOW`). Without a quality model the predicted Dice
   and the review flag of a present structure are null — never guessed.
@@ -51,8 +54,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, uncertain_slices
+from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, REVIEW_BELOW,
-                                       StructureQuality, structure_key)
+                                       QualityModel, StructureQuality, structure_key)
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
@@ -65,8 +69,34 @@ _SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")
 
 
 
+def _missing_inputs(model: QualityModel, features: Sequence[dict[str, float] | None]) -> None:
+    """Refuse ``features`` (one volume's, C - 1 entries) that lack some input of ``model``."""
+    missing = [name for name in model.inputs if any(values is not None and name not in values
+                                                     for values in features)]
+    if missing:
+        raise ValueError(f"The quality model predicts Dice from {', '.join(missing)}, which this prediction cannot "
+                         f"give (it carries no class probability sums, or no mirrored passes); predict it with the "
+                         f"bundle's own CalibSegLib.inference.Predictor.")
+
+
+def _members_dice(prediction: "Prediction", metadata: "BundleMetadata", model: QualityModel,
+                  spacing: Sequence[float]) -> np.ndarray:
+    """An ensemble's ``(C - 1,)`` predicted Dice: the mean over its members' own predictions
+    (:mod:`CalibSegLib.quality.members`)."""
+    if prediction.members is None:
+        raise ValueError("An ensemble's quality model predicts Dice from each member's own prediction, which this "
+                         "prediction does not carry; predict it with the bundle's own "
+                         "CalibSegLib.inference.Predictor (keep_members left on).")
+    member_features = [structure_features(member, metadata.num_classes, model.low_confidence_threshold,
+                                          model.boundary_ring, spacing) for member in prediction.members]
+    for features in member_features:
+        _missing_inputs(model, features)
+    return combined_predicted_dice(member_predicted_dice(model, member_features, metadata.class_names))
+
+
 def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
-                       model: StructureQuality | None, review_below: float) -> dict[str, Any]:
+                       model: StructureQuality | None, review_below: float,
+                       members_dice: float | None = None) -> dict[str, Any]:
     if features is None:  # predicted nowhere: nothing to average, and a reader must look
         return {"volume_ml": 0.0, "mean_confidence": None, "mean_entropy": None, "low_confidence_fraction": None,
                 "predicted_dice": None, "predicted_dice_interval": None, "review": True}
@@ -75,12 +105,7 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
                                   if key in features}}
     if model is None:
         return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
-    missing = [feature for feature in model.inputs if feature not in features]
-    if missing:
-        raise ValueError(f"The quality model predicts Dice from {', '.join(missing)}, which this prediction cannot "
-                         f"give (it carries no class probability sums, or no mirrored passes); predict it with the "
-                         f"bundle's own CalibSegLib.inference.Predictor.")
-    dice = model.predict(features)
+    dice = model.predict(features) if members_dice is None else members_dice
     return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
             "review": dice < review_below}
 
@@ -116,9 +141,14 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
     features = structure_features(prediction, metadata.num_classes, threshold, ring, spacing)
     voxel_mm3 = float(np.prod([float(value) for value in spacing]))
     review_below = model.review_below if model else REVIEW_BELOW
+    members_dice: list[float | None] = [None] * len(features)
+    if model is not None and model.per_member and metadata.ensemble_size > 1:
+        members_dice = [float(value) for value in _members_dice(prediction, metadata, model, spacing)]
+    elif model is not None:
+        _missing_inputs(model, features)
     structures = {
-        name: _structure_summary(values, voxel_mm3, model.structures[name] if model else None, review_below)
-        for name, values in zip(metadata.class_names[1:], features)
+        name: _structure_summary(values, voxel_mm3, model.structures[name] if model else None, review_below, dice)
+        for name, values, dice in zip(metadata.class_names[1:], features, members_dice)
     }
     if model is None:
         described = None

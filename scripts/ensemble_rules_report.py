@@ -1,0 +1,259 @@
+"""An ensemble's quality model and review rule, judged out of fold and on the test patients, from the per-volume
+records of :mod:`scripts.ensemble_quality_pass`.
+
+    python -m scripts.ensemble_rules_report acdc_ce_dice --records /tmp/pass --out docs/records/quality/X.json
+
+- **Out of fold** (the quality model's own fit data): each of the 130 volumes predicted by the member that never
+  trained on it; its predicted Dice from a fit without its patient (:func:`CalibSegLib.quality.held_out_predictions`,
+  the fit ``calibseg-ensemble`` made). The refit of all of them is compared with the shipped model's parameters, so
+  the records are shown to be what the fit saw.
+- **Test patients**: the shipped model applied as fitted, to each member's own prediction, the mean of the members'
+  predicted Dice (:mod:`CalibSegLib.quality.members`), against the ensemble's measured Dice; beside it, today's
+  numbers (the model applied to the average's features), from the shipped metrics file.
+- **The review rule** (:func:`CalibSegLib.quality.review_rule.choose_review_threshold`) on the out-of-fold
+  predictions, and the chosen threshold on the test patients, recall and false flags with patient-bootstrap
+  intervals (:mod:`Evaluation.bootstrap`).
+- **The input check from every member**: each member's feature Gaussian from the volumes of the patients it trained
+  on (:func:`CalibSegLib.feature_statistics.fit_feature_statistics`), its distances of the volumes it never saw; the
+  threshold per member (its 26) or pooled (all 130), and the members' verdicts on the test volumes combined by
+  majority, any or all; beside today's (the first member's Gaussian and its fold's threshold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from CalibSegLib.bundle import BundleError, load_bundle
+from CalibSegLib.feature_statistics import conformal_threshold, fit_feature_statistics
+from CalibSegLib.io import write_json_atomic
+from CalibSegLib.pretrained import resolve_bundle_path
+from CalibSegLib.quality import Observation, fit_from_observations, held_out_predictions, structure_key
+from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
+from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_FALSE_FLAGS, TARGET_RECALL,
+                                             choose_review_threshold, flagged, trade_off)
+from Evaluation.bootstrap import mean_interval, ratio_interval, spearman_interval
+
+__all__ = ["agreement", "flag_counts", "report", "markdown", "main"]
+
+
+def _input_check(metadata: Any, folder: Path, metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """The input check from every member (module docstring) on the encoder vectors under ``folder``."""
+    vectors = {item["case"]: item for item in map(json.loads, map(Path.read_text, sorted(folder.glob("*.json"))))}
+    tested = set(metadata.data["test"])
+    members = metadata.ensemble["members"]
+    held_out: list[tuple[str, int, float]] = []
+    statistics = []
+    for index, member in enumerate(members):
+        unseen = set(member["validation"])
+        training = [item["encoder_vectors"][index] for item in vectors.values()
+                    if item["patient"] not in unseen and item["patient"] not in tested]
+        validation = [(case, item["encoder_vectors"][index]) for case, item in vectors.items()
+                      if item["patient"] in unseen]
+        gaussian = fit_feature_statistics(f"member {index}", [np.array([vector]) for vector in training],
+                                          [np.array([vector]) for _, vector in validation])
+        statistics.append(gaussian)
+        held_out += [(case, index, gaussian.distance(np.array([vector]))) for case, vector in validation]
+    pooled, within = conformal_threshold([distance for _, _, distance in held_out])
+    own = [gaussian.threshold for gaussian in statistics]
+    test_cases = sorted(case for case, item in vectors.items() if item["patient"] in tested)
+    distances = np.array([[gaussian.distance(np.array([vectors[case]["encoder_vectors"][index]]))
+                           for index, gaussian in enumerate(statistics)] for case in test_cases])
+    result: dict[str, Any] = {
+        "out_of_fold_volumes": len(held_out),
+        "training_volumes": [gaussian.training_volumes for gaussian in statistics],
+        "own_thresholds": own, "pooled_threshold": pooled, "pooled_within": within,
+        "held_out_distances": [{"case": case, "member": index, "distance": distance}
+                               for case, index, distance in held_out],
+        "test_volumes": len(test_cases),
+        "test_distances": {case: row.tolist() for case, row in zip(test_cases, distances)}}
+    for name, thresholds in (("pooled", np.full(len(members), pooled)), ("own", np.array(own))):
+        above = distances > thresholds[None, :]
+        result[f"test_unsuitable_{name}"] = {"majority": int((above.sum(axis=1) * 2 > len(members)).sum()),
+                                             "any": int(above.any(axis=1).sum()), "all": int(above.all(axis=1).sum()),
+                                             "per_member": above.sum(axis=0).tolist()}
+    if metrics is not None:
+        recorded = metrics["per_case"]["scaled"]
+        today = metadata.input_statistics["features"]["threshold"]
+        result["today"] = {"threshold": today, "unsuitable": sum(recorded[case]["feature_distance"] > today
+                                                                 for case in test_cases),
+                           "first_member_distances": {case: recorded[case]["feature_distance"] for case in test_cases}}
+    return result
+
+
+def _records(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.member*.json"))]
+
+
+def agreement(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray) -> dict[str, Any]:
+    """Bias (mean predicted − measured), MAE and Spearman ρ of ``(volumes,)`` predicted and measured Dice (NaN
+    predicted: the structure drawn nowhere, left out), each with a patient-bootstrap 95 % interval."""
+    kept = ~np.isnan(predicted)
+    predicted, measured, patients = predicted[kept], measured[kept], patients[kept]
+    bias, mae = mean_interval(predicted - measured, patients), mean_interval(np.abs(predicted - measured), patients)
+    return {"volumes": int(kept.sum()), "bias": list(bias), "mae": list(mae),
+            "spearman": [float(spearmanr(predicted, measured).statistic),
+                         *spearman_interval(predicted, measured, patients)]}
+
+
+def flag_counts(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray, review_below: np.ndarray
+                ) -> dict[str, Any]:
+    """Recall of poor structures and false flags among good ones over ``(volumes, structures)`` arrays at
+    ``review_below`` (one per structure), with patient-bootstrap intervals."""
+    marked = flagged(predicted, review_below[None, :])
+    poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
+    rows = np.repeat(patients, measured.shape[1])
+    return {"poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
+            "recall": list(ratio_interval((marked & poor).ravel(), poor.ravel(), rows)),
+            "good": int(good.sum()), "good_flagged": int((marked & good).sum()),
+            "false_flag_share": list(ratio_interval((marked & good).ravel(), good.ravel(), rows))}
+
+
+def _by_structure(names: Sequence[str], predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray
+                  ) -> dict[str, Any]:
+    return {structure_key(name): agreement(predicted[:, index], measured[:, index], patients)
+            for index, name in enumerate(names)}
+
+
+def report(bundle_name: str, records: Path, metrics: Path | None = None) -> dict[str, Any]:
+    """Every number of the module docstring, as JSON."""
+    metadata = load_bundle(resolve_bundle_path(bundle_name)).metadata
+    model, names = metadata.quality, list(metadata.class_names[1:])
+    out_of_fold = _records(records / "out_of_fold")
+    observations = [Observation(item["patient"], item["features"], np.array(item["dice"])) for item in out_of_fold]
+    held_out = held_out_predictions(observations, metadata.class_names)
+    measured = np.array([item.dice for item in observations])
+    patients = np.array([item.patient for item in observations])
+    refit = fit_from_observations(observations, metadata.class_names)
+    # The shipped model was fitted on these volumes: refitted on the records, it must predict what it predicts.
+    refit_difference = max(abs(refit.structures[name].predict(values) - model.structures[name].predict(values))
+                           for item in observations for name, values in zip(names, item.features)
+                           if values is not None)
+    rows = trade_off(held_out, measured)
+    pooled = choose_review_threshold(rows)
+    per_structure = {structure_key(name): choose_review_threshold(trade_off(held_out[:, [index]],
+                                                                            measured[:, [index]]))
+                     for index, name in enumerate(names)}
+    result: dict[str, Any] = {
+        "bundle": bundle_name, "command": f"python -m scripts.ensemble_rules_report {bundle_name}",
+        "out_of_fold": {"volumes": len(observations), "patients": len(set(patients)),
+                        "refit_largest_predicted_dice_difference": refit_difference,
+                        "held_out": _by_structure(names, held_out, measured, patients),
+                        "review_rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE,
+                                        "target_recall": TARGET_RECALL, "target_false_flags": TARGET_FALSE_FLAGS,
+                                        "table": rows, "pooled": pooled, "per_structure": per_structure},
+                        "flags_at_shipped": flag_counts(held_out, measured, patients,
+                                                        np.full(len(names), model.review_below)),
+                        "flags_at_pooled": flag_counts(held_out, measured, patients,
+                                                       np.full(len(names), pooled["review_below"])),
+                        "flags_at_per_structure": flag_counts(held_out, measured, patients, np.array(
+                            [per_structure[structure_key(name)]["review_below"] for name in names]))}}
+    shipped = None if metrics is None else json.loads(metrics.read_text())
+    if (records / "encoders").is_dir():
+        result["input_check"] = _input_check(metadata, records / "encoders", shipped)
+    tested = _records(records / "test")
+    if shipped is None or not tested:
+        return result
+    per_case = shipped["per_case"]["scaled"]
+    cases = sorted({item["case"] for item in tested})
+    complete = [case for case in cases
+                if sum(item["case"] == case for item in tested) == metadata.ensemble_size]
+    by_case = {case: sorted((item for item in tested if item["case"] == case), key=lambda item: item["member"])
+               for case in complete}
+    members_mean = np.array([combined_predicted_dice(member_predicted_dice(
+        model, [item["features"] for item in by_case[case]], metadata.class_names)) for case in complete])
+    ensemble_dice = np.array([[per_case[case][f"dice_{structure_key(name)}"] for name in names] for case in complete])
+    today = np.array([[per_case[case][f"predicted_dice_{structure_key(name)}"] for name in names]
+                      for case in complete])
+    test_patients = np.array([shipped["case_patients"][case] for case in complete])
+    member_rows = [item for case in complete for item in by_case[case]]
+    member_predicted = np.array([member_predicted_dice(model, [item["features"]], metadata.class_names)[0]
+                                 for item in member_rows])
+    member_measured = np.array([item["dice"] for item in member_rows])
+    member_patients = np.array([item["patient"] for item in member_rows])
+    result["test"] = {
+        "volumes": len(complete), "patients": len(set(test_patients)),
+        "members_mean": _by_structure(names, members_mean, ensemble_dice, test_patients),
+        "today_average_features": _by_structure(names, today, ensemble_dice, test_patients),
+        "each_member_own_dice": _by_structure(names, member_predicted, member_measured, member_patients),
+        "ensemble_minus_members_mean_dice": {
+            structure_key(name): list(mean_interval(ensemble_dice[:, index] - np.mean(
+                [[item["dice"][index] for item in by_case[case]] for case in complete], axis=1), test_patients))
+            for index, name in enumerate(names)},
+        "flags_members_mean_at_shipped": flag_counts(members_mean, ensemble_dice, test_patients,
+                                                     np.full(len(names), model.review_below)),
+        "flags_today_at_shipped": flag_counts(today, ensemble_dice, test_patients,
+                                              np.full(len(names), model.review_below)),
+        "flags_members_mean_at_pooled": flag_counts(members_mean, ensemble_dice, test_patients,
+                                                    np.full(len(names), pooled["review_below"])),
+        "flags_members_mean_at_per_structure": flag_counts(members_mean, ensemble_dice, test_patients, np.array(
+            [per_structure[structure_key(name)]["review_below"] for name in names]))}
+    return result
+
+
+def _triple(values: Sequence[float], digits: int = 3) -> str:
+    value, low, high = values
+    return f"{value:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
+
+
+def _flags(counts: dict[str, Any]) -> str:
+    recall, false_flags = counts["recall"], counts["false_flag_share"]
+    return (f"{counts['poor_flagged']} / {counts['poor']} ({recall[0]:.0%} [{recall[1]:.0%}, {recall[2]:.0%}]) | "
+            f"{counts['good_flagged']} / {counts['good']} ({false_flags[0]:.0%} [{false_flags[1]:.0%}, "
+            f"{false_flags[2]:.0%}])")
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """The report's tables as docs/results.md shows them."""
+    lines = ["| Where | Predicted from | Structure | bias | MAE | Spearman ρ |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    sources = [("out of fold", "the unseen member (held out)", result["out_of_fold"]["held_out"])]
+    if "test" in result:
+        sources += [("test", "the average's features (until now)", result["test"]["today_average_features"]),
+                    ("test", "each member's own, mean", result["test"]["members_mean"])]
+    for where, source, table in sources:
+        for structure, entry in table.items():
+            lines.append(f"| {where} | {source} | {structure.replace('_', ' ')} | {_triple(entry['bias'])} | "
+                         f"{_triple(entry['mae'])[1:]} | {_triple(entry['spearman'], 2)} |")
+    lines += ["", "| Where | Flag | poor flagged / poor | good flagged / good |", "| --- | --- | --- | --- |"]
+    out_of_fold = result["out_of_fold"]
+    pooled = out_of_fold["review_rule"]["pooled"]["review_below"]
+    lines.append(f"| out of fold | below {pooled:.2f} (the rule, pooled) | {_flags(out_of_fold['flags_at_pooled'])} |")
+    lines.append(f"| out of fold | per structure | {_flags(out_of_fold['flags_at_per_structure'])} |")
+    if "test" in result:
+        test = result["test"]
+        lines.append(f"| test | average's features, shipped threshold | {_flags(test['flags_today_at_shipped'])} |")
+        lines.append(f"| test | members' mean, shipped threshold | {_flags(test['flags_members_mean_at_shipped'])} |")
+        lines.append(f"| test | members' mean, below {pooled:.2f} | {_flags(test['flags_members_mean_at_pooled'])} |")
+        lines.append(f"| test | members' mean, per structure | {_flags(test['flags_members_mean_at_per_structure'])} |")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Writes the report (atomically) and prints it; returns 0. Bad input exits with one sentence."""
+    parser = argparse.ArgumentParser(prog="python -m scripts.ensemble_rules_report",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle", help="a shipped ensemble's name or a .calibseg path")
+    parser.add_argument("--records", type=Path, required=True, help="the pass's folder (out_of_fold/, test/)")
+    parser.add_argument("--metrics", type=Path, default=None, help="the shipped metrics file (today's numbers)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--markdown", action="store_true", help="print the tables instead of the JSON")
+    arguments = parser.parse_args(argv)
+    try:
+        result = report(arguments.bundle, arguments.records, arguments.metrics)
+    except (BundleError, OSError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    text = json.dumps(result, indent=1, default=float)
+    if arguments.out is not None:
+        write_json_atomic(arguments.out, result)
+    print("\n".join(markdown(result)) if arguments.markdown else text)
+    return 0
+
+
+if __name__ == "__main__":
+    main()
