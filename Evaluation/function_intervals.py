@@ -1,7 +1,12 @@
 """Fit the interval rule of cardiac function on out-of-fold predictions, and measure it on the test patients.
 
-    python -m Evaluation.function_intervals --bundle acdc_ce_dice --cache runs/function \
-        --record docs/records/function/acdc_ce_dice.json --write-bundle
+    nice -n 5 python -m Evaluation.function_intervals --bundle acdc_ce_dice --cache runs/function/acdc_ce_dice
+    flock /tmp/pretrained.lock python -m Evaluation.function_intervals --bundle acdc_ce_dice \
+        --cache runs/function/acdc_ce_dice --no-collect --record docs/records/function/acdc_ce_dice.json \
+        --write-bundle
+
+The first predicts (resumable), the second fits, measures, writes the record and stores the rule in the bundle
+(``function_intervals``); one command with ``--record`` does both.
 
 1. **Collect** (resumable: one small JSON per volume under ``--cache``). Every cross-validation patient's ED and
    ES volumes, each predicted by the one member of the ensemble that never saw it (the bundle's
@@ -10,8 +15,8 @@
    member and by the ensemble (the mean of the members' probabilities, its argmax post-processed: what the
    shipped bundle gives). The reference volumes come from the labels.
 2. **Fit** (:func:`CalibSegLib.cardiac.intervals.fit_rule`) on the out-of-fold patients; the choice of point
-   estimate and scale is made there, by the out-of-fold median width of the LV EF interval under leave-one-
-   patient-out conformal coverage.
+   estimate, scale and recalibration is made there, by the smallest sum of the LV and RV EF intervals' median
+   widths when each patient is judged by the rule fitted on the others (leave-one-patient-out).
 3. **Measure** on the test patients (each predicted by the shipped ensemble): EF mean absolute error, coverage
    and median width of each index's interval, beside the members' min–max interval and the other point estimate,
    each with a patient-level bootstrap interval (:mod:`Evaluation.bootstrap`).
@@ -40,8 +45,9 @@ from CalibSegLib.cardiac.indices import (CardiacClasses, PhaseVolumes, Probabili
                                          label_volumes_ml, phase_volumes)
 from CalibSegLib.cardiac.intervals import (ESTIMATES, INDICES, RECALIBRATIONS, SCALES, IntervalRule, fit_rule,
                                            index_values)
-from CalibSegLib.device import environment
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
+from CalibSegLib.device import environment
+from CalibSegLib.inference import Predictor
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import ACDC_SPACING, Case, DataError, data_folder, find_cases, load_cases
@@ -51,13 +57,13 @@ from Evaluation.bootstrap import group_draws, mean_interval
 __all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "PatientVolumes", "patient_volumes",
            "leave_one_out", "summarise", "fit_and_measure", "markdown_table", "main"]
 
-# The indices the issue sets targets on, reported with intervals; every index is fitted.
+# The indices with targets (docs/function.md), reported with intervals; every index is fitted.
 REPORTED = ("lv_ef_percent", "rv_ef_percent", "lv_edv_ml")
 TARGETS = {"lv_ef_percent": {"mae_at_most": 5.0, "coverage_at_least": 0.8, "median_width_at_most": 12.0},
            "rv_ef_percent": {"mae_at_most": 8.0}, "lv_edv_ml": {"coverage_at_least": 0.8}}
 
 
-def _member_phase(predictor, case: Case, classes: CardiacClasses, keep: bool
+def _member_phase(predictor: Predictor, case: Case, classes: CardiacClasses, keep: bool
                   ) -> tuple[PhaseVolumes, np.ndarray | None]:
     """One member's prediction of ``case``: its structures' volumes and (``keep``) its probabilities."""
     tally = ProbabilityTally(predictor.num_classes)
