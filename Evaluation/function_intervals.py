@@ -48,7 +48,7 @@ from CalibSegLib.cardiac.intervals import (ESTIMATES, INDICES, RECALIBRATIONS, S
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
 from CalibSegLib.device import environment
 from CalibSegLib.inference import Predictor
-from CalibSegLib.io import write_json_atomic
+from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import ACDC_SPACING, Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import select_patients
@@ -336,14 +336,6 @@ def markdown_table(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _repository_path(path: Path) -> str:
-    """``path`` relative to the working folder when it lies inside it (records carry no absolute paths)."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return path.name
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Collect (unless ``--no-collect``), fit and measure; write the record and, with ``--write-bundle``, the rule
     into the bundle. Returns 0; bad input exits with one sentence."""
@@ -378,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bundle": arguments.bundle, "weights_sha256": bundle.metadata.weights_sha256,
             "recorded": datetime.date.today().isoformat(),
             "command": "python -m Evaluation.function_intervals " + shlex.join(
-                [_repository_path(Path(item)) if Path(item).is_absolute() else item for item in sys.argv[1:]]),
+                [recorded_path(item) if Path(item).is_absolute() else item for item in sys.argv[1:]]),
             "machine": f"{machine['cpu_count']} cores ({machine['device']}), torch {machine['torch']}",
             "volumes": f"mL under ACDC's assumed {' x '.join(f'{value:g}' for value in ACDC_SPACING)} mm voxels "
                        "(the HDF5 files carry no spacing); ejection fractions do not depend on it",
