@@ -102,9 +102,11 @@ def test_the_command_on_a_multi_phase_dicom_cine(tmp_path, sample_acdc_dir, caps
     write_cine(tmp_path / "cine", phases, ImageGeometry(spacing=ACDC_SPACING), trigger_times_ms=[320.0, 0.0],
                slope=1e-3)
     assert command.main(["--bundle", "acdc_ce_dice", "--cine", str(tmp_path / "cine"), "--out-dir",
-                         str(tmp_path / "out"), "--device", "cpu"]) == 0
+                         str(tmp_path / "out"), "--device", "cpu", "--report"]) == 0
     payload = json.loads((tmp_path / "out" / "function.json").read_text())
     assert payload["phases"] == {"ed": 0, "es": 1}
+    page = (tmp_path / "out" / "report.html").read_text()  # --report: the table and the cine's volume curve
+    assert "LV ejection fraction" in page and "data:image/png;base64," in page
     assert [row["trigger_time_ms"] for row in payload["phase_volumes"]] == [0.0, 320.0]
     volumes = [row["lv_ml"] for row in payload["phase_volumes"]]
     rule = load_bundle(resolve_bundle_path("acdc_ce_dice")).metadata.function_intervals

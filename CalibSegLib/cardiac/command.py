@@ -11,8 +11,10 @@ single-frame files or an Enhanced MR multi-frame file): every phase is segmented
 LV blood pool and ES the one with the smallest (:mod:`CalibSegLib.cardiac.phases`; ties by DICOM trigger time).
 
 Writes ``<out-dir>/function.json`` (:meth:`CalibSegLib.cardiac.function.FunctionResult.to_json`, temporary name
-then rename) and prints each index with its interval. Bad input prints one sentence after ``error:`` and exits
-with status 2, writing nothing (Ctrl-C: 130).
+then rename) and prints each index with its interval; ``--report`` also writes ``<out-dir>/report.html``, the
+indices with their intervals and, for a cine, the LV and RV volume curve
+(:func:`CalibSegLib.report.write_function_report`). Bad input prints one sentence after ``error:`` and exits with
+status 2, writing nothing (Ctrl-C: 130).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from CalibSegLib.cardiac.indices import CardiacError
 from CalibSegLib.dicom import SinglePhaseError, read_cine_series, read_dicom_folder
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, check_output_folder, os_error_sentence, read_image, write_json_atomic
-from CalibSegLib.pretrained import pretrained_models, resolve_bundle_path
+from CalibSegLib.pretrained import bundle_label, pretrained_models, resolve_bundle_path
+from CalibSegLib.report import REPORT_NAME, write_function_report
 
 __all__ = ["FUNCTION_NAME", "read_phase", "read_cine", "run", "main"]
 
@@ -106,7 +109,12 @@ def run(arguments: argparse.Namespace) -> tuple[FunctionResult, Path]:
         predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
                               batch_size=arguments.batch_size)
         result = measure_function(predictor, ed, es)
-    return result, write_json_atomic(out / FUNCTION_NAME, result.to_json())
+    written = write_json_atomic(out / FUNCTION_NAME, result.to_json())
+    if arguments.report:
+        source = arguments.cine if arguments.cine is not None else arguments.ed
+        write_function_report(out / REPORT_NAME, result.to_json(), bundle_label(arguments.bundle), "calibseg-function",
+                              source.name)
+    return result, written
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -119,6 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cine", type=Path,
                         help="4D image file (t, z, y, x) or a folder of a multi-phase cine DICOM series")
     parser.add_argument("--out-dir", required=True, type=Path, help=f"folder for {FUNCTION_NAME}")
+    parser.add_argument("--report", action="store_true",
+                        help=f"also write {REPORT_NAME}: the indices with their intervals and, for --cine, "
+                             "the volume curve")
     parser.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda (default: auto)")
     parser.add_argument("--batch-size", type=int, default=16, help="slices per forward pass (default: 16)")
     return parser
