@@ -39,13 +39,12 @@ ls "$CACHE"/calibseg_cache.json >/dev/null || { echo "error: no ACDC cache in $C
 
 stage "1. throughput"
 timeout 180 "$PYTHON" -m benchmarks.training_throughput --steps 30 --settings fp32,cuda,cuda_eager \
-  --batch-sizes 16,256 --record docs/records/benchmark_training_throughput_gpu.json
-cp docs/records/benchmark_training_throughput_gpu.json "$OUT/" 2>/dev/null
+  --batch-sizes 16,256 --record "$OUT/benchmark_training_throughput_gpu.json"   # to docs/records/ afterwards
 
-EPOCHS="${EPOCHS:-$("$PYTHON" - "$STEP_SECONDS" <<'SPEED'
+EPOCHS="${EPOCHS:-$("$PYTHON" - "$STEP_SECONDS" "$OUT/benchmark_training_throughput_gpu.json" <<'SPEED'
 import json, sys
 try:
-    settings = json.load(open("docs/records/benchmark_training_throughput_gpu.json"))["results"]["settings"]
+    settings = json.load(open(sys.argv[2]))["results"]["settings"]
     speed = next(s["crops_per_s"] for s in settings if s["setting"] == "cuda" and s.get("batch") == 256)
     print(max(2, min(20, int(speed * float(sys.argv[1]) / (250 * 256)))))
 except (OSError, KeyError, ValueError, StopIteration):
