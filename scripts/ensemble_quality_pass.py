@@ -92,8 +92,9 @@ def run_pass(bundle_name: str, part: str, out: Path, data: Path | None = None, e
     files = find_cases(data_folder(metadata.data, data))
     written = 0
     if part == "encoders":
-        patients = [*metadata.data["train"], *metadata.data["test"]]
-        for case_file in select_patients(files, patients):
+        volumes = select_patients(files, [*metadata.data["train"], *metadata.data["test"]])
+        volumes = volumes[offset:] + volumes[:offset]
+        for case_file in reversed(volumes) if reverse else volumes:
             target = folder / f"{case_file.case_id}.json"
             if not target.exists():
                 case = load_cases([case_file], metadata.num_classes)[0]
