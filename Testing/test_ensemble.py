@@ -234,6 +234,7 @@ def test_a_members_quality_features_at_inference_are_those_the_out_of_fold_fit_c
     present = [entry["volume_ml"] > 0 for entry in summary["structures"].values()]
     np.testing.assert_allclose([value for value, kept in zip(shown, present) if kept],
                                [value for value, kept in zip(expected, present) if kept], rtol=1e-6)
+    assert "the mean of the members' predicted Dice" in summary["note"]
     # ... and not what the model says of the average's smoother features.
     own = model.structures["class 1"].predict(structure_features(prediction, 4, spacing=SPACING)[0])
     assert shown[0] != pytest.approx(own, abs=1e-6)

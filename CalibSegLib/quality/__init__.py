@@ -10,7 +10,8 @@ Three parts, one concept:
   stored as plain numbers in ``bundle.json`` (``BundleMetadata.quality_model``) — with an
   interval and a review threshold.
 - **Summary** (``summary.py``, which defines every number a reader sees): the per-structure
-  table the CLI writes as ``<case>_summary.json`` and the Slicer module shows.
+  table the CLI writes as ``<case>_summary.json`` and the Slicer module shows. An ensemble whose model was
+  fitted on its single fold networks shows the mean of its members' predicted Dice (``members.py``).
 
 The model's schema imports neither the bundle nor the predictor: ``CalibSegLib.bundle`` validates a
 stored model with it, and the summary and the fitting, which read bundles and run predictors, sit above.

@@ -158,9 +158,11 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
     else:
         described = {"review_below": model.review_below, "interval_coverage": model.interval_coverage,
                      "validation": model.validation}
+        source = ("the mean of the members' predicted Dice, each from the member's own uncertainty, fitted on "
+                  "out-of-fold cases" if model.per_member and metadata.ensemble_size > 1
+                  else "predicted Dice from uncertainty, fitted on validation cases")
         note = (f"review: predicted Dice below {model.review_below:.2f} or the structure predicted nowhere; "
-                f"predicted Dice from uncertainty, fitted on validation cases; intervals of nominal "
-                f"{model.interval_coverage:.0%} coverage")
+                f"{source}; intervals of nominal {model.interval_coverage:.0%} coverage")
     return {
         "structures": structures,
         "review": _case_review([entry["review"] for entry in structures.values()]),
