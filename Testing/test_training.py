@@ -36,8 +36,9 @@ TINY = {"channels": [4, 8, 16], "strides": [2, 2], "num_res_units": 0}
 TINY_CONFIG = dict(method="crac", loss_args={}, network="unet", network_kwargs=TINY, epochs=2,
                    iterations_per_epoch=3, batch_size=4, lr=1e-3, lr_schedule="step", lr_step_to=1e-4,
                    lr_step_epoch=1, spatial_dims=2, target_spacing=(1.5, 1.5), patch_size=(64, 64),
-                   foreground_share=1 / 3, augment=True, compile=False, temperature_fit="auto",
-                   mirroring="auto", device="cpu", amp=None, seed=0, val_every=1, deterministic=True,
+                   foreground_share=1 / 3, foreground_sampling="class", augment=True, compile=False,
+                   temperature_fit="auto", mirroring="auto", device="cpu", amp=None, seed=0, val_every=1,
+                   deterministic=True,
                    num_classes=4, class_names=list(ACDC_CLASS_NAMES), class_colors=list(ACDC_CLASS_COLORS),
                    channel_names=None, channel_normalization=None, plan=None, workers=0, progress=False)
 
@@ -522,3 +523,22 @@ def test_3d_flags_that_do_not_fit_are_refused_in_one_sentence(ct_phantom, tmp_pa
 def test_the_start_line_shows_a_spacing_to_three_significant_digits():
     assert spacing_text((1.5, 1.5)) == "1.5"
     assert spacing_text((3.67805, 0.834099, 0.834099)) == "3.68×0.834×0.834"
+
+
+def test_a_checkpoint_from_before_the_class_first_sampler_resumes_only_as_slice_first(sample_cases, tmp_path):
+    """Runs checkpointed before ``foreground_sampling`` existed drew their crops slice first: they resume with
+    ``--foreground-sampling slice`` and are refused, in one sentence naming the key, with today's default."""
+    state = tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1).state()
+    state["config"] = state["config"].replace(', "foreground_sampling": "class"', "")
+    save_checkpoint(tmp_path / "checkpoint.pt", state)
+    assert "foreground_sampling" not in load_checkpoint(tmp_path / "checkpoint.pt")["config"]
+    tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1, foreground_sampling="slice").resume(
+        tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointError, match="foreground_sampling='slice'"):
+        tiny_trainer(tmp_path, sample_cases, method="ce_dice", epochs=1).resume(tmp_path / "checkpoint.pt")
+
+
+def test_the_foreground_sampling_flag_reaches_the_run_and_its_bundle():
+    arguments = parser().parse_args(["--foreground-sampling", "slice"])
+    assert arguments.foreground_sampling == "slice"
+    assert parser().parse_args([]).foreground_sampling == "class"

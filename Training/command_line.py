@@ -12,6 +12,7 @@ from CalibSegLib.losses import LOSSES
 from CalibSegLib.networks import NETWORKS
 from Datasets.cases import DATASETS, DEFAULT_CLASS_COUNT, SAMPLE_DATA
 from Datasets.splits.folds import FOLDS, SHIPPED_FOLDS
+from Training.batches import DEFAULT_FOREGROUND_SAMPLING, FOREGROUND_SAMPLERS
 from Training.choices import MIRRORING, TEMPERATURE_FITS
 from Training.plan import IMAGE_SCHEMES
 from Training.schedules import REFERENCE_BATCH, REFERENCE_LR, SCHEDULES, UnsetBatch
@@ -122,6 +123,9 @@ def parser() -> argparse.ArgumentParser:
                             "foreground's HU window")
     flags.add_argument("--foreground-share", type=float, default=1 / 3,
                        help="fraction of crops centred on a foreground voxel (default 1/3)")
+    flags.add_argument("--foreground-sampling", choices=tuple(FOREGROUND_SAMPLERS), default=DEFAULT_FOREGROUND_SAMPLING,
+                       help="how those crops are centred: class (a class present in the volume, then a voxel of it, "
+                            "as nnU-Net; default) or slice (a slice holding foreground, then a class in it)")
     flags.add_argument("--mirroring", choices=MIRRORING, default="auto",
                        help="test-time mirroring: auto (used where it raises the validation Dice, default) "
                             "or off (never: the papers' protocol)")

@@ -49,6 +49,7 @@ class TrainConfig:
     target_spacing: tuple[float, ...]  # mm of the model's grid: (y, x), or (z, y, x) in 3D
     patch_size: tuple[int, ...]  # training crop = inference window, voxels at target_spacing
     foreground_share: float  # crops centred on a foreground voxel
+    foreground_sampling: str  # how they are centred: a name of Training.batches.FOREGROUND_SAMPLERS
     augment: bool
     compile: bool  # torch.compile the training forward/backward (CPU: 1.6× faster steps)
     temperature_fit: str  # voxels the temperature is fitted on: all, foreground, or the better
@@ -133,6 +134,7 @@ def train_config(plan: Plan, schedule: Schedule, arguments: argparse.Namespace) 
         target_spacing=plan.target_spacing,
         patch_size=plan.patch_size,
         foreground_share=arguments.foreground_share,
+        foreground_sampling=arguments.foreground_sampling,
         augment=not arguments.no_augment,
         compile=schedule.compile if arguments.compile is None else arguments.compile,
         temperature_fit=arguments.temperature_fit,

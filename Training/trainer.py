@@ -45,9 +45,10 @@ _PROGRESS_EVERY = 10
 _RESUME_MUST_MATCH = ("method", "loss_args", "network", "network_kwargs", "spatial_dims", "target_spacing",
                       "patch_size", "channel_normalization", "batch_size", "lr", "lr_schedule", "lr_step_to",
                       "lr_step_epoch", "seed", "num_classes",
-                      "iterations_per_epoch", "augment", "foreground_share", "epochs", "warmup_steps")
+                      "iterations_per_epoch", "augment", "foreground_share", "foreground_sampling", "epochs",
+                      "warmup_steps")
 # What runs recorded before a key existed meant by it (a checkpoint without the key resumes as that).
-_RESUME_DEFAULTS: dict[str, Any] = {"warmup_steps": 0}
+_RESUME_DEFAULTS: dict[str, Any] = {"warmup_steps": 0, "foreground_sampling": "slice"}
 # The first steps of a process in which a CUDA-graph capture error falls back to the step without graphs
 # (torch.compile warms up, then records, within them).
 _CAPTURE_STEPS = 3
@@ -221,8 +222,8 @@ class Trainer:
     def _check_same_run(self, saved_config: str, checkpoint_path: Path) -> None:
         saved = json.loads(saved_config)
         current = json.loads(json.dumps(asdict(self.config), default=str))
-        changed = [key for key in _RESUME_MUST_MATCH
-                   if saved.get(key, _RESUME_DEFAULTS.get(key)) != current.get(key)]
+        saved = {**_RESUME_DEFAULTS, **saved}
+        changed = [key for key in _RESUME_MUST_MATCH if saved.get(key) != current.get(key)]
         if changed:
             key = changed[0]
             raise CheckpointError(
@@ -311,7 +312,8 @@ class Trainer:
         """The batches of the next epoch (advances the data-order generator)."""
         augmentation = DEFAULT_AUGMENTATION if self.config.augment else NO_AUGMENTATION
         plans = plan_epoch(self.sampler, self.config.batch_size, self.config.iterations_per_epoch, self.data_order,
-                           self.config.patch_size, augmentation, self.config.foreground_share)
+                           self.config.patch_size, augmentation, self.config.foreground_share,
+                           self.config.foreground_sampling)
         shares = [plan.share(self.processes.rank, self.processes.world_size) for plan in plans]
         return iterate_batches(self.sampler, [share for share in shares if share is not None], self.config.patch_size,
                                self.device, self.config.workers)
@@ -418,6 +420,7 @@ class Trainer:
             "batch_size": self.config.batch_size,
             "patch_size": list(self.config.patch_size),
             "foreground_share": self.config.foreground_share,
+            "foreground_sampling": self.config.foreground_sampling,
             "augment": self.config.augment,
             "mirroring": self.config.mirroring,
             "optimizer": "adam",
