@@ -59,8 +59,9 @@ cp "$RUNS/gpu/fold_0/out_of_fold/summary.json" "$OUT/gpu_fold0_out_of_fold.json"
 cp "$RUNS/gpu/fold_0/evaluation/summary.json" "$OUT/gpu_fold0_test.json" 2>/dev/null
 
 stage "3. the learning-rate rule at the CPU schedule's crops"
+# Slice-first crops, as the CPU-trained fold 0 drew them, so that only the batch and its learning rate differ.
 timeout 100 "$PYTHON" -m Training.train --gpu --data "$CACHE" --fold 0 --epochs 18 --iterations-per-epoch 32 \
-  --val-every 6 --no-eval --out "$RUNS/lr_rule"
+  --val-every 6 --no-eval --foreground-sampling slice --out "$RUNS/lr_rule"
 cp "$RUNS/lr_rule/fold_0/out_of_fold/summary.json" "$OUT/lr_rule_out_of_fold.json" 2>/dev/null
 
 stage "summary"
