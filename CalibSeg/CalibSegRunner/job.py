@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 from .runner import CalibSegOutputs, CalibSegRequest, SegmentationRunner
@@ -39,7 +40,7 @@ def _library_path() -> str:
     return os.pathsep.join([parent, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-class ChildJob:
+class ChildJob(ABC):
     """Work of the library done in a child process (``python -m <module> FOLDER``, the protocol of
     :mod:`CalibSegLib.analysis_process`), with progress and cancel; a subclass writes the request and publishes the
     result.
@@ -58,13 +59,13 @@ class ChildJob:
         self._reader: threading.Thread | None = None
         self._cancelled = False
 
+    @abstractmethod
     def _write_request(self, folder: Path) -> None:
         """Write what the child reads into ``folder``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _publish(self, folder: Path):
         """Read the child's result from ``folder`` and add it to the scene (main thread)."""
-        raise NotImplementedError
 
     def _progress(self, fraction: float) -> None:
         self.fraction = fraction
