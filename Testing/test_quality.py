@@ -4,6 +4,7 @@ the summary with and without a quality model, and the model's life in a bundle."
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import zipfile
@@ -479,14 +480,33 @@ def test_save_refuses_a_malformed_quality_model(tmp_path):
 # --------------------------------------------------------------------------- fitting a bundle
 
 
-def _shipped_copy(tmp_path, sample_acdc_dir, method=None, name="shipped", **data):
+def _shipped_copy(tmp_path, sample_acdc_dir, method=None, name="shipped", members=None, **data):
     """The shipped CE+Dice bundle as ``<name>.calibseg`` with other recorded data and, if given, another recorded
-    training method (same weights bytes, so the same checksum)."""
+    training method (same weights bytes, so the same checksum). ``members``: keep only these of its five networks
+    (one: that network alone, as a fold network is), so a test pays for the inference it needs."""
+    from safetensors.torch import load as load_weights, save as save_weights
+
     from CalibSegLib.pretrained import resolve_bundle_path
 
     with zipfile.ZipFile(resolve_bundle_path("acdc_ce_dice")) as archive:
         stored = json.loads(archive.read("bundle.json"))
         weights = archive.read("weights.safetensors")
+    if members is not None:
+        tensors = load_weights(weights)
+        if len(members) == 1:
+            prefix = f"members.{members[0]}."
+            tensors = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
+            features = stored["input_statistics"]["features"]
+            features["layer"] = features["layer"].removeprefix("members.0.")
+            stored.update(ensemble_size=1, ensemble=None)
+        else:
+            tensors = {key.replace(f"members.{old}.", f"members.{new}.", 1): value
+                       for new, old in enumerate(members) for key, value in tensors.items()
+                       if key.startswith(f"members.{old}.")}
+            stored.update(ensemble_size=len(members), ensemble={
+                **stored["ensemble"], "members": [stored["ensemble"]["members"][index] for index in members]})
+        weights = save_weights(dict(sorted(tensors.items())))
+        stored["weights_sha256"] = hashlib.sha256(weights).hexdigest()
     stored["data"] = {**stored["data"], "folder": str(sample_acdc_dir), **data}
     stored["quality_model"] = None
     if method is not None:
@@ -504,7 +524,7 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     from Training import fit_quality
     from Datasets.cases import find_cases, load_cases
 
-    path, weights = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient016"])
+    path, weights = _shipped_copy(tmp_path, sample_acdc_dir, members=(0, 1), val=["patient013", "patient016"])
     assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == 0
     with zipfile.ZipFile(path) as archive:
         assert archive.read("weights.safetensors") == weights  # float16 bytes untouched
@@ -513,9 +533,9 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     stored = QualityModel.from_dict(bundle.metadata.quality_model, bundle.metadata.class_names)
     assert stored.validation == {"cases": 4, "patients": 2, "scheme": "leave-one-patient-out"}
     # the six uncertainty features, (the shipped bundles mirror) the mirrored passes' agreement and (the shipped
-    # CE+Dice model is a five-fold ensemble) the networks' mean disagreement averaged, the size where the fit found
-    # it lowers the held-out error
-    assert bundle.metadata.ensemble_size == 5
+    # CE+Dice model is a five-fold ensemble, two of its networks here) the networks' mean disagreement averaged, the
+    # size where the fit found it lowers the held-out error
+    assert bundle.metadata.ensemble_size == 2
     averaged = (*UNCERTAINTY_FEATURES, MIRROR_AGREEMENT, MEAN_DISAGREEMENT)
     assert all(structure.form == "linear_mean" and structure.inputs in (averaged, (*averaged, SIZE_FEATURE))
                for structure in stored.structures.values())
@@ -537,8 +557,10 @@ def test_fit_cli_with_fold_networks_fits_on_their_out_of_fold_predictions_too(tm
     from Datasets.cases import find_cases, load_cases
     from Training import fit_quality
 
-    path, _ = _shipped_copy(tmp_path, sample_acdc_dir, val=["patient013", "patient016"], test=["patient036"])
-    folds = [_shipped_copy(tmp_path, sample_acdc_dir, name=f"fold{index}", val=patients)[0]
+    # one network stands for the bundle and its fold networks alike, so that the test predicts each volume once
+    path, _ = _shipped_copy(tmp_path, sample_acdc_dir, members=(0,), val=["patient013", "patient016"],
+                            test=["patient036"])
+    folds = [_shipped_copy(tmp_path, sample_acdc_dir, members=(0,), name=f"fold{index}", val=patients)[0]
              for index, patients in enumerate([["patient041", "patient068"], ["patient091", "patient094"]])]
     out = tmp_path / "refitted.calibseg"
     assert fit_quality.main(["--bundle", str(path), "--fold-bundles", *map(str, folds), "--out", str(out),
