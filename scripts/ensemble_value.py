@@ -273,10 +273,12 @@ def _pooled_auroc(histograms: np.ndarray, groups: np.ndarray) -> dict[str, float
 
 def _flags(predicted: np.ndarray, measured: np.ndarray, groups: np.ndarray, review_below: float
            ) -> dict[str, dict[str, float]]:
-    """Recall of the poor structures and share of good ones flagged; rows are (volume, structure) pairs."""
+    """Recall of the poor structures, share of good ones flagged, and precision (the flagged that are poor); rows
+    are (volume, structure) pairs."""
     marked = flagged(predicted, review_below)
     poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
-    return {"poor_caught": _ratio(marked & poor, poor, groups), "good_flagged": _ratio(marked & good, good, groups)}
+    return {"poor_caught": _ratio(marked & poor, poor, groups), "good_flagged": _ratio(marked & good, good, groups),
+            "flagged_poor": _ratio(marked & poor, marked, groups)}
 
 
 def _group_summary(records: Sequence[dict[str, Any]], names: Sequence[str], structures: Sequence[str],
@@ -365,7 +367,8 @@ def report(bundle_name: str, folder: Path, metrics_file: Path, command: str) -> 
     checks = np.array([[record["shipped_check"]["largest_probability_difference"],
                         record["shipped_check"]["dice_difference"]] for record in records])
     return {
-        "bundle": bundle_name, "command": command, "volumes": len(records), "patients": int(len(set(groups))),
+        "bundle": bundle_name, "weights_sha256": metadata.weights_sha256, "command": command,
+        "volumes": len(records), "patients": int(len(set(groups))),
         "structures": structures, "temperature": records[0]["temperature"], "review_below": review_below,
         "interval": "95 % percentile bootstrap over patients (Evaluation.bootstrap, 2000 resamples, seed 2024)",
         "definitions": {
@@ -454,7 +457,8 @@ def table(record: dict[str, Any]) -> str:
     lines.append("| ECE, reference foreground, member at its own fold temperature | — | "
                  f"{_cell(own['metrics']['ece'], 4, own['per_configuration']['ece'])} | — | — | — | — |")
     for label, key in (("poor structures (< 0.80) flagged", "poor_caught"),
-                       ("good structures (> 0.90) flagged", "good_flagged")):
+                       ("good structures (> 0.90) flagged", "good_flagged"),
+                       ("flagged structures that are poor (precision)", "flagged_poor")):
         cells = [_flag_cell(summaries[column]["flag"][key],
                             [row[key] for row in summaries[column]["flag_per_configuration"]]) for column in columns]
         lines.append(f"| {label} | " + " | ".join(cells) + " | — | — |")
