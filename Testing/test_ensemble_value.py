@@ -1,5 +1,5 @@
-"""scripts/ensemble_value.py's helpers on tiny synthetic arrays, each against an independent computation: a
-sub-ensemble's average and disagreement, the binned error scores and the AUROC read from them."""
+"""scripts/ensemble_value.py: its helpers on tiny synthetic arrays, each against an independent computation (a
+sub-ensemble's average and disagreement, the binned error scores and the AUROC read from them), and its refusals."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from CalibSegLib.metrics import error_detection_auroc
-from scripts.ensemble_value import SCORE_EDGES, histogram_auroc, score_histogram, subset_maps, subsets
+from scripts.ensemble_value import SCORE_EDGES, histogram_auroc, main, score_histogram, subset_maps, subsets
 
 
 def _member_probabilities(members: int, shape: tuple[int, ...], seed: int) -> list[np.ndarray]:
@@ -75,3 +75,22 @@ def test_scores_in_separate_bins_give_the_exact_auroc():
     wrong = np.array([False, True, False, True, False, True])
     assert histogram_auroc(score_histogram(score, wrong)) == pytest.approx(error_detection_auroc(1 - score, ~wrong))
     assert math.isnan(histogram_auroc(score_histogram(score, np.zeros(6, bool))))
+
+
+@pytest.mark.parametrize("arguments, sentence", [
+    (["pass", "acdc_ce_dice"], "The pass needs --out, the folder of its per-volume records."),
+    (["report", "acdc_ce_dice", "--record", "x.json"],
+     "The report needs --records (the pass's folder) and --record (the JSON to write)."),
+])
+def test_a_missing_folder_is_refused_in_one_sentence(arguments, sentence):
+    with pytest.raises(SystemExit) as refusal:
+        main(arguments)
+    assert str(refusal.value) == f"error: {sentence}"
+
+
+def test_a_report_without_records_is_refused_before_writing(tmp_path):
+    record = tmp_path / "value.json"
+    with pytest.raises(SystemExit) as refusal:
+        main(["report", "acdc_ce_dice", "--records", str(tmp_path / "empty"), "--record", str(record)])
+    assert str(refusal.value).startswith("error: No per-volume records under ")
+    assert not record.exists()

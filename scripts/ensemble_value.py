@@ -485,11 +485,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="report: the bundle's metrics file (default: beside the shipped bundle)")
     parser.add_argument("--record", type=Path, help="report: the JSON record to write; table: the record to show")
     arguments = parser.parse_args(argv)
-    torch.set_num_threads(1)  # the shared 2-core CPU: two threads of two processes wait on each other
     try:
         if arguments.step == "pass":
             if arguments.out is None:
                 raise DataError("The pass needs --out, the folder of its per-volume records.")
+            torch.set_num_threads(1)  # the shared 2-core CPU: two threads of two processes wait on each other
             written = run_pass(arguments.bundle, arguments.out, arguments.data)
             print(f"{written} volumes written under {arguments.out}")
             return 0
