@@ -16,7 +16,9 @@ The first predicts (resumable), the second fits, measures, writes the record and
    shipped bundle gives). The reference volumes come from the labels.
 2. **Fit** (:func:`CalibSegLib.cardiac.intervals.fit_rule`) on the out-of-fold patients; the choice of point
    estimate, scale and recalibration is made there, by the smallest sum of the LV and RV EF intervals' median
-   widths when each patient is judged by the rule fitted on the others (leave-one-patient-out).
+   widths when each patient is judged by the rule fitted on the others (leave-one-patient-out). The scales that
+   read the quality model's predicted Dice are candidates only with ``--quality-observations``
+   (:func:`attach_predicted_dice`: the same networks' quality features, out of fold cross-fitted).
 3. **Measure** on the test patients (each predicted by the shipped ensemble): EF mean absolute error, coverage
    and median width of each index's interval, beside the members' min–max interval and the other point estimate,
    each with a patient-level bootstrap interval (:mod:`Evaluation.bootstrap`).
@@ -41,21 +43,24 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle, save_bundle
-from CalibSegLib.cardiac.indices import (CardiacClasses, PhaseVolumes, ProbabilityTally, cardiac_classes,
-                                         label_volumes_ml, phase_volumes)
-from CalibSegLib.cardiac.intervals import (ESTIMATES, INDICES, RECALIBRATIONS, SCALES, IntervalRule, fit_rule,
-                                           index_values)
+from CalibSegLib.cardiac.indices import (STRUCTURES, CardiacClasses, PhaseVolumes, ProbabilityTally,
+                                         cardiac_classes, label_volumes_ml, phase_volumes, voxel_volume_ml)
+from CalibSegLib.cardiac.intervals import (DICE_SCALES, ESTIMATES, INDICES, RECALIBRATIONS, SCALES, IntervalRule,
+                                           fit_rule, index_values)
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
 from CalibSegLib.device import environment
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
+from CalibSegLib.quality.fitting import Observation, held_out_predictions
+from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from Datasets.cases import ACDC_SPACING, Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import select_patients
 from Evaluation.bootstrap import group_draws, mean_interval
 
-__all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "PatientVolumes", "patient_volumes",
-           "leave_one_out", "summarise", "fit_and_measure", "markdown_table", "main"]
+__all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "attach_predicted_dice", "PatientVolumes",
+           "patient_volumes", "leave_one_out", "summarise", "fit_and_measure", "markdown_table", "models_table",
+           "main"]
 
 # The indices with targets (docs/function.md), reported with intervals; every index is fitted.
 REPORTED = ("lv_ef_percent", "rv_ef_percent", "lv_edv_ml")
@@ -128,6 +133,76 @@ def read_collected(cache: Path, weights_sha256: str) -> list[dict[str, Any]]:
     (records of other weights are not read: a rewritten bundle with new weights is collected anew)."""
     records = [json.loads(path.read_text()) for path in sorted(cache.glob("*.json"))]
     return [record for record in records if record.get("weights_sha256") == weights_sha256]
+
+
+def _read_observations(folder: Path) -> list[dict[str, Any]]:
+    if not folder.is_dir():
+        raise DataError(f"{folder} is no folder of quality observations; write it with python -m "
+                        "scripts.ensemble_quality_pass <bundle> --part out_of_fold|test --out <its parent>.")
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.member*.json"))]
+
+
+def _structure_dice(dice: np.ndarray, classes: CardiacClasses) -> dict[str, float]:
+    """Structure → predicted Dice from a ``(C - 1,)`` row (NaN, drawn nowhere, counts 0 as in the ensemble's
+    mean, :func:`~CalibSegLib.quality.members.combined_predicted_dice`)."""
+    return {structure: float(np.nan_to_num(dice[classes.index(structure) - 1], nan=0.0)) for structure in STRUCTURES}
+
+
+def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path, bundle: Bundle
+                          ) -> list[dict[str, Any]]:
+    """``records`` with each prediction's structures given ``predicted_dice``, from the quality observations of the
+    same networks' predictions (``observations/out_of_fold`` and ``observations/test``, ``<case>.member<m>.json``
+    with ``features`` and measured ``dice``, as ``scripts.ensemble_quality_pass`` writes them).
+
+    Out of fold each volume's predicted Dice comes from the quality model fitted without its patient
+    (:func:`~CalibSegLib.quality.fitting.held_out_predictions`): the bundle's own model was fitted on these very
+    volumes, so its predictions there would be in-sample, slightly better than on a new patient. A test volume's
+    come from the bundle's model applied to each member's features, the ensemble's being their mean (what the
+    bundle shows at inference).
+
+    Raises:
+        DataError: the bundle's quality model is missing or not applied per member, an observation is missing,
+            or it is of another prediction than the record's (its label volume differs), one sentence each.
+    """
+    metadata = bundle.metadata
+    model = metadata.quality
+    if model is None or not model.per_member:
+        raise DataError("The bundle's quality model is absent or applied to the members' average, so its predicted "
+                        "Dice at inference is not the members' mean these observations give; fit without "
+                        "--quality-observations.")
+    classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
+    fitted = _read_observations(observations / "out_of_fold")
+    held_out = held_out_predictions([Observation(item["patient"], item["features"], np.asarray(item["dice"]))
+                                     for item in fitted], metadata.class_names) if fitted else np.empty((0, 0))
+    tested = _read_observations(observations / "test")
+    applied = member_predicted_dice(model, [item["features"] for item in tested], metadata.class_names) \
+        if tested else np.empty((0, 0))
+    found = {("oof", item["case"], item["member"]): (item, dice) for item, dice in zip(fitted, held_out)}
+    found.update({("test", item["case"], item["member"]): (item, dice) for item, dice in zip(tested, applied)})
+    voxel = voxel_volume_ml(ACDC_SPACING)
+    attached = []
+    for record in records:
+        record = json.loads(json.dumps(record))
+        per_member = []
+        for member, phase in record["members"].items():
+            if (record["side"], record["case"], int(member)) not in found:
+                raise DataError(f"{observations} holds no quality observation of {record['case']} by member "
+                                f"{member}; run scripts.ensemble_quality_pass for it first.")
+            item, dice = found[(record["side"], record["case"], int(member))]
+            for structure in STRUCTURES:
+                features = item["features"][classes.index(structure) - 1]
+                drawn = 0.0 if features is None else features["voxels"] * voxel
+                if not math.isclose(drawn, phase[structure]["hard"], rel_tol=1e-9, abs_tol=1e-9):
+                    raise DataError(f"The quality observation of {record['case']} by member {member} draws "
+                                    f"{structure} at {drawn:.3f} mL where the collected prediction drew "
+                                    f"{phase[structure]['hard']:.3f} mL, so they are not of one prediction.")
+                phase[structure]["predicted_dice"] = _structure_dice(dice, classes)[structure]
+            per_member.append(dice)
+        if "ensemble" in record:
+            for structure, value in _structure_dice(combined_predicted_dice(np.stack(per_member)), classes).items():
+                record["ensemble"][structure]["predicted_dice"] = value
+        attached.append(record)
+    return attached
 
 
 @dataclass(frozen=True)
@@ -273,9 +348,12 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
     if len(out_of_fold) < 10:
         raise ValueError(f"Only {len(out_of_fold)} out-of-fold patients are collected; a 90 % rule needs at least "
                          "10, so collect more (the collection resumes).")
+    with_dice = all(structure.predicted_dice is not None for patient in out_of_fold
+                    for phase in _single(patient) for structure in (phase.lv, phase.rv, phase.myocardium))
+    scales = [scale for scale in SCALES if with_dice or scale not in DICE_SCALES]
     candidates = {f"{estimate}/{scale}/{recalibration}": summarise(leave_one_out(
         out_of_fold, estimate, scale, recalibration == "linear"))
-        for estimate in ESTIMATES for scale in SCALES for recalibration in RECALIBRATIONS}
+        for estimate in ESTIMATES for scale in scales for recalibration in RECALIBRATIONS}
     chosen = min(candidates, key=lambda name: sum(candidates[name][index]["median_width"]["value"]
                                                   for index in ("lv_ef_percent", "rv_ef_percent")))
     estimate, scale, recalibration = chosen.split("/")
@@ -283,7 +361,7 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
     references = [patient.reference for patient in out_of_fold]
     fitted_on = {"patients": len(out_of_fold), "predicted_by": "each by the ensemble member (fold network) that "
                  "never trained on it", "chosen_by": "smallest sum of the leave-one-patient-out median widths of "
-                 "the LV and RV EF intervals among hard/soft volumes x spread/constant scale x none/linear "
+                 f"the LV and RV EF intervals among hard/soft volumes x {'/'.join(scales)} scale x none/linear "
                  "recalibration",
                  "applied_as": "the ensemble's prediction (mean of the members' probabilities) read as fitted"}
     rule = fit_rule(phases, references, estimate, scale, fitted_on=fitted_on,
@@ -319,20 +397,39 @@ def _rewrite_bundle(path: Path, rule: IntervalRule) -> Path:
     return save_bundle(bundle.path, bundle.state_dict, metadata, half=bundle.metadata.weights_dtype == "float16")
 
 
-def markdown_table(record: dict[str, Any]) -> list[str]:
-    """The test patients' table of a record (docs/function.md, docs/results.md): per method the LV and RV EF mean
-    absolute error, and the coverage and median width of the LV EF and LV EDV intervals, each with its 95 %
-    patient-level bootstrap interval."""
-    def cell(entry: dict[str, float], percent: bool = False) -> str:
-        scale, unit = (100.0, " %") if percent else (1.0, "")
-        return f"{entry['value'] * scale:.1f}{unit} ({entry['low'] * scale:.1f}–{entry['high'] * scale:.1f})"
+def _cell(entry: dict[str, float], percent: bool = False) -> str:
+    """A value with its 95 % interval, ``12.3 (10.1–14.5)``; shares as percentages."""
+    scale, unit = (100.0, " %") if percent else (1.0, "")
+    return f"{entry['value'] * scale:.1f}{unit} ({entry['low'] * scale:.1f}–{entry['high'] * scale:.1f})"
 
-    lines = ["| interval (test patients) | LV EF MAE | RV EF MAE | LV EF coverage | LV EF median width | "
-             "LV EDV coverage | LV EDV median width (mL) |", "|---|---|---|---|---|---|---|"]
-    for name, summary in record["test"]["methods"].items():
-        lv, rv, edv = summary["lv_ef_percent"], summary["rv_ef_percent"], summary["lv_edv_ml"]
-        lines.append(f"| {name} | {cell(lv['mae'])} | {cell(rv['mae'])} | {cell(lv['coverage'], True)} | "
-                     f"{cell(lv['median_width'])} | {cell(edv['coverage'], True)} | {cell(edv['median_width'])} |")
+
+def _row_cells(summary: dict[str, Any]) -> str:
+    """LV and RV EF MAE, LV EF coverage and median width, LV EDV coverage and median width: a table's cells."""
+    lv, rv, edv = summary["lv_ef_percent"], summary["rv_ef_percent"], summary["lv_edv_ml"]
+    return (f"{_cell(lv['mae'])} | {_cell(rv['mae'])} | {_cell(lv['coverage'], True)} | "
+            f"{_cell(lv['median_width'])} | {_cell(edv['coverage'], True)} | {_cell(edv['median_width'])} |")
+
+
+_COLUMNS = ("LV EF MAE | RV EF MAE | LV EF coverage | LV EF median width | LV EDV coverage | "
+            "LV EDV median width (mL) |")
+
+
+def markdown_table(record: dict[str, Any]) -> list[str]:
+    """The test patients' table of a record (docs/function.md): per method the LV and RV EF mean absolute error,
+    and the coverage and median width of the LV EF and LV EDV intervals, each with its 95 % patient-level
+    bootstrap interval."""
+    lines = [f"| interval (test patients) | {_COLUMNS}", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {name} | {_row_cells(summary)}" for name, summary in record["test"]["methods"].items()]
+    return lines
+
+
+def models_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """One row per record (docs/results.md): the model, its chosen rule (volumes/scale/recalibration), and the
+    test columns of :func:`markdown_table` for that rule applied to the ensemble."""
+    lines = [f"| model (test patients) | rule | {_COLUMNS}", "|---|---|---|---|---|---|---|---|"]
+    for record in records:
+        chosen = next(iter(record["test"]["methods"].values()))  # the chosen rule's row comes first
+        lines.append(f"| `{record['bundle']}` | {record['out_of_fold']['chosen']} | {_row_cells(chosen)}")
     return lines
 
 
@@ -349,6 +446,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "others may write it)")
     parser.add_argument("--no-collect", action="store_true",
                         help="fit on the volumes collected so far, predicting nothing")
+    parser.add_argument("--quality-observations", type=Path, default=None,
+                        help="folder of the same networks' quality observations (scripts.ensemble_quality_pass "
+                             "--out): gives each prediction the quality model's predicted Dice, so the scales that "
+                             "read it are candidates too")
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--device", default="cpu")
     arguments = parser.parse_args(argv)
@@ -361,7 +462,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             collect_volumes(bundle, arguments.cache, arguments.data, arguments.device)
         if arguments.record is None and not arguments.write_bundle:
             return 0
-        rule, measured = fit_and_measure(read_collected(arguments.cache, bundle.metadata.weights_sha256))
+        records = read_collected(arguments.cache, bundle.metadata.weights_sha256)
+        if arguments.quality_observations is not None:
+            records = attach_predicted_dice(records, arguments.quality_observations, bundle)
+        rule, measured = fit_and_measure(records)
     except (BundleError, ValueError) as error:  # DataError is a ValueError
         raise SystemExit(f"error: {error}") from None
     if arguments.record is not None:
@@ -374,7 +478,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": f"{machine['cpu_count']} cores ({machine['device']}), torch {machine['torch']}",
             "volumes": f"mL under ACDC's assumed {' x '.join(f'{value:g}' for value in ACDC_SPACING)} mm voxels "
                        "(the HDF5 files carry no spacing); ejection fractions do not depend on it",
-            "level": rule.level, "targets": TARGETS, **measured})
+            "level": rule.level, "targets": TARGETS, **({} if arguments.quality_observations is None else {
+                "predicted_dice": "out of fold: each volume's from the quality model fitted without its patient "
+                                  "(leave-one-patient-out); test: the bundle's quality model on each member, the "
+                                  "ensemble's the members' mean"}), **measured})
         print(f"record: {arguments.record}")
     if arguments.write_bundle:
         print(f"bundle: {_rewrite_bundle(bundle.path, rule)}")

@@ -62,6 +62,19 @@ def test_a_stored_rule_gives_every_index_its_interval():
     assert result.values["lv_edv_ml"] == pytest.approx(result.ed_volumes.lv.soft)
 
 
+def test_a_rule_scaled_by_predicted_dice_needs_the_bundles_quality_model():
+    """A rule whose scale reads the quality model's predicted Dice, in a bundle without a quality model: every value,
+    no interval, and the sentence says why."""
+    rule = IntervalRule("hard", "dice", dict.fromkeys(INDICES, 2.0), 0.9, {"patients": 3})
+    predictor = LabelPredictor(cardiac_metadata(function_intervals=rule.to_dict()))
+    result = measure_function(predictor, (_heart(900, 700, 400), GRID), (_heart(400, 350, 420), GRID))
+    payload = result.to_json()
+    assert payload["lv_ef_percent"]["value"] == pytest.approx(100.0 * 500 / 900)
+    assert all(payload[index]["interval"] is None for index in INDICES)
+    assert payload["intervals_absent"].startswith("the bundle's interval rule scales by the quality model's "
+                                                  "predicted Dice (dice), and the bundle holds no quality model")
+
+
 def test_the_command_on_the_shipped_sample(tmp_path, sample_acdc_dir, capsys):
     """calibseg-function with the shipped ensemble on a sample patient's ED and ES (3 slices through the heart,
     cropped to 128 x 128 so it stays quick on a CPU): function.json is written with every index, and the LV EF is

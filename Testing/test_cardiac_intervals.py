@@ -130,3 +130,30 @@ def test_recalibration_recovers_a_bias_and_keeps_coverage():
         covered.append(low <= reference["lv_edv_ml"] <= high)
     assert np.mean(errors["recalibrated"]) < 0.7 * np.mean(errors["plain"])
     assert 0.85 <= np.mean(covered) <= 0.97
+
+
+def _dice_phase(lv: float, rv: float, myocardium: float, spread: float, dice: float) -> PhaseVolumes:
+    return PhaseVolumes(*(StructureVolume(hard=value, soft=value, spread=spread, predicted_dice=dice)
+                          for value in (lv, rv, myocardium)))
+
+
+def test_the_dice_scales_propagate_the_quality_models_bands():
+    """The predicted-Dice band (1 − D̂) × V, alone, summed with the spread band or their geometric mean, carried to
+    EDV, SV and EF as the spread band is; a recalibration line of slope s widens it by |s|."""
+    ed, es = _dice_phase(150.0, 160.0, 100.0, 3.0, 0.9), _dice_phase(60.0, 80.0, 105.0, 2.0, 0.8)
+    dice_ed, dice_es = 0.1 * 150.0, 0.2 * 60.0  # (1 − D̂) × the LV's label volume at ED and ES
+    expected_band = {"dice": (dice_ed, dice_es), "spread_dice_sum": (3.0 + dice_ed, 2.0 + dice_es),
+                     "spread_dice_geometric": (math.sqrt(3.0 * dice_ed), math.sqrt(2.0 * dice_es))}
+    for scale, (band_ed, band_es) in expected_band.items():
+        scales = index_scales(ed, es, "hard", scale)
+        assert scales["lv_edv_ml"] == pytest.approx(band_ed)
+        assert scales["lv_sv_ml"] == pytest.approx(band_ed + band_es)
+        assert scales["lv_ef_percent"] == pytest.approx(100.0 * 60.0 * band_ed / 150.0 ** 2 + 100.0 * band_es / 150.0)
+    lines = {key: (4.0, -1.5) for key in ("lv_ed", "lv_es", "rv_ed", "rv_es", "myocardium_ed")}
+    _, recalibrated = case_indices(ed, es, "hard", "dice", lines)
+    assert recalibrated["lv_edv_ml"] == pytest.approx(1.5 * dice_ed)
+    without = PhaseVolumes(*(StructureVolume(hard=10.0, soft=10.0, spread=1.0) for _ in range(3)))
+    assert math.isnan(index_scales(without, without, "hard", "dice")["lv_edv_ml"])  # no predicted Dice: no scale
+    rule = IntervalRule("hard", "spread_dice_geometric", dict.fromkeys(INDICES, 1.0))
+    assert rule.needs_predicted_dice and IntervalRule.from_dict(rule.to_dict()) == rule
+    assert not IntervalRule("hard", "spread", dict.fromkeys(INDICES, 1.0)).needs_predicted_dice

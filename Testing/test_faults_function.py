@@ -16,6 +16,7 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
 from Datasets.cases import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_cine, write_series
+from Evaluation import function_intervals
 from cardiac_standins import LabelPredictor
 from fault_checks import assert_one_sentence, tree_snapshot
 from tiny_bundles import make_test_bundle
@@ -109,3 +110,30 @@ def test_either_cine_or_ed_and_es(inputs, tmp_path, capsys):
         assert exit_status.value.code == 2
         assert capsys.readouterr().err.strip().endswith(f"error: {message}")
     assert list(tmp_path.iterdir()) == []
+
+
+# The interval fit (Evaluation.function_intervals) given quality observations it cannot use → its sentence.
+BAD_QUALITY_OBSERVATIONS: dict[str, tuple[str, Callable[[Path], Path], str]] = {
+    "a quality model applied to the members' average": (
+        "acdc_crac", lambda folder: folder,
+        r"^The bundle's quality model is absent or applied to the members' average, so its predicted Dice"),
+    "no folder of quality observations": (
+        "acdc_ce_dice", lambda folder: folder / "absent",
+        r"^.*absent/out_of_fold is no folder of quality observations; write it with python -m "
+        r"scripts\.ensemble_quality_pass"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_QUALITY_OBSERVATIONS))
+def test_the_interval_fit_refuses_quality_observations_it_cannot_use(case, tmp_path):
+    """``--quality-observations`` that cannot give the predicted Dice the bundle shows at inference: one sentence
+    after ``error:``, no record written."""
+    bundle, observations, pattern = BAD_QUALITY_OBSERVATIONS[case]
+    record = tmp_path / "record.json"
+    with pytest.raises(SystemExit) as exit_status:
+        function_intervals.main(["--bundle", bundle, "--cache", str(tmp_path), "--no-collect", "--record",
+                                 str(record), "--quality-observations", str(observations(tmp_path))])
+    message = str(exit_status.value.code)
+    assert message.startswith("error: ")
+    assert_one_sentence(message[len("error: "):], pattern)
+    assert not record.exists()

@@ -22,12 +22,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from CalibSegLib.bundle import BundleMetadata
-from CalibSegLib.cardiac.indices import (CardiacError, PhaseVolumes, ProbabilityTally, cardiac_classes,
-                                         phase_volumes)
+from CalibSegLib.cardiac.indices import (STRUCTURES, CardiacClasses, CardiacError, PhaseVolumes, ProbabilityTally,
+                                         cardiac_classes, phase_volumes)
 from CalibSegLib.cardiac.intervals import INDICES, LEVEL, IntervalRule, case_indices
 from CalibSegLib.cardiac.phases import choose_phases, phase_order
 from CalibSegLib.inference import Prediction, Predictor
 from CalibSegLib.io import ImageGeometry
+from CalibSegLib.quality import quality_summary
 
 __all__ = ["PhaseImage", "INDEX_LABELS", "FunctionResult", "stored_rule", "measure_volumes", "function_result",
            "measure_function", "measure_cine"]
@@ -120,20 +121,37 @@ def stored_rule(metadata: BundleMetadata) -> tuple[IntervalRule | None, str | No
     if metadata.function_intervals is None:
         return None, ("the bundle holds no fitted interval rule; fit one with python -m "
                       "Evaluation.function_intervals (docs/function.md).")
-    return IntervalRule.from_dict(metadata.function_intervals), None
+    rule = IntervalRule.from_dict(metadata.function_intervals)
+    if rule.needs_predicted_dice and metadata.quality is None:
+        return None, (f"the bundle's interval rule scales by the quality model's predicted Dice ({rule.scale}), and "
+                      "the bundle holds no quality model; refit the rule (docs/function.md).")
+    return rule, None
+
+
+def _predicted_dice(prediction: Prediction, spacing: Sequence[float], metadata: BundleMetadata,
+                    classes: CardiacClasses) -> dict[str, float]:
+    """Each structure's predicted Dice as the bundle's quality summary gives it (an ensemble's: its members'
+    mean); 0 where the structure is drawn nowhere, as the members' mean counts it."""
+    structures = quality_summary(prediction, spacing, metadata)["structures"]
+    return {structure: structures[metadata.class_names[classes.index(structure)]]["predicted_dice"] or 0.0
+            for structure in STRUCTURES}
 
 
 def measure_volumes(predictor: Predictor, phase: PhaseImage, progress: Callable[[float], None] | None = None,
                     cancel: threading.Event | None = None) -> tuple[PhaseVolumes, Prediction]:
-    """Segment one phase and measure its structures (raises :class:`CardiacError` for a bundle without the
-    cardiac structures' codes, before the network runs)."""
+    """Segment one phase and measure its structures, with their predicted Dice when the bundle's rule scales by it
+    (raises :class:`CardiacError` for a bundle without the cardiac structures' codes, before the network runs)."""
     metadata = predictor.metadata
     classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
     image, geometry = phase
     tally = ProbabilityTally(metadata.num_classes)
     prediction = predictor.predict(image, geometry.spacing, progress=progress, cancel=cancel,
                                    probability_sink=tally)
-    return phase_volumes(prediction.labels, tally, geometry.spacing, classes), prediction
+    volumes = phase_volumes(prediction.labels, tally, geometry.spacing, classes)
+    rule, _ = stored_rule(metadata)
+    if rule is not None and rule.needs_predicted_dice:
+        volumes = volumes.with_predicted_dice(_predicted_dice(prediction, geometry.spacing, metadata, classes))
+    return volumes, prediction
 
 
 def function_result(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes) -> FunctionResult:

@@ -15,7 +15,7 @@ Mass = myocardial volume × 1.05 g/mL (the density the cardiac tools and ACDC us
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -94,11 +94,13 @@ def label_volumes_ml(labels: np.ndarray, spacing: Sequence[float], classes: Card
 @dataclass(frozen=True)
 class StructureVolume:
     """One structure in one phase, in mL: ``hard`` (label voxels), ``soft`` (probability sum) and ``spread``
-    (Σ p (1 − p), the uncertain band's volume)."""
+    (Σ p (1 − p), the uncertain band's volume); ``predicted_dice`` the bundle's quality model's predicted Dice of
+    the structure's label map (None where it was not measured; 0 where the structure is drawn nowhere)."""
 
     hard: float
     soft: float
     spread: float
+    predicted_dice: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,13 @@ class PhaseVolumes:
     def structure(self, name: str) -> StructureVolume:
         return getattr(self, name)
 
-    def to_dict(self) -> dict[str, dict[str, float]]:
+    def to_dict(self) -> dict[str, dict[str, float | None]]:
         return asdict(self)
+
+    def with_predicted_dice(self, dice: Mapping[str, float]) -> "PhaseVolumes":
+        """These volumes with each structure's predicted Dice ``dice`` (structure → Dice)."""
+        return PhaseVolumes(**{structure: replace(self.structure(structure), predicted_dice=float(dice[structure]))
+                               for structure in STRUCTURES})
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Mapping[str, float]]) -> "PhaseVolumes":

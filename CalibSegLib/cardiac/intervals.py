@@ -5,10 +5,13 @@ intervals (split-conformal, scaled per case).
 read as ``hard`` label volumes or ``soft`` probability sums): LV EDV, ESV, SV = EDV − ESV, EF = 100 · SV / EDV;
 RV EDV, ESV, EF; myocardial mass = 1.05 g/mL × the myocardium's volume at ED.
 
-**Scale** (per case, in the index's unit): ``spread`` propagates each volume's uncertain band
-(Σ p (1 − p) × voxel volume) to the index to first order, adding the magnitudes (a boundary drawn too wide at ED is
-not independent of one drawn too wide at ES): s(EDV) = b_ED, s(SV) = b_ED + b_ES,
-s(EF) = 100 (ESV · b_ED + EDV · b_ES) / EDV², s(mass) = 1.05 b_myo,ED. ``constant`` is 1 for every case (plain
+**Scale** (per case, in the index's unit): each volume gets a band b in mL, propagated to the index to first
+order, adding the magnitudes (a boundary drawn too wide at ED is not independent of one drawn too wide at ES):
+s(EDV) = b_ED, s(SV) = b_ED + b_ES, s(EF) = 100 (ESV · b_ED + EDV · b_ES) / EDV², s(mass) = 1.05 b_myo,ED. The
+band (:data:`BANDS`): ``spread``, the uncertain band Σ p (1 − p) × voxel volume; ``dice``, (1 − D̂) × the label
+volume, D̂ the quality model's predicted Dice (a label map of Dice D off a reference of about its size differs from
+it in about 2 (1 − D) V voxels, an upper bound of the volume error, so the band is its half); ``spread_dice_sum``
+and ``spread_dice_geometric``, the two bands' sum and geometric mean. ``constant`` is 1 for every case (plain
 split-conformal, one width for all).
 
 **Recalibration** (optional): each of the five volumes the indices need (:data:`VOLUMES`) mapped by a line
@@ -28,21 +31,36 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from CalibSegLib.cardiac.indices import MYOCARDIUM_DENSITY_G_PER_ML, PhaseVolumes
+from CalibSegLib.cardiac.indices import MYOCARDIUM_DENSITY_G_PER_ML, PhaseVolumes, StructureVolume
 
-__all__ = ["INDICES", "LEVEL", "ESTIMATES", "SCALES", "RECALIBRATIONS", "VOLUMES", "IntervalRuleError",
-           "Recalibration", "index_values", "phase_pair_volumes", "case_indices", "index_scales", "reference_volumes",
-           "fit_recalibration", "conformal_quantile", "IntervalRule", "fit_rule"]
+__all__ = ["INDICES", "LEVEL", "ESTIMATES", "BANDS", "SCALES", "DICE_SCALES", "RECALIBRATIONS", "VOLUMES",
+           "IntervalRuleError", "Recalibration", "index_values", "phase_pair_volumes", "case_indices", "index_scales",
+           "reference_volumes", "fit_recalibration", "conformal_quantile", "IntervalRule", "fit_rule"]
 
 INDICES: tuple[str, ...] = ("lv_edv_ml", "lv_esv_ml", "lv_sv_ml", "lv_ef_percent", "rv_edv_ml", "rv_esv_ml",
                             "rv_ef_percent", "myocardium_mass_g")
 LEVEL = 0.9
 ESTIMATES = ("hard", "soft")  # label volumes, probability sums
-SCALES = ("spread", "constant")
+
+
+def _dice_band(volume: StructureVolume) -> float:
+    """(1 − D̂) × the label volume (mL); NaN without a predicted Dice."""
+    return math.nan if volume.predicted_dice is None else (1.0 - volume.predicted_dice) * volume.hard
+
+
+# Each scale's band of a structure (mL): Σ p (1 − p), the quality model's (1 − D̂) × label volume, or both.
+BANDS: dict[str, Callable[[StructureVolume], float]] = {
+    "spread": lambda volume: volume.spread,
+    "dice": _dice_band,
+    "spread_dice_sum": lambda volume: volume.spread + _dice_band(volume),
+    "spread_dice_geometric": lambda volume: math.sqrt(volume.spread * _dice_band(volume)),
+}
+SCALES = (*BANDS, "constant")
+DICE_SCALES = ("dice", "spread_dice_sum", "spread_dice_geometric")  # those that need the predicted Dice
 RECALIBRATIONS = ("none", "linear")  # the volumes as measured, or mapped by lines fitted on calibration patients
 # The volumes the indices are made of: structure and phase (the myocardium's at ED gives the mass).
 VOLUMES = ("lv_ed", "lv_es", "rv_ed", "rv_es", "myocardium_ed")
@@ -74,16 +92,17 @@ Recalibration = dict[str, tuple[float, float]]
 
 
 def phase_pair_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str,
-                       recalibration: Recalibration | None = None) -> tuple[dict[str, float], dict[str, float]]:
+                       recalibration: Recalibration | None = None, band: str = "spread"
+                       ) -> tuple[dict[str, float], dict[str, float]]:
     """The :data:`VOLUMES` of an ED/ES pair read as ``estimate`` (mL), recalibrated when a map is given, and their
-    bands (mL; a line of slope s widens a band by |s|)."""
+    ``band`` (:data:`BANDS`, mL; a line of slope s widens a band by |s|)."""
     volumes, bands = {}, {}
     for key in VOLUMES:
         structure, phase = key.rsplit("_", 1)
         measured = (ed if phase == "ed" else es).structure(structure)
         intercept, slope = recalibration[key] if recalibration is not None else (0.0, 1.0)
         volumes[key] = intercept + slope * getattr(measured, estimate)
-        bands[key] = abs(slope) * measured.spread
+        bands[key] = abs(slope) * BANDS[band](measured)
     return volumes, bands
 
 
@@ -106,7 +125,7 @@ def case_indices(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, scale: str,
                  recalibration: Recalibration | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """One case's index values and per-case scales (module docstring), read with ``estimate``
     (:data:`ESTIMATES`), ``scale`` (:data:`SCALES`) and, when given, the volumes' ``recalibration``."""
-    volumes, bands = phase_pair_volumes(ed, es, estimate, recalibration)
+    volumes, bands = phase_pair_volumes(ed, es, estimate, recalibration, "spread" if scale == "constant" else scale)
     return _indices_of(volumes), _scales_of(volumes, bands, scale)
 
 
@@ -144,8 +163,8 @@ def conformal_quantile(scores: Sequence[float], level: float = LEVEL) -> float:
 
 @dataclass(frozen=True)
 class IntervalRule:
-    """A fitted rule: point ``estimate`` (``hard`` or ``soft`` volumes), per-case ``scale`` (``spread`` or
-    ``constant``), the ``level``, one score quantile per index (``quantiles``), the volumes' ``recalibration``
+    """A fitted rule: point ``estimate`` (``hard`` or ``soft`` volumes), per-case ``scale`` (:data:`SCALES`), the
+    ``level``, one score quantile per index (``quantiles``), the volumes' ``recalibration``
     (None: the volumes as measured) and what it was fitted on (``fitted_on``: free JSON, e.g. patients and
     networks)."""
 
@@ -166,6 +185,11 @@ class IntervalRule:
         if not (math.isfinite(value) and math.isfinite(half)):
             return math.nan, math.nan
         return value - half, value + half
+
+    @property
+    def needs_predicted_dice(self) -> bool:
+        """Whether its scale reads the quality model's predicted Dice (:data:`DICE_SCALES`)."""
+        return self.scale in DICE_SCALES
 
     def to_dict(self) -> dict[str, Any]:
         return {"estimate": self.estimate, "scale": self.scale, "level": self.level,

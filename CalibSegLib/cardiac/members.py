@@ -22,10 +22,12 @@ __all__ = ["member_predictors", "ensemble_labels"]
 
 def member_predictors(bundle: Bundle, device: str = "auto", batch_size: int = 16) -> list[Predictor]:
     """One predictor per member of ``bundle`` (a single network: itself), each at the bundle's temperature,
-    mirroring and post-processing, without the ensemble's quality model."""
+    mirroring and post-processing, without the ensemble's quality model and input check (both describe the
+    ensemble: its input statistics may hold every member's features, which no single network carries)."""
     if bundle.metadata.ensemble_size == 1:
         return [Predictor(bundle, device=device, batch_size=batch_size)]
-    settings = dataclasses.replace(bundle.metadata, ensemble_size=1, ensemble=None, quality_model=None)
+    settings = dataclasses.replace(bundle.metadata, ensemble_size=1, ensemble=None, quality_model=None,
+                                   input_statistics=None)
     network = bundle.build_model()
     return [Predictor.from_network(member, settings, device=device, batch_size=batch_size)
             for member in network.members]
