@@ -60,7 +60,8 @@ def analyse_variants(predictor: Predictor, image: np.ndarray, spacing: Sequence[
     else:
         evaluations = evaluate_variants(predictor, image, reference, spacing, temperatures, progress, cancel)
         predictions = [evaluation.prediction for evaluation in evaluations]
-    # One network, one input: the variants share its features (they differ in temperature and quality model).
+    # One network, one input: the variants share its features (they differ in temperature and quality model). An
+    # ensemble judged by every member gives one distance per member (an encoder pass each).
     distance = feature_distance(predictor.model, predictor.metadata, image, spacing, predictor.batch_size)
     analyses = []
     for metadata, prediction, evaluation in zip(variants, predictions, evaluations):

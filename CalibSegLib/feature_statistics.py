@@ -11,8 +11,14 @@ singular) it is invertible, and ``bundle.json`` stores it in ``(1 + k) × F`` nu
 Its threshold is chosen on the validation volumes (never seen in training) at a stated false-alarm
 rate α (:data:`FALSE_ALARM_RATE`, 5 %): the ``⌈(n + 1)(1 − α)⌉``-th smallest of their n distances, so a
 new clean volume, exchangeable with them, exceeds it with probability at most α (split conformal); with
-fewer than ``1/α − 1`` validation volumes that is their largest, and the guarantee is weaker. Pure NumPy:
-no torch, no bundle.
+fewer than ``1/α − 1`` validation volumes that is their largest, and the guarantee is weaker.
+
+An ensemble of cross-validation folds is judged by every member (:class:`MemberFeatureStatistics`, bundle.json's
+``member_features``): each member's own Gaussian, fitted on the volumes of the patients that member trained on;
+one threshold pooled over the out-of-fold distances, each volume scored by the member that never trained on it
+(:func:`pool_member_statistics`); and a combination of the members' verdicts (:data:`COMBINATIONS`: the majority,
+so a volume is unlike the training images when more than half of the members find it so). Pure NumPy: no torch,
+no bundle.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["FALSE_ALARM_RATE", "MAX_COMPONENTS", "MAX_FEATURES", "FeatureStatisticsError",
-           "FeatureStatistics", "volume_vector", "fit_feature_statistics", "conformal_threshold"]
+__all__ = ["FALSE_ALARM_RATE", "MAX_COMPONENTS", "MAX_FEATURES", "MAX_MEMBERS", "COMBINATIONS",
+           "FeatureStatisticsError", "FeatureStatistics", "MemberFeatureStatistics", "volume_vector",
+           "fit_feature_statistics", "pool_member_statistics", "conformal_threshold"]
 
 FALSE_ALARM_RATE = 0.05
 # Principal axes kept: chosen on acdc_ce_dice's validation copies (docs/input_check.md) among 4, 8, 16, 32.
@@ -32,6 +39,12 @@ MAX_COMPONENTS = 16
 # Longer feature vectors are refused: the mean and the axes take (1 + MAX_COMPONENTS) × F numbers of
 # bundle.json, about 300 kB at 2048, within its 1 MiB with the quality model beside them.
 MAX_FEATURES = 2048
+# An ensemble's members judged one by one: as many as a bundle holds (CalibSegLib.bundle's MAX_ENSEMBLE_SIZE).
+MAX_MEMBERS = 16
+# How the members' verdicts make one: "majority", more than half of them above the threshold (with an odd number
+# of members, their median distance above it). Chosen over "any" on acdc_ce_dice's clean test volumes
+# (docs/input_check.md): any member above called 3 of 30 unsuitable, the majority none.
+COMBINATIONS = ("majority",)
 _MAX_LAYER_NAME = 256
 _SIGNIFICANT = 7  # digits stored: float32's precision, the features' own
 
@@ -212,3 +225,104 @@ def fit_feature_statistics(layer: str, training: Sequence[np.ndarray], validatio
                                             false_alarm_rate)
     return replace(gaussian, threshold=threshold, validation_volumes=len(validation),
                    validation_within=within)
+
+
+@dataclass(frozen=True)
+class MemberFeatureStatistics:
+    """An ensemble judged by every member (``input_statistics``' ``member_features``).
+
+    ``members``: one :class:`FeatureStatistics` per member, in the bundle's member order, each that member's own
+    Gaussian (its ``layer`` named inside the member network) and all with the one pooled threshold, its
+    false-alarm rate and its out-of-fold volume counts (:func:`pool_member_statistics`); ``combination``: how the
+    members' verdicts make one (:data:`COMBINATIONS`).
+    """
+
+    members: tuple[FeatureStatistics, ...]
+    combination: str = COMBINATIONS[0]
+
+    @property
+    def threshold(self) -> float:
+        """The pooled distance threshold every member compares its distance with."""
+        return self.members[0].threshold
+
+    def above(self, distances: Sequence[float]) -> list[bool]:
+        """Per member, whether its distance (one per member, in order) lies above the threshold."""
+        if len(distances) != len(self.members):
+            raise FeatureStatisticsError(f"{len(distances)} distances for {len(self.members)} members")
+        return [float(distance) > self.threshold for distance in distances]
+
+    def unlike(self, distances: Sequence[float]) -> bool:
+        """The combined verdict: more than half of the members find the volume unlike their training volumes."""
+        return 2 * sum(self.above(distances)) > len(self.members)
+
+    def deciding_distance(self, distances: Sequence[float]) -> float:
+        """The distance that decides the majority: the ``(M // 2 + 1)``-th largest of the ``M`` members' (their
+        median for an odd ``M``), above the threshold exactly when the verdict is "unlike"."""
+        return float(sorted(distances, reverse=True)[len(distances) // 2])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON for ``bundle.json``."""
+        return {"combination": self.combination, "members": [member.to_dict() for member in self.members]}
+
+    @classmethod
+    def from_dict(cls, values: Any, members: int | None = None) -> "MemberFeatureStatistics":
+        """Read and check stored member statistics (untrusted), for an ensemble of ``members`` networks (None:
+        any number from 2 to :data:`MAX_MEMBERS`).
+
+        Raises:
+            FeatureStatisticsError: a missing, unknown or malformed field, another number of members, or members
+                that do not share one threshold (a phrase naming it).
+        """
+        if not isinstance(values, dict) or set(values) != {"combination", "members"}:
+            raise FeatureStatisticsError("member_features must be an object with the fields combination and "
+                                         "members")
+        if values["combination"] not in COMBINATIONS:
+            raise FeatureStatisticsError(f"member_features' combination must be one of {', '.join(COMBINATIONS)}, "
+                                         f"got {values['combination']!r}")
+        stored = values["members"]
+        if not isinstance(stored, list) or not 2 <= len(stored) <= MAX_MEMBERS:
+            raise FeatureStatisticsError(f"member_features' members must be a list of 2 to {MAX_MEMBERS} "
+                                         "members' features")
+        if members is not None and len(stored) != members:
+            raise FeatureStatisticsError(f"member_features hold {len(stored)} members' features for an ensemble "
+                                         f"of {members}")
+        parsed = []
+        for index, member in enumerate(stored):
+            try:
+                parsed.append(FeatureStatistics.from_dict(member))
+            except FeatureStatisticsError as error:
+                raise FeatureStatisticsError(f"member_features' member {index}: {error}") from None
+        pooled = {(item.threshold, item.false_alarm_rate, item.validation_volumes, item.validation_within)
+                  for item in parsed}
+        if len(pooled) != 1:
+            raise FeatureStatisticsError("member_features' members must share one threshold, false_alarm_rate and "
+                                         "validation counts (the threshold pooled over the out-of-fold volumes)")
+        return cls(tuple(parsed), values["combination"])
+
+
+def pool_member_statistics(members: Sequence[FeatureStatistics], unseen_distances: Sequence[Sequence[float]],
+                           false_alarm_rate: float = FALSE_ALARM_RATE,
+                           combination: str = COMBINATIONS[0]) -> MemberFeatureStatistics:
+    """Every member judged against one threshold: the :func:`conformal_threshold` of all members' distances of
+    the volumes they never trained on (``unseen_distances[m]``: member m's distances of its own out-of-fold
+    volumes), pooled because the members' Gaussians are fitted alike on as many patients, so their distances share
+    one scale, and a member's own few volumes would put its threshold at their largest.
+
+    Args:
+        members: each member's Gaussian (:func:`fit_feature_statistics` on the volumes it trained on; its own
+            threshold is replaced).
+        unseen_distances: per member, the distances of the volumes it never trained on, under its Gaussian.
+
+    Raises:
+        FeatureStatisticsError: fewer than 2 members, another number of distance lists, or no distance.
+    """
+    if not 2 <= len(members) <= MAX_MEMBERS or len(unseen_distances) != len(members):
+        raise FeatureStatisticsError(f"the members' features need 2 to {MAX_MEMBERS} members with one list of "
+                                     f"out-of-fold distances each, got {len(members)} and {len(unseen_distances)}")
+    pooled = [float(distance) for distances in unseen_distances for distance in distances]
+    if not pooled:
+        raise FeatureStatisticsError("the members' features need at least 1 out-of-fold volume")
+    threshold, within = conformal_threshold(pooled, false_alarm_rate)
+    return MemberFeatureStatistics(tuple(replace(member, threshold=threshold, false_alarm_rate=false_alarm_rate,
+                                                 validation_volumes=len(pooled), validation_within=within)
+                                         for member in members), combination)

@@ -25,6 +25,8 @@ How they are read:
 Both take a network and its input, not a bundle, so an ensemble calls them once per member network;
 so do :func:`fit_network_features` (a bundle's statistics from its training and validation cases) and
 :func:`feature_distance` (a volume's distance under them), which take the network beside the metadata.
+An ensemble judged by every member (:func:`fit_member_features`) reads each member's features at that member's
+own bottleneck: five encoder passes for five members, one distance each.
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from monai.inferers import sliding_window_inference
 from torch import nn
 
 from CalibSegLib.bundle import BundleError
-from CalibSegLib.feature_statistics import FeatureStatistics, FeatureStatisticsError, fit_feature_statistics
+from CalibSegLib.feature_statistics import (FeatureStatistics, FeatureStatisticsError, MemberFeatureStatistics,
+                                            fit_feature_statistics, pool_member_statistics)
+from CalibSegLib.networks import MemberNetworks
 from CalibSegLib.preprocessing import (Preprocessing, as_channels, network_grid_shape, normalize_channels,
                                        resample_slices, resample_volume, volume_grid_shape)
 from CalibSegLib.sliding_window import SlidingWindow
@@ -48,7 +52,7 @@ if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
 
 __all__ = ["FeatureLayerError", "bottleneck_layer", "encoder_features", "model_grid_batches",
-           "volume_features", "fit_network_features", "feature_distance"]
+           "volume_features", "fit_network_features", "fit_member_features", "feature_distance"]
 
 
 class FeatureLayerError(ValueError):
@@ -185,6 +189,13 @@ def volume_features(network: nn.Module, layer: str, image: np.ndarray, spacing: 
                            for batch in batches])
 
 
+def _cases_features(network: nn.Module, layer: str, metadata: "BundleMetadata", cases: Sequence[Any],
+                    batch_size: int) -> list[np.ndarray]:
+    """:func:`volume_features` of each case (``image``, ``spacing`` (z, y, x) mm) under the bundle's settings."""
+    return [volume_features(network, layer, case.image, case.spacing, metadata.preprocessing,
+                            metadata.sliding_window, batch_size) for case in cases]
+
+
 def fit_network_features(network: nn.Module, metadata: "BundleMetadata", training: Sequence[Any],
                          validation: Sequence[Any], batch_size: int = 16) -> FeatureStatistics:
     """The feature statistics of a bundle's network (``input_statistics["features"]``): the Gaussian of
@@ -195,31 +206,62 @@ def fit_network_features(network: nn.Module, metadata: "BundleMetadata", trainin
     Raises:
         FeatureStatisticsError: too few cases, or features that cannot be modelled (a phrase).
     """
-    window, preprocessing = metadata.sliding_window, metadata.preprocessing
-    layer = bottleneck_layer(network, metadata.in_channels, window.patch_size)
+    layer = bottleneck_layer(network, metadata.in_channels, metadata.sliding_window.patch_size)
+    return fit_feature_statistics(layer, _cases_features(network, layer, metadata, training, batch_size),
+                                  _cases_features(network, layer, metadata, validation, batch_size))
 
-    def features(cases: Sequence[Any]) -> list[np.ndarray]:
-        return [volume_features(network, layer, case.image, case.spacing, preprocessing, window,
-                                batch_size) for case in cases]
 
-    return fit_feature_statistics(layer, features(training), features(validation))
+def fit_member_features(members: Sequence[nn.Module], metadata: "BundleMetadata",
+                        training: Sequence[Sequence[Any]], unseen: Sequence[Sequence[Any]],
+                        batch_size: int = 16) -> MemberFeatureStatistics:
+    """An ensemble's feature statistics judged by every member (``input_statistics["member_features"]``): member
+    m's Gaussian from ``training[m]``, the cases of the patients it trained on, read at its own bottleneck; one
+    threshold pooled over every member's distances of ``unseen[m]``, the cases it never trained on
+    (:func:`~CalibSegLib.feature_statistics.pool_member_statistics`).
+
+    Raises:
+        FeatureStatisticsError: too few members or cases, or features that cannot be modelled (a phrase).
+    """
+    if len(training) != len(members) or len(unseen) != len(members):
+        raise FeatureStatisticsError(f"the members' features need the training and unseen cases of each of the "
+                                     f"{len(members)} members, got {len(training)} and {len(unseen)}")
+    statistics, distances = [], []
+    for member, trained, never in zip(members, training, unseen):
+        layer = bottleneck_layer(member, metadata.in_channels, metadata.sliding_window.patch_size)
+        held_out = _cases_features(member, layer, metadata, never, batch_size)
+        gaussian = fit_feature_statistics(layer, _cases_features(member, layer, metadata, trained, batch_size),
+                                          held_out)
+        statistics.append(gaussian)
+        distances.append([gaussian.distance(features) for features in held_out])
+    return pool_member_statistics(statistics, distances)
 
 
 def feature_distance(network: nn.Module, metadata: "BundleMetadata", image: np.ndarray,
-                     spacing: Sequence[float], batch_size: int = 16) -> float | None:
+                     spacing: Sequence[float], batch_size: int = 16) -> float | list[float] | None:
     """The distance of a ``(z, y, x)`` or ``(K, z, y, x)`` volume (``spacing`` (z, y, x) mm) from the
     training volumes in ``network``'s feature space, under the feature statistics of ``metadata`` (the
-    bundle the network is, or one member's); None where the bundle stores none.
+    bundle the network is, or one member's); for an ensemble judged by every member (``member_features``) one
+    distance per member, each at that member's bottleneck under its own Gaussian; None where the bundle stores
+    none.
 
     Raises:
         BundleError: the stored layer is not one of the network's, or gives features of another length
-            (statistics fitted for another network).
+            (statistics fitted for another network), or the member statistics are not one per member network.
     """
     statistics = metadata.input_statistics
-    if statistics is None or statistics.get("features") is None:
+    if statistics is None or (statistics.get("features") is None and statistics.get("member_features") is None):
         return None
-    stored = FeatureStatistics.from_dict(statistics["features"])  # checked by load_bundle: cannot fail
     try:
+        if statistics.get("member_features") is not None:  # checked by load_bundle: cannot fail
+            judges = MemberFeatureStatistics.from_dict(statistics["member_features"]).members
+            members = list(network.members) if isinstance(network, MemberNetworks) else []
+            if len(members) != len(judges):
+                raise FeatureStatisticsError(f"{len(judges)} members' statistics for {len(members) or 'no'} "
+                                             "member networks")
+            return [judge.distance(volume_features(member, judge.layer, image, spacing, metadata.preprocessing,
+                                                   metadata.sliding_window, batch_size))
+                    for member, judge in zip(members, judges)]
+        stored = FeatureStatistics.from_dict(statistics["features"])
         features = volume_features(network, stored.layer, image, spacing, metadata.preprocessing,
                                    metadata.sliding_window, batch_size)
         return stored.distance(features)

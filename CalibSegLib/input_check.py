@@ -42,7 +42,10 @@ A fifth judge is the network itself: statistics of version 3 also hold ``feature
 encoder features and a distance threshold chosen on the validation volumes); the caller gives the
 volume's distance (:func:`CalibSegLib.features.feature_distance`), and a distance above the threshold is
 one more sentence, the first. Older statistics keep the four families and say the volume was not
-checked against the network's features. Pure NumPy: no torch, no bundle.
+checked against the network's features. An ensemble's statistics of version 4 hold ``member_features`` instead
+(:class:`~CalibSegLib.feature_statistics.MemberFeatureStatistics`): every member's Gaussian and one pooled
+threshold; the caller gives one distance per member, and the input is unlike the training images when a majority
+of the members find it so. Pure NumPy: no torch, no bundle.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
-from CalibSegLib.feature_statistics import FeatureStatistics, FeatureStatisticsError
+from CalibSegLib.feature_statistics import FeatureStatistics, FeatureStatisticsError, MemberFeatureStatistics
 from CalibSegLib.preprocessing import Preprocessing, as_channels, in_plane_spacing, intensity_range, scale_intensity
 
 if TYPE_CHECKING:
@@ -63,12 +66,15 @@ __all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStat
            "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases",
            "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED",
            "OUTDATED", "HOUNSFIELD_RANGE", "RESAMPLING_RANGE", "FEATURES_NOT_STORED", "FEATURES_NOT_MEASURED",
-           "feature_lines"]
+           "feature_lines", "with_features"]
 
 # 2: a CT channel scaled over its training window (check_intensities). Version 1 scaled every channel per image,
 # which is the same thing for a bundle without a CT channel (every ACDC bundle), and not otherwise.
 # 3: the network's features (a "features" field, null where none were fitted); bundles of schema 3 carry it.
-INPUT_STATISTICS_VERSION = 3
+# 4: an ensemble judged by every member ("member_features", "features" null); written only where they are stored,
+# so every other bundle keeps version 3 and stays readable by a CalibSeg that reads 3.
+INPUT_STATISTICS_VERSION = 4
+_FIRST_MEMBER_VERSION = 3
 QUANTILE_LEVELS: tuple[float, ...] = (0.05, 0.25, 0.50, 0.75, 0.95)
 # Hounsfield units a CT file can hold: air is -1000, padding outside the field of view down to -3024 on some
 # scanners, and the extended scale for metal reaches about 30,000 (16-bit storage); anything beyond is not CT.
@@ -195,7 +201,8 @@ class InputStatistics:
     ``spacing_mm`` / ``field_of_view_mm``: the in-plane ranges (mm; the spacing is a record, the check
     judges it by the model's grid); ``thresholds``: per :data:`FAMILIES` entry the largest excursion still
     suitable; ``volumes``: how many training volumes the ranges come from; ``features``: the network's
-    features (version 3), None where the statistics have none.
+    features (version 3), None where the statistics have none; ``member_features``: an ensemble's members'
+    features and their pooled threshold (version 4; ``features`` is then None), None otherwise.
     """
 
     intensity: tuple[tuple[tuple[float, float], ...], ...]
@@ -206,16 +213,23 @@ class InputStatistics:
     thresholds: dict[str, float] = field(default_factory=dict)
     volumes: int = 0
     features: FeatureStatistics | None = None
+    member_features: MemberFeatureStatistics | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON for ``bundle.json``."""
-        ranges = {item.name: _plain(getattr(self, item.name)) for item in fields(self) if item.name != "features"}
-        return {"version": INPUT_STATISTICS_VERSION, "quantile_levels": list(QUANTILE_LEVELS), **ranges,
-                "features": None if self.features is None else self.features.to_dict()}
+        """Plain JSON for ``bundle.json``: version 4 where member features are stored, 3 otherwise."""
+        ranges = {item.name: _plain(getattr(self, item.name)) for item in fields(self)
+                  if item.name not in ("features", "member_features")}
+        stored = {"version": _FIRST_MEMBER_VERSION, "quantile_levels": list(QUANTILE_LEVELS), **ranges,
+                  "features": None if self.features is None else self.features.to_dict()}
+        if self.member_features is None:
+            return stored
+        return {**stored, "version": INPUT_STATISTICS_VERSION, "member_features": self.member_features.to_dict()}
 
     @classmethod
-    def from_dict(cls, values: Any, class_names: Sequence[str], in_channels: int = 1) -> "InputStatistics":
-        """Read and check stored statistics for a model with ``class_names`` and ``in_channels``.
+    def from_dict(cls, values: Any, class_names: Sequence[str], in_channels: int = 1,
+                  ensemble_size: int | None = None) -> "InputStatistics":
+        """Read and check stored statistics for a model with ``class_names`` and ``in_channels`` (an ensemble of
+        ``ensemble_size`` networks: member features must hold as many; None: not checked).
 
         Raises:
             InputStatisticsError: a missing, unknown or malformed field (a phrase naming it).
@@ -223,19 +237,27 @@ class InputStatistics:
         if not isinstance(values, dict):
             raise InputStatisticsError(f"it must be an object, got {type(values).__name__}")
         version = values.get("version")
-        if isinstance(version, bool) or version not in (1, 2, INPUT_STATISTICS_VERSION):
-            raise InputStatisticsError(f"version {version!r} is not 1, 2 or {INPUT_STATISTICS_VERSION}")
+        if isinstance(version, bool) or version not in (1, 2, _FIRST_MEMBER_VERSION, INPUT_STATISTICS_VERSION):
+            raise InputStatisticsError(f"version {version!r} is not 1, 2, {_FIRST_MEMBER_VERSION} or "
+                                       f"{INPUT_STATISTICS_VERSION}")
         expected = {"version", "quantile_levels", "intensity", "structure_intensity", "structure_volume_ml",
                     "spacing_mm", "field_of_view_mm", "thresholds", "volumes"}
-        expected |= {"features"} if version == 3 else set()
+        expected |= {"features"} if version >= _FIRST_MEMBER_VERSION else set()
+        expected |= {"member_features"} if version == INPUT_STATISTICS_VERSION else set()
         if set(values) != expected:
             wrong = sorted(set(values) ^ expected)
             raise InputStatisticsError(f"its fields must be {', '.join(sorted(expected))} (wrong: {', '.join(wrong)})")
+        if version == INPUT_STATISTICS_VERSION and values["features"] is not None:
+            raise InputStatisticsError("features must be null where member_features judge the input (version 4)")
         try:
             stored = values.get("features")
             features = None if stored is None else FeatureStatistics.from_dict(stored)
+            members = values.get("member_features")
+            member_features = None if members is None else MemberFeatureStatistics.from_dict(members, ensemble_size)
         except FeatureStatisticsError as error:
             raise InputStatisticsError(str(error)) from None
+        if version == INPUT_STATISTICS_VERSION and member_features is None:
+            raise InputStatisticsError("member_features must be an object in version 4")
         if values["quantile_levels"] != list(QUANTILE_LEVELS):
             raise InputStatisticsError(f"quantile_levels must be {list(QUANTILE_LEVELS)}")
         intensity = values["intensity"]
@@ -265,6 +287,7 @@ class InputStatistics:
             thresholds={family: float(thresholds[family]) for family in FAMILIES},
             volumes=volumes,
             features=features,
+            member_features=member_features,
         )
 
 
@@ -311,13 +334,23 @@ def fit_input_statistics(observations: Sequence[VolumeObservation], thresholds: 
 
 def statistics_of_cases(metadata: "BundleMetadata", cases: Sequence[Any],
                         thresholds: Mapping[str, float] = THRESHOLDS,
-                        features: FeatureStatistics | None = None) -> dict[str, Any]:
+                        features: FeatureStatistics | MemberFeatureStatistics | None = None) -> dict[str, Any]:
     """``bundle.json``'s ``input_statistics`` from a bundle's training ``cases`` (each with ``image``, ``label``
     and ``spacing`` (z, y, x) mm, as :class:`Datasets.cases.Case`), under the bundle's preprocessing, with the
-    network's ``features`` (:func:`CalibSegLib.features.fit_network_features`; None: none)."""
+    network's ``features`` (:func:`CalibSegLib.features.fit_network_features`, or an ensemble's members',
+    :func:`CalibSegLib.features.fit_member_features`; None: none)."""
     observations = [observe_volume(case.image, case.spacing, case.label, metadata.class_names,
                                    metadata.preprocessing) for case in cases]
-    return replace(fit_input_statistics(observations, thresholds), features=features).to_dict()
+    return with_features(fit_input_statistics(observations, thresholds), features).to_dict()
+
+
+def with_features(statistics: InputStatistics,
+                  features: FeatureStatistics | MemberFeatureStatistics | None) -> InputStatistics:
+    """``statistics`` judged by ``features``: one network's (``features``) or every member's (``member_features``),
+    in place of what they held."""
+    if isinstance(features, MemberFeatureStatistics):
+        return replace(statistics, features=None, member_features=features)
+    return replace(statistics, features=features, member_features=None)
 
 
 def _outside(value: float, bounds: tuple[float, float]) -> float:
@@ -401,15 +434,26 @@ def input_reasons(statistics: InputStatistics, observation: VolumeObservation,
             if finding.excursion > statistics.thresholds[family]]
 
 
-def _feature_entry(features: FeatureStatistics | None, distance: float | None) -> dict[str, Any]:
-    """A check's ``features``: the volume's distance beside the threshold, or a note saying why none."""
-    if features is None:
+def _feature_entry(statistics: InputStatistics, distance: float | Sequence[float] | None) -> dict[str, Any]:
+    """A check's ``features``: the volume's distance beside the threshold (an ensemble judged by every member:
+    each member's, and the one that decides the majority, as ``distance``), or a note saying why none."""
+    judge = statistics.member_features or statistics.features
+    if judge is None:
         return {"note": FEATURES_NOT_STORED}
     if distance is None:
         return {"note": FEATURES_NOT_MEASURED}
-    return {"distance": float(distance), "threshold": features.threshold,
-            "false_alarm_rate": features.false_alarm_rate, "validation_volumes": features.validation_volumes,
-            "validation_within": features.validation_within}
+    first = judge.members[0] if isinstance(judge, MemberFeatureStatistics) else judge
+    calibration = {"threshold": judge.threshold, "false_alarm_rate": first.false_alarm_rate,
+                   "validation_volumes": first.validation_volumes, "validation_within": first.validation_within}
+    members = isinstance(judge, MemberFeatureStatistics)
+    if members == isinstance(distance, (int, float)):  # the caller's error, not the bundle's
+        wanted = "one distance per member" if members else "one distance"
+        raise InputStatisticsError(f"the bundle's feature statistics take {wanted}, got {distance!r}")
+    if not members:
+        return {"distance": float(distance), **calibration}
+    distances = [float(value) for value in distance]
+    return {"distance": judge.deciding_distance(distances), **calibration, "combination": judge.combination,
+            "member_distances": distances, "members_above": sum(judge.above(distances))}
 
 
 def _unlike_features(entry: Mapping[str, Any]) -> bool:
@@ -417,17 +461,33 @@ def _unlike_features(entry: Mapping[str, Any]) -> bool:
 
 
 def _validation_share(entry: Mapping[str, Any]) -> str:
-    """``all 20 validation volumes`` or ``95 % of the 40 validation volumes``: those at or below the
-    threshold."""
+    """``all 20 validation volumes`` or ``95 % of the 130 out-of-fold volumes``: those at or below the
+    threshold (out of fold where every member judges)."""
     count, within = entry["validation_volumes"], entry["validation_within"]
-    return (f"all {count} validation volumes" if within == count
-            else f"{within / count:.0%} of the {count} validation volumes")
+    kind = "out-of-fold" if "member_distances" in entry else "validation"
+    return (f"all {count} {kind} volumes" if within == count
+            else f"{within / count:.0%} of the {count} {kind} volumes")
+
+
+def _member_line(entry: Mapping[str, Any]) -> str:
+    """An ensemble's members' verdicts in one line."""
+    distances = entry["member_distances"]
+    listed = ", ".join(f"{value:.3g}" for value in distances)
+    share = f"{_validation_share(entry)} ≤ {entry['threshold']:.3g}"
+    if _unlike_features(entry):
+        return (f"Unlike the training images the networks saw: {entry['members_above']} of {len(distances)} "
+                f"members find it so, a majority (feature distances {listed}; {share}).")
+    return (f"network features: {entry['members_above']} of {len(distances)} members find it unlike their "
+            f"training images (distances {listed}; {share})")
 
 
 def feature_lines(entry: Mapping[str, Any]) -> list[str]:
-    """What a check's ``features`` entry says in one line: the distance against the threshold, or the note."""
+    """What a check's ``features`` entry says in one line: the distance against the threshold (an ensemble's
+    members: how many of them find the volume unlike their training images, and their distances), or the note."""
     if "distance" not in entry:
         return [entry["note"]]
+    if "member_distances" in entry:
+        return [_member_line(entry)]
     distance, threshold, share = entry["distance"], entry["threshold"], _validation_share(entry)
     if _unlike_features(entry):
         return [f"Unlike the training images the network saw: feature distance {distance:.3g}, above {share} "
@@ -437,7 +497,7 @@ def feature_lines(entry: Mapping[str, Any]) -> list[str]:
 
 
 def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float],
-                labels: np.ndarray, feature_distance: float | None = None) -> dict[str, Any]:
+                labels: np.ndarray, feature_distance: float | Sequence[float] | None = None) -> dict[str, Any]:
     """Is ``image`` like the bundle's training inputs? The ``input_check`` of a case's summary.
 
     Args:
@@ -446,24 +506,28 @@ def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndar
         spacing: its ``(z, y, x)`` voxel size in mm.
         labels: the bundle's ``(z, y, x)`` prediction on it.
         feature_distance: the volume's distance in the network's feature space
-            (:func:`CalibSegLib.features.feature_distance`), None where none was computed.
+            (:func:`CalibSegLib.features.feature_distance`): one per member for an ensemble judged by every member,
+            None where none was computed.
 
     Returns:
         ``{"suitable": bool, "reasons": [one sentence each], "features": {...}}`` (no reason when suitable;
         impossible Hounsfield values come first, then a feature distance above its threshold), ``features`` holding
-        ``distance``, ``threshold``, ``false_alarm_rate``, ``validation_volumes`` and ``validation_within``, or a
-        ``note`` saying why the volume was not checked against the network's features; for a bundle without statistics
+        ``distance``, ``threshold``, ``false_alarm_rate``, ``validation_volumes`` and ``validation_within`` (for an
+        ensemble judged by every member also ``member_distances``, ``members_above`` and ``combination``, and
+        ``distance`` the one that decides the majority), or a ``note`` saying why the volume was not checked against
+        the network's features; for a bundle without statistics
         ``{"suitable": None, "reasons": [], "note": "input not checked: ..."}``.
     """
     if metadata.input_statistics is None:
         return {"suitable": None, "reasons": [], "note": NOT_CHECKED}
-    statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels)
+    statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels,
+                                           metadata.ensemble_size)
     preprocessing = metadata.preprocessing
     if metadata.input_statistics["version"] == 1 and any(
             channel.scheme == "ct" for channel in preprocessing.channel_normalization or ()):
         return {"suitable": None, "reasons": [], "note": OUTDATED}
     observation = observe_volume(image, spacing, labels, metadata.class_names, preprocessing)
-    features = _feature_entry(statistics.features, feature_distance)
+    features = _feature_entry(statistics, feature_distance)
     reasons = _impossible_hounsfield(image, preprocessing, metadata.channel_names)
     reasons += (feature_lines(features) if _unlike_features(features) else []) + input_reasons(
         statistics, observation, metadata.channel_names)

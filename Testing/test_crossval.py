@@ -234,17 +234,23 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
         [fold.metadata.weights_sha256 for fold in folds]
     assert sorted(metadata.data["train"]) == sorted(p for fold in folds for p in fold.metadata.data["val"])
     assert metadata.data["val"] == [] and metadata.data["test"] == folds[0].metadata.data["test"]
-    # the input check sees through the first member: its features, its training patients, its unseen fold
-    features = metadata.input_statistics["features"]
-    assert features["layer"].startswith("members.0.") and features["validation_volumes"] == 2 * len(
-        folds[0].metadata.data["val"])
-    assert features["training_volumes"] == 2 * len(folds[0].metadata.data["train"])
-    # the refit looks through the same member: the same layer, patients and threshold
+    # the input check: the four families from the first member's training patients; the features from every
+    # member, each its own Gaussian of the patients it trained on, one threshold pooled over the folds they never saw
+    statistics = metadata.input_statistics
+    assert statistics["version"] == 4 and statistics["features"] is None
+    assert statistics["volumes"] == 2 * len(folds[0].metadata.data["train"])
+    judges = statistics["member_features"]
+    assert judges["combination"] == "majority" and len(judges["members"]) == 5
+    assert [member["training_volumes"] for member in judges["members"]] == [
+        2 * len(fold.metadata.data["train"]) for fold in folds]
+    assert {member["validation_volumes"] for member in judges["members"]} == {16}  # every out-of-fold volume
+    assert not any(member["layer"].startswith("members.") for member in judges["members"])  # a member's own
+    # the refit judges alike: the same layers, patients and pooled threshold
     refitted = load_bundle(refit_input_check(out, sample_acdc_dir, tmp_path / "refit.calibseg", "cpu")).metadata
-    again = refitted.input_statistics["features"]
-    assert (again["layer"], again["training_volumes"], again["validation_volumes"]) == (
-        features["layer"], features["training_volumes"], features["validation_volumes"])
-    assert again["threshold"] == pytest.approx(features["threshold"], rel=1e-4)
+    again = refitted.input_statistics["member_features"]["members"]
+    assert [(member["layer"], member["training_volumes"], member["validation_volumes"]) for member in again] == [
+        (member["layer"], member["training_volumes"], member["validation_volumes"]) for member in judges["members"]]
+    assert again[0]["threshold"] == pytest.approx(judges["members"][0]["threshold"], rel=1e-4)
     record = json.loads((tmp_path / "ensemble.json").read_text())
     assert record["choices"]["volumes"] == 16 and record["choices"]["temperature"]["fitted_on"] in (
         "none", "all", "foreground")

@@ -154,6 +154,16 @@ def _input_statistics(version: int = 3, **features) -> dict:
     return {**statistics, "version": version}
 
 
+def _member_statistics(**member_features) -> dict:
+    """Version-4 input statistics judged by two members (both the good bundle's network fitted on random vectors),
+    ``member_features`` replacing fields of those."""
+    from CalibSegLib.feature_statistics import FeatureStatistics, pool_member_statistics
+
+    first = FeatureStatistics.from_dict(_input_statistics()["features"])
+    judges = pool_member_statistics([first, first], [[first.threshold], [first.threshold / 2]]).to_dict()
+    return {**_input_statistics(version=4), "features": None, "member_features": {**judges, **member_features}}
+
+
 def _weights(make_weights: Callable[[Path, bytes], bytes], checksum: bool = True) -> Callable:
     return lambda parts, good, folder: variant(
         parts, folder / "w.calibseg", weights=make_weights(good, parts[1]), checksum=checksum)
@@ -225,8 +235,17 @@ BAD_BUNDLES: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "features in version-2 input statistics": (
         _field(input_statistics=_input_statistics(version=2)),
         ("input_statistics are malformed", "wrong: features")),
-    "input statistics of version 4": (
-        _field(input_statistics=_input_statistics(version=4)), ("version 4 is not 1, 2 or 3",)),
+    "input statistics of version 5": (
+        _field(input_statistics=_input_statistics(version=5)), ("version 5 is not 1, 2, 3 or 4",)),
+    "member features on a single network": (
+        _field(input_statistics=_member_statistics()),
+        ("input_statistics are malformed", "member_features hold 2 members' features for an ensemble of 1")),
+    "member features combined by any member": (
+        _field(input_statistics=_member_statistics(combination="any")),
+        ("member_features' combination must be one of majority, got 'any'",)),
+    "first-member features beside member features": (
+        _field(input_statistics={**_member_statistics(), "features": _input_statistics()["features"]}),
+        (r"features must be null where member_features judge the input \(version 4\)",)),
 }
 
 

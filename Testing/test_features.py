@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_bundles import make_test_bundle
+from tiny_bundles import disc_case, make_test_bundle
 
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.features import (FeatureLayerError, bottleneck_layer, encoder_features, feature_distance,
@@ -104,41 +103,30 @@ def test_a_volume_is_read_as_the_predictor_sees_it(tiny):
     np.testing.assert_allclose(features, expected, rtol=1e-4, atol=1e-5)
 
 
-def _discs(seed: int, invert: bool = False) -> SimpleNamespace:
-    """A dark volume with a bright disc and a darker ring (a case as :func:`statistics_of_cases` reads it)."""
-    rng = np.random.default_rng(seed)
-    k, j, i = np.indices((4, 80, 96))
-    radius = np.hypot(j - 40 + rng.normal(0, 3), i - 48 + rng.normal(0, 3))
-    labels = np.select([radius < 8, radius < 12, radius < 16], [3, 2, 1], 0).astype(np.uint8)
-    image = np.array([0.1, 0.5, 0.3, 0.8])[labels] + rng.normal(0, 0.03, labels.shape)
-    return SimpleNamespace(image=(1.0 - image if invert else image).astype(np.float32), label=labels,
-                           spacing=(10.0, 1.5, 1.5))
-
-
 def test_a_bundles_feature_statistics_give_each_volume_its_distance(tiny):
     network, metadata = tiny.build_model(), tiny.metadata
-    assert feature_distance(network, metadata, _discs(0).image, (10.0, 1.5, 1.5)) is None  # none stored
-    features = fit_network_features(network, metadata, [_discs(seed) for seed in range(8)],
-                                    [_discs(seed) for seed in range(8, 12)])
+    assert feature_distance(network, metadata, disc_case(0).image, (10.0, 1.5, 1.5)) is None  # none stored
+    features = fit_network_features(network, metadata, [disc_case(seed) for seed in range(8)],
+                                    [disc_case(seed) for seed in range(8, 12)])
     assert features.layer == bottleneck_layer(network, 1, PATCH)
     assert (features.training_volumes, features.validation_volumes, features.validation_within) == (8, 4, 4)
     fitted = dataclasses.replace(metadata, input_statistics=statistics_of_cases(
-        metadata, [_discs(seed) for seed in range(8)], features=features))
-    distances = [feature_distance(network, fitted, _discs(seed).image, (10.0, 1.5, 1.5))
+        metadata, [disc_case(seed) for seed in range(8)], features=features))
+    distances = [feature_distance(network, fitted, disc_case(seed).image, (10.0, 1.5, 1.5))
                  for seed in range(8, 12)]
     assert max(distances) == pytest.approx(features.threshold)  # four validation volumes: their largest
     # new volumes: like the training ones within the threshold, contrast-inverted ones far beyond it
     for seed in range(12, 15):
-        assert feature_distance(network, fitted, _discs(seed).image, (10.0, 1.5, 1.5)) < features.threshold
-        inverted = feature_distance(network, fitted, _discs(seed, invert=True).image, (10.0, 1.5, 1.5))
+        assert feature_distance(network, fitted, disc_case(seed).image, (10.0, 1.5, 1.5)) < features.threshold
+        inverted = feature_distance(network, fitted, disc_case(seed, invert=True).image, (10.0, 1.5, 1.5))
         assert math.isfinite(inverted) and inverted > 5 * features.threshold
 
 
 def test_statistics_naming_a_layer_the_network_lacks_are_one_sentence(tiny):
     network, metadata = tiny.build_model(), tiny.metadata
-    features = fit_network_features(network, metadata, [_discs(seed) for seed in range(4)], [_discs(4)])
-    statistics = statistics_of_cases(metadata, [_discs(seed) for seed in range(4)],
+    features = fit_network_features(network, metadata, [disc_case(seed) for seed in range(4)], [disc_case(4)])
+    statistics = statistics_of_cases(metadata, [disc_case(seed) for seed in range(4)],
                                      features=dataclasses.replace(features, layer="model.7"))
     with pytest.raises(BundleError, match=r"do not fit its network \(the network has no layer 'model.7'\)"):
-        feature_distance(network, dataclasses.replace(metadata, input_statistics=statistics), _discs(5).image,
+        feature_distance(network, dataclasses.replace(metadata, input_statistics=statistics), disc_case(5).image,
                          (10.0, 1.5, 1.5))

@@ -245,7 +245,7 @@ def _with_metadata(tmp_path, values: dict, weights: bytes):
     (lambda s: s.update(intensity=[[[0.0, 1.0]]]), "intensity must hold"),
     (lambda s: s.update(extra=1), "wrong: extra"),
     (lambda s: s.update(volumes=0), "volumes must be a positive integer"),
-    (lambda s: s.update(version=4), "version 4 is not 1, 2 or 3"),
+    (lambda s: s.update(version=5), "version 5 is not 1, 2, 3 or 4"),
     (lambda s: s.update(version=2), "wrong: features"),
     (lambda s: s["features"].update(threshold=-1.0), "features' threshold must be a positive number"),
 ])

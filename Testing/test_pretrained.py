@@ -124,16 +124,27 @@ def test_a_smaller_field_of_view_is_segmented_like_the_original(default_model_on
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_bundles_check_their_input_against_the_networks_features(name):
-    """Each shipped ensemble judges through its first network: its features of the 104 volumes of the 52 patients
-    it trained on, the threshold the 26 volumes of its fold set at a 5 % false-alarm rate (calibseg-ensemble)."""
+    """acdc_ce_dice judges by every member: each member's features of the 104 volumes of the 52 patients it trained
+    on, at its own bottleneck, and one threshold the 130 out-of-fold volumes set at a 5 % false-alarm rate (each
+    scored by the member that never saw it). The other ensembles judge through their first network: the threshold
+    the 26 volumes of its fold set (calibseg-ensemble before every member judged)."""
     metadata = load_bundle(resolve_bundle_path(name)).metadata
-    features = metadata.input_statistics["features"]
-    assert metadata.input_statistics["version"] == 3 and metadata.schema_version == 3
+    statistics = metadata.input_statistics
+    assert metadata.schema_version == 3 and len(statistics["features"]["mean"] if statistics["features"] else
+                                                statistics["member_features"]["members"][0]["mean"]) == 384
+    assert recorded_metrics(name)["per_case"]["scaled"][SAMPLE_CASES[0]]["feature_distance"] > 0
+    if name == "acdc_ce_dice":
+        judges = statistics["member_features"]
+        assert statistics["version"] == 4 and judges["combination"] == "majority"
+        assert [(member["layer"], member["training_volumes"], member["validation_volumes"],
+                 member["validation_within"], member["false_alarm_rate"]) for member in judges["members"]] == [
+            ("model.1.submodule.1.submodule.1.submodule.1", 104, 130, 125, 0.05)] * 5
+        return
+    features = statistics["features"]
+    assert statistics["version"] == 3
     assert (features["training_volumes"], features["validation_volumes"], features["false_alarm_rate"]) == (
         104, 26, 0.05)
     assert features["layer"] == "members.0.model.1.submodule.1.submodule.1.submodule.1"
-    assert len(features["mean"]) == 384
-    assert recorded_metrics(name)["per_case"]["scaled"][SAMPLE_CASES[0]]["feature_distance"] > 0
 
 
 def test_a_cine_volume_at_0_75_mm_is_suitable_to_the_statistics_and_its_inverted_copy_not_to_the_network(
@@ -155,4 +166,4 @@ def test_a_cine_volume_at_0_75_mm_is_suitable_to_the_statistics_and_its_inverted
     assert abs(distance - original["features"]["distance"]) < 0.1 * original["features"]["distance"], check
     inverted = analyse_case(predictor, case.image.max() + case.image.min() - case.image, case.spacing)
     reasons = inverted.summary["input_check"]["reasons"]
-    assert reasons[0].startswith("Unlike the training images the network saw: feature distance "), reasons
+    assert reasons[0].startswith("Unlike the training images the networks saw: 5 of 5 members find it so"), reasons

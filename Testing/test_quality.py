@@ -493,11 +493,16 @@ def _shipped_copy(tmp_path, sample_acdc_dir, method=None, name="shipped", member
         weights = archive.read("weights.safetensors")
     if members is not None:
         tensors = load_weights(weights)
+        statistics = stored["input_statistics"]
+        judges = statistics.get("member_features")  # every member's features: keep the kept members'
+        if judges is not None:
+            statistics["member_features"] = {**judges, "members": [judges["members"][index] for index in members]}
         if len(members) == 1:
             prefix = f"members.{members[0]}."
             tensors = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
-            features = stored["input_statistics"]["features"]
-            features["layer"] = features["layer"].removeprefix("members.0.")
+            if judges is not None:  # one network: its own features, as a fold network stores them
+                statistics.update(version=3, features=statistics.pop("member_features")["members"][0])
+            statistics["features"]["layer"] = statistics["features"]["layer"].removeprefix("members.0.")
             stored.update(ensemble_size=1, ensemble=None)
         else:
             tensors = {key.replace(f"members.{old}.", f"members.{new}.", 1): value

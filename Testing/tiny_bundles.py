@@ -10,15 +10,17 @@ the same arguments always give byte-identical weights and identical predictions.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 
 from CalibSegLib.bundle import BundleMetadata, save_bundle
 from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.networks import build_network
 
-__all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle"]
+__all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle", "disc_case"]
 
 TINY_UNET: dict[str, Any] = {"channels": [4, 8], "strides": [2], "num_res_units": 0}
 
@@ -81,3 +83,16 @@ def make_test_bundle(
             **metadata.network_kwargs,
         )
     return save_bundle(path, model, metadata, half=half)
+
+
+def disc_case(seed: int, invert: bool = False) -> SimpleNamespace:
+    """A ``(4, 80, 96)`` volume, dark around a bright disc in a darker ring (labels 3, 2, 1; centre drawn from
+    ``seed``), as a case: ``image`` (float32; ``invert``: contrast inverted), ``label``, ``spacing`` (10, 1.5, 1.5)
+    mm and ``patient_id`` ``p<seed>``."""
+    rng = np.random.default_rng(seed)
+    k, j, i = np.indices((4, 80, 96))
+    radius = np.hypot(j - 40 + rng.normal(0, 3), i - 48 + rng.normal(0, 3))
+    labels = np.select([radius < 8, radius < 12, radius < 16], [3, 2, 1], 0).astype(np.uint8)
+    image = np.array([0.1, 0.5, 0.3, 0.8])[labels] + rng.normal(0, 0.03, labels.shape)
+    return SimpleNamespace(image=(1.0 - image if invert else image).astype(np.float32), label=labels,
+                           spacing=(10.0, 1.5, 1.5), patient_id=f"p{seed}")

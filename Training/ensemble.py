@@ -23,8 +23,10 @@ network that did not train on it, with the rules the trainer uses on one validat
   held-out predictions (a patient's own volumes never in the fit that predicts them). It is applied as it was
   fitted: to each member's own prediction, the members' predicted Dice averaged (:mod:`CalibSegLib.quality.members`),
   not to the smoother average of the five;
-- the input check's statistics through the first member (:func:`judging_patients`): the patients it trained on,
-  and its feature-distance threshold from the fold it never saw.
+- the input check's statistics from the first member's training patients (:func:`judging_patients`), and its
+  feature statistics from every member (:func:`member_patients`): each member's Gaussian from the patients it
+  trained on, one distance threshold pooled over every member's distances of the fold it never saw, the majority
+  of the members deciding (:func:`CalibSegLib.features.fit_member_features`).
 
 What out-of-fold predictions cannot give: the ensemble's own behaviour on a labelled patient (four of its five
 members trained on each one), so its disagreement is no candidate of the quality model fitted here; the test
@@ -48,8 +50,10 @@ import torch
 
 from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle, save_bundle
 from CalibSegLib.device import resolve_device
+from CalibSegLib.feature_statistics import FeatureStatisticsError
+from CalibSegLib.features import fit_member_features
 from CalibSegLib.inference import Predictor
-from CalibSegLib.networks import MemberNetworks
+from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.io import check_output_file, os_error_sentence, recorded_path, write_json_atomic
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, fit_from_observations,
                                  held_out_predictions, observe_cases, structure_key)
@@ -60,13 +64,13 @@ from Datasets.cases import Case, DataError, to_model_grid
 from Evaluation.bootstrap import mean_interval, ratio_interval
 from Training.bundle_rewrite import recorded_cases
 from Training.choices import (TEMPERATURE_FITS, ValidationPass, choose_largest_component, choose_temperature,
-                              foreground_ece, input_statistics, mirrored, mirroring_choice, or_neutral, pooled,
+                              foreground_ece, mirrored, mirroring_choice, or_neutral, pooled,
                               validation_pass, volume_dice)
 from Training.out_of_fold import complete_out_of_fold
 from Training.records import BUNDLE_NAME, RUN_SUMMARY_NAME
 
 __all__ = ["ENSEMBLE_NAME", "ENSEMBLE_RECORD", "FoldRun", "read_folds", "member_metadata", "out_of_fold_choices",
-           "out_of_fold_quality", "judging_patients", "build_ensemble", "main"]
+           "out_of_fold_quality", "judging_patients", "member_patients", "member_cases", "build_ensemble", "main"]
 
 ENSEMBLE_NAME = "ensemble.calibseg"  # in the cross-validation's folder by default
 ENSEMBLE_RECORD = "ensemble.json"  # beside the bundle
@@ -130,8 +134,9 @@ def read_folds(cross_validation: str | Path, data: str | Path | None = None) -> 
 
 def member_metadata(metadata: BundleMetadata) -> BundleMetadata:
     """What one member runs under inside an ensemble described by ``metadata``: its window, temperature and
-    post-processing, as a single network without a quality model."""
-    return dataclasses.replace(metadata, ensemble_size=1, ensemble=None, quality_model=None)
+    post-processing, as a single network without a quality model or input statistics (both describe the ensemble:
+    its statistics may hold every member's features, which no single network carries)."""
+    return dataclasses.replace(metadata, ensemble_size=1, ensemble=None, quality_model=None, input_statistics=None)
 
 
 def _passes(folds: Sequence[FoldRun], settings: BundleMetadata, device: torch.device, batch_size: int
@@ -252,23 +257,46 @@ def _ensemble_metadata(folds: Sequence[FoldRun], settings: BundleMetadata, choic
 
 
 def judging_patients(metadata: BundleMetadata) -> tuple[list[str], list[str]]:
-    """An ensemble bundle's input check looks through its first member: the patients that member trained on, and
-    the fold it never saw (a new patient is exchangeable with those, not with patients the ensemble trained on),
-    for the feature Gaussian and its distance threshold."""
+    """The patients an ensemble bundle's input statistics come from: those its first member trained on (the four
+    families), and the fold it never saw (a new patient is exchangeable with those, not with patients the ensemble
+    trained on). A bundle judged through its first member alone (``features``, before ``member_features``) took its
+    feature Gaussian and distance threshold from these too."""
     unseen = list(metadata.ensemble["members"][0]["validation"])
     return [patient for patient in metadata.data["train"] if patient not in unseen], unseen
 
 
+def member_patients(metadata: BundleMetadata) -> list[tuple[list[str], list[str]]]:
+    """Per member of an ensemble bundle, the patients it trained on and the fold it never saw: its feature Gaussian
+    comes from the first, its distances of the second set the pooled threshold."""
+    return [([patient for patient in metadata.data["train"] if patient not in member["validation"]],
+             list(member["validation"])) for member in metadata.ensemble["members"]]
+
+
+def member_cases(metadata: BundleMetadata, cases: Sequence[Case]) -> tuple[list[list[Case]], list[list[Case]]]:
+    """``cases`` (the ensemble's labelled patients') split per member by :func:`member_patients`: the cases each
+    member trained on, and those it never saw (:func:`CalibSegLib.features.fit_member_features` takes both)."""
+    split = member_patients(metadata)
+    return ([[case for case in cases if case.patient_id in trained] for trained, _ in split],
+            [[case for case in cases if case.patient_id in unseen] for _, unseen in split])
+
+
 def _input_statistics(folds: Sequence[FoldRun], metadata: BundleMetadata, device: str, batch_size: int
                       ) -> tuple[dict[str, Any], str]:
-    """The ensemble's input statistics on :func:`judging_patients`. The features are read from the whole ensemble
-    network, where :func:`CalibSegLib.features.bottleneck_layer` names the first member's layer (the first of
-    equals), so every later check reads them the same way."""
-    network = MemberNetworks([fold.bundle.build_model() for fold in folds]).to(resolve_device(device))
-    training, unseen = judging_patients(metadata)
+    """The ensemble's input statistics: the four families on :func:`judging_patients`' training patients, the
+    network's features from every member (:func:`member_patients`), each read at the member's own bottleneck.
+    Features that cannot be fitted leave the statistics without them, and the record says why."""
+    members = [fold.bundle.build_model().to(resolve_device(device)) for fold in folds]
+    training, _ = judging_patients(metadata)
     cases = [case for fold in folds for case in fold.cases]
-    return input_statistics(network, metadata, [case for case in cases if case.patient_id in training],
-                            [case for case in cases if case.patient_id in unseen], batch_size)
+    try:
+        features = fit_member_features(members, metadata, *member_cases(metadata, cases), batch_size)
+        record = (f"every member's network features, distance threshold {features.threshold:.3g} pooled over "
+                  f"{features.members[0].validation_volumes} out-of-fold volumes, the majority deciding")
+    except FeatureStatisticsError as error:
+        features, record = None, f"no network features: {error}"
+    statistics = statistics_of_cases(metadata, [case for case in cases if case.patient_id in training],
+                                     features=features)
+    return statistics, f"from the {statistics['volumes']} training volumes; {record}"
 
 
 def build_ensemble(cross_validation: str | Path, out: str | Path | None = None, data: str | Path | None = None,

@@ -12,8 +12,10 @@ and reference labels with the decided :data:`CalibSegLib.input_check.THRESHOLDS`
 :func:`CalibSegLib.features.fit_network_features` the network's feature statistics: their Gaussian from
 the training volumes, the distance threshold from the validation volumes at a 5 % false-alarm rate (the
 network's encoder runs once over every volume; no segmentation is run). A bundle without ``class_terminology``
-gets its classes' codes where Datasets knows them (:func:`Datasets.cases.default_terminology`). An ensemble is
-judged through its first member (:func:`Training.ensemble.judging_patients`). The bundle is rewritten
+gets its classes' codes where Datasets knows them (:func:`Datasets.cases.default_terminology`). An ensemble's four
+families come from its first member's training patients (:func:`Training.ensemble.judging_patients`), its features
+from every member (:func:`CalibSegLib.features.fit_member_features`: each member's Gaussian from the patients it
+trained on, one threshold pooled over the folds they never saw, the majority deciding). The bundle is rewritten
 atomically (default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same weights in
 the same dtype, so its checksum and predictions stay as they were.
 """
@@ -27,12 +29,12 @@ from typing import Sequence
 
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.device import resolve_device
-from CalibSegLib.features import fit_network_features
+from CalibSegLib.features import fit_member_features, fit_network_features
 from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import default_terminology
 from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
-from Training.ensemble import judging_patients
+from Training.ensemble import judging_patients, member_cases
 
 __all__ = ["refit_input_check", "main"]
 
@@ -50,14 +52,17 @@ def refit_input_check(bundle: str | Path, data: str | Path | None = None, out: s
     out = rewrite_destination(path, out)
     loaded = load_bundle(path)
     metadata = loaded.metadata
-    judged = metadata
-    if metadata.ensemble_size > 1:
-        training_patients, unseen = judging_patients(metadata)
-        judged = dataclasses.replace(metadata, data={**metadata.data, "train": training_patients, "val": unseen})
-    training = recorded_cases(judged, path.name, data, "train", "compute its input statistics")
-    validation = recorded_cases(judged, path.name, data, "val", "choose its feature distance threshold")
     network = loaded.build_model().to(resolve_device(device))
-    features = fit_network_features(network, metadata, training, validation, batch_size)
+    if metadata.ensemble_size > 1:
+        labelled = recorded_cases(metadata, path.name, data, "train", "compute its input statistics")
+        first_trained, _ = judging_patients(metadata)
+        training = [case for case in labelled if case.patient_id in first_trained]
+        features = fit_member_features(list(network.members), metadata, *member_cases(metadata, labelled),
+                                       batch_size)
+    else:
+        training = recorded_cases(metadata, path.name, data, "train", "compute its input statistics")
+        validation = recorded_cases(metadata, path.name, data, "val", "choose its feature distance threshold")
+        features = fit_network_features(network, metadata, training, validation, batch_size)
     terminology = metadata.class_terminology or default_terminology(metadata.class_names)
     refitted = dataclasses.replace(metadata, input_statistics=statistics_of_cases(metadata, training,
                                                                                    features=features),

@@ -2,6 +2,8 @@
 records of :mod:`scripts.ensemble_quality_pass`.
 
     python -m scripts.ensemble_rules_report acdc_ce_dice --records /tmp/pass --out docs/records/quality/X.json
+    flock /tmp/pretrained.lock python -m scripts.ensemble_rules_report acdc_ce_dice --records /tmp/pass \
+        --write-bundle CalibSegLib/pretrained/acdc_ce_dice.calibseg
 
 - **Out of fold** (the quality model's own fit data): each of the 130 volumes predicted by the member that never
   trained on it; its predicted Dice from a fit without its patient (:func:`CalibSegLib.quality.held_out_predictions`,
@@ -16,12 +18,19 @@ records of :mod:`scripts.ensemble_quality_pass`.
 - **The input check from every member**: each member's feature Gaussian from the volumes of the patients it trained
   on (:func:`CalibSegLib.feature_statistics.fit_feature_statistics`), its distances of the volumes it never saw; the
   threshold per member (its 26) or pooled (all 130), and the members' verdicts on the test volumes combined by
-  majority, any or all; beside today's (the first member's Gaussian and its fold's threshold).
+  majority, any or all; beside the first member's alone (its Gaussian and its fold's threshold).
+
+``--write-bundle PATH`` writes the bundle with these member statistics (the pooled threshold, the majority) as its
+``input_statistics["member_features"]`` (:class:`CalibSegLib.feature_statistics.MemberFeatureStatistics`; version 4,
+``features`` null), the rest of the bundle as it was (the weights byte-identical; temporary file, then rename). Each
+member's layer is its own bottleneck (:func:`CalibSegLib.features.bottleneck_layer`), where
+``scripts.ensemble_quality_pass --part encoders`` read the vectors.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,7 +39,10 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from CalibSegLib.bundle import BundleError, load_bundle
-from CalibSegLib.feature_statistics import conformal_threshold, fit_feature_statistics
+from CalibSegLib.feature_statistics import (FeatureStatistics, MemberFeatureStatistics, fit_feature_statistics,
+                                            pool_member_statistics)
+from CalibSegLib.features import bottleneck_layer
+from CalibSegLib.input_check import InputStatistics, with_features
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import Observation, fit_from_observations, held_out_predictions, structure_key
@@ -38,28 +50,45 @@ from CalibSegLib.quality.members import combined_predicted_dice, member_predicte
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_FALSE_FLAGS, TARGET_RECALL,
                                              choose_review_threshold, flagged, trade_off)
 from Evaluation.bootstrap import mean_interval, ratio_interval, spearman_interval
+from Training.bundle_rewrite import rewrite_bundle
+from Training.ensemble import member_patients
 
-__all__ = ["agreement", "flag_counts", "report", "markdown", "main"]
+__all__ = ["agreement", "flag_counts", "member_statistics", "write_member_statistics", "report", "markdown", "main"]
+
+
+def _encoder_vectors(folder: Path) -> dict[str, dict[str, Any]]:
+    """The records of ``ensemble_quality_pass --part encoders`` by case: ``patient`` and ``encoder_vectors``, one
+    ``(F,)`` list per member."""
+    return {item["case"]: item for item in map(json.loads, map(Path.read_text, sorted(folder.glob("*.json"))))}
+
+
+def member_statistics(metadata: Any, vectors: dict[str, dict[str, Any]], layers: Sequence[str]
+                      ) -> tuple[MemberFeatureStatistics, list[FeatureStatistics], list[tuple[str, int, float]]]:
+    """Every member's Gaussian from the vectors of the patients it trained on, the threshold pooled over each
+    member's distances of the volumes it never saw (:func:`CalibSegLib.feature_statistics.pool_member_statistics`);
+    also each member's own fit (its own threshold from its 26 volumes) and the out-of-fold ``(case, member,
+    distance)`` rows. ``layers``: each member's bottleneck, stored with its statistics."""
+    fits, held_out = [], []
+    for index, (trained, unseen) in enumerate(member_patients(metadata)):
+        training = [np.array([item["encoder_vectors"][index]]) for item in vectors.values()
+                    if item["patient"] in trained]
+        validation = [(case, np.array([item["encoder_vectors"][index]])) for case, item in vectors.items()
+                      if item["patient"] in unseen]
+        gaussian = fit_feature_statistics(layers[index], training, [vector for _, vector in validation])
+        fits.append(gaussian)
+        held_out += [(case, index, gaussian.distance(vector)) for case, vector in validation]
+    pooled = pool_member_statistics(fits, [[distance for _, member, distance in held_out if member == index]
+                                           for index in range(len(fits))])
+    return pooled, fits, held_out
 
 
 def _input_check(metadata: Any, folder: Path, metrics: dict[str, Any] | None) -> dict[str, Any]:
     """The input check from every member (module docstring) on the encoder vectors under ``folder``."""
-    vectors = {item["case"]: item for item in map(json.loads, map(Path.read_text, sorted(folder.glob("*.json"))))}
+    vectors = _encoder_vectors(folder)
     tested = set(metadata.data["test"])
     members = metadata.ensemble["members"]
-    held_out: list[tuple[str, int, float]] = []
-    statistics = []
-    for index, member in enumerate(members):
-        unseen = set(member["validation"])
-        training = [item["encoder_vectors"][index] for item in vectors.values()
-                    if item["patient"] not in unseen and item["patient"] not in tested]
-        validation = [(case, item["encoder_vectors"][index]) for case, item in vectors.items()
-                      if item["patient"] in unseen]
-        gaussian = fit_feature_statistics(f"member {index}", [np.array([vector]) for vector in training],
-                                          [np.array([vector]) for _, vector in validation])
-        statistics.append(gaussian)
-        held_out += [(case, index, gaussian.distance(np.array([vector]))) for case, vector in validation]
-    pooled, within = conformal_threshold([distance for _, _, distance in held_out])
+    pooled, statistics, held_out = member_statistics(metadata, vectors, [f"member {index}"
+                                                                         for index in range(len(members))])
     own = [gaussian.threshold for gaussian in statistics]
     test_cases = sorted(case for case, item in vectors.items() if item["patient"] in tested)
     distances = np.array([[gaussian.distance(np.array([vectors[case]["encoder_vectors"][index]]))
@@ -67,23 +96,47 @@ def _input_check(metadata: Any, folder: Path, metrics: dict[str, Any] | None) ->
     result: dict[str, Any] = {
         "out_of_fold_volumes": len(held_out),
         "training_volumes": [gaussian.training_volumes for gaussian in statistics],
-        "own_thresholds": own, "pooled_threshold": pooled, "pooled_within": within,
+        "own_thresholds": own, "pooled_threshold": pooled.threshold,
+        "pooled_within": pooled.members[0].validation_within,
         "held_out_distances": [{"case": case, "member": index, "distance": distance}
                                for case, index, distance in held_out],
         "test_volumes": len(test_cases),
         "test_distances": {case: row.tolist() for case, row in zip(test_cases, distances)}}
-    for name, thresholds in (("pooled", np.full(len(members), pooled)), ("own", np.array(own))):
+    for name, thresholds in (("pooled", np.full(len(members), pooled.threshold)), ("own", np.array(own))):
         above = distances > thresholds[None, :]
         result[f"test_unsuitable_{name}"] = {"majority": int((above.sum(axis=1) * 2 > len(members)).sum()),
                                              "any": int(above.any(axis=1).sum()), "all": int(above.all(axis=1).sum()),
                                              "per_member": above.sum(axis=0).tolist()}
-    if metrics is not None:
+    first_member = metadata.input_statistics.get("features")
+    if metrics is not None and first_member is not None:  # the bundle still judged through its first member
         recorded = metrics["per_case"]["scaled"]
-        today = metadata.input_statistics["features"]["threshold"]
+        today = first_member["threshold"]
         result["today"] = {"threshold": today, "unsuitable": sum(recorded[case]["feature_distance"] > today
                                                                  for case in test_cases),
                            "first_member_distances": {case: recorded[case]["feature_distance"] for case in test_cases}}
     return result
+
+
+def write_member_statistics(bundle_name: str, encoders: Path, out: Path) -> MemberFeatureStatistics:
+    """Write the bundle ``bundle_name`` to ``out`` judged by every member (module docstring) from the encoder
+    vectors under ``encoders``; only ``input_statistics``' features change (the four families stay)."""
+    bundle = load_bundle(resolve_bundle_path(bundle_name))
+    metadata = bundle.metadata
+    if metadata.ensemble_size < 2 or metadata.input_statistics is None:
+        raise BundleError(f"{bundle_name} is not an ensemble with input statistics.")
+    patch = metadata.sliding_window.patch_size
+    layers = [bottleneck_layer(member, metadata.in_channels, patch) for member in bundle.build_model().members]
+    vectors = _encoder_vectors(encoders)
+    wanted = {patient for trained, unseen in member_patients(metadata) for patient in (*trained, *unseen)}
+    missing = sorted(wanted - {item["patient"] for item in vectors.values()})
+    if missing:
+        raise BundleError(f"{encoders} holds no encoder vectors of {len(missing)} patients ({missing[0]} first); run "
+                          f"python -m scripts.ensemble_quality_pass {bundle_name} --part encoders first.")
+    pooled, _, _ = member_statistics(metadata, vectors, layers)
+    statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names, metadata.in_channels)
+    stored = with_features(statistics, pooled).to_dict()
+    rewrite_bundle(bundle, dataclasses.replace(metadata, input_statistics=stored), out)
+    return pooled
 
 
 def _records(folder: Path) -> list[dict[str, Any]]:
@@ -243,7 +296,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--metrics", type=Path, default=None, help="the shipped metrics file (today's numbers)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--markdown", action="store_true", help="print the tables instead of the JSON")
+    parser.add_argument("--write-bundle", type=Path, default=None, metavar="PATH",
+                        help="write the bundle judged by every member (from <records>/encoders) here and stop")
     arguments = parser.parse_args(argv)
+    if arguments.write_bundle is not None:
+        try:
+            pooled = write_member_statistics(arguments.bundle, arguments.records / "encoders", arguments.write_bundle)
+        except (BundleError, OSError, ValueError) as error:
+            raise SystemExit(f"error: {error}") from None
+        first = pooled.members[0]
+        print(f"{arguments.write_bundle}: {len(pooled.members)} members' feature statistics, threshold "
+              f"{pooled.threshold:.1f} pooled over {first.validation_volumes} out-of-fold volumes "
+              f"({first.validation_within} within), {pooled.combination} deciding")
+        return 0
     try:
         result = report(arguments.bundle, arguments.records, arguments.metrics)
     except (BundleError, OSError, ValueError) as error:

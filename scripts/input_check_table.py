@@ -22,6 +22,12 @@ what is recorded so far, so that a run stopped part-way (an ensemble took 47-49 
 it stopped when started again with the same record: the inputs recorded are not analysed again. A record belongs to
 one bundle file (its SHA-256) and split; docs/input_check.md copies the tables of ``docs/records/input_check/``
 (:mod:`Reporting.readme_tables`).
+
+With ``--reuse-predictions OLD`` only the network's feature distances are computed (an encoder pass per network, no
+segmentation: minutes instead of an hour); each input's Dice and the four families' verdict are taken from ``OLD``, a
+record of the same split made with the same weights and prediction settings (where ``OLD`` records the weights'
+checksum it must be this bundle's). For a bundle whose feature judge changed and nothing else: e.g. ``acdc_ce_dice``
+judged by every member, its predictions those of the table recorded through its first member.
 """
 
 from __future__ import annotations
@@ -38,11 +44,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from CalibSegLib.analysis import analyse_case
-from CalibSegLib.bundle import load_bundle
+from CalibSegLib.bundle import BundleMetadata, load_bundle
 from CalibSegLib.device import environment
+from CalibSegLib.features import feature_distance
 from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import FAMILIES, InputStatistics, excursions, observe_volume
-from CalibSegLib.io import write_json_atomic
+from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.metrics import dice
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import ACDC_SPACING, Case, data_folder, find_cases, load_cases
@@ -50,7 +57,7 @@ from Datasets.splits import recorded_split, select_patients
 from Evaluation.shifts import SHIFTS, at_pixel_spacing
 
 __all__ = ["FAILED_BELOW", "Outcome", "ct_like_volume", "noise_volume", "input_kinds", "inputs", "table",
-           "read_record", "make_record", "main"]
+           "read_record", "feature_judge", "make_record", "main"]
 
 SEEDS = {"val": 1, "test": 2}
 PIXELS_MM = {"val": (0.375, 0.75, 3.0, 4.5), "test": (0.75,)}
@@ -156,6 +163,8 @@ class Outcome:
     by_statistics: bool
     distance: float  # the network's feature distance; NaN where the bundle has no feature statistics
     dice: float  # mean over the foreground structures; NaN without a reference
+    # An ensemble judged by every member: each member's distance (``distance`` is the one deciding the majority).
+    member_distances: list[float] | None = None
 
 
 def _cell(outcomes: Sequence[Outcome]) -> list[str]:
@@ -215,17 +224,62 @@ def read_record(path: Path | None, bundle_sha256: str, split: str) -> tuple[list
     return [Outcome(**entry) for entry in record["outcomes"]], float(record["seconds"])
 
 
+def feature_judge(statistics: InputStatistics) -> tuple[float, str]:
+    """The feature threshold a bundle's statistics compare with (NaN: none) and who judges: ``"the network"``, or
+    for an ensemble judged by every member ``"every member, the majority deciding"``."""
+    if statistics.member_features is not None:
+        judge = statistics.member_features
+        return judge.threshold, f"every member, the {judge.combination} deciding"
+    return (float("nan") if statistics.features is None else statistics.features.threshold), "the network"
+
+
+def reused_outcomes(path: Path, metadata: BundleMetadata, split: str) -> dict[tuple[str, str], Outcome]:
+    """The outcomes of an earlier record whose predictions this run takes (``--reuse-predictions``), by input.
+
+    Raises:
+        SystemExit: the record is of another split, or of other weights (one sentence).
+    """
+    record = json.loads(path.read_text())
+    weights = record.get("weights_sha256")
+    if record.get("split") != split or (weights is not None and weights != metadata.weights_sha256):
+        raise SystemExit(f"error: {path} records the {record.get('split')} split of other weights than this {split} "
+                         "run's bundle, so its predictions are not this bundle's; measure without "
+                         "--reuse-predictions.")
+    return {(entry["kind"], entry["name"]): Outcome(**entry) for entry in record["outcomes"]}
+
+
+def features_only(predictor: Predictor, statistics: InputStatistics, item: "Input", reused: Outcome) -> Outcome:
+    """``reused`` (an earlier record's outcome of the same input, the same weights) judged again by the bundle's
+    feature statistics: only the network's feature distances are computed."""
+    distance = feature_distance(predictor.model, predictor.metadata, item.image, item.spacing, predictor.batch_size)
+    if statistics.member_features is not None:
+        judge = statistics.member_features
+        by_features, deciding, members = judge.unlike(distance), judge.deciding_distance(distance), distance
+    else:
+        by_features, deciding, members = distance > statistics.features.threshold, distance, None
+    return Outcome(item.kind, item.name, not (by_features or reused.by_statistics), by_features,
+                   reused.by_statistics, deciding, reused.dice, members)
+
+
 def make_record(bundle: str, bundle_sha256: str, split: str, outcomes: Sequence[Outcome], feature_threshold: float,
-                family_thresholds: dict[str, float], seconds: float, device: str = "cpu") -> dict:
-    """The JSON record of a table: what was measured, on what, and the table docs/input_check.md copies."""
+                family_thresholds: dict[str, float], seconds: float, device: str = "cpu",
+                judged_by: str = "the network", weights_sha256: str | None = None,
+                reused: str | None = None) -> dict:
+    """The JSON record of a table: what was measured, on what, and the table docs/input_check.md copies;
+    ``judged_by``: whose feature distances (:func:`feature_judge`); ``reused``: the record whose predictions (Dice,
+    the four families' verdict) were taken (``--reuse-predictions``)."""
     machine, recorded = environment(device), datetime.date.today().isoformat()
+    judge = "" if judged_by == "the network" else f" ({judged_by})"
+    if reused is not None:
+        judge += f"; Dice and the statistics' verdicts from {reused}, the same weights"
     caption = (f"`python -m scripts.input_check_table --bundle {bundle} --split {split} --record ...`: "
-               f"{len(outcomes)} inputs, feature threshold {feature_threshold:.1f}, {seconds / 60:.0f} min on "
+               f"{len(outcomes)} inputs, feature threshold {feature_threshold:.1f}{judge}, {seconds / 60:.0f} min on "
                f"{'' if machine['device'] == 'cpu' else machine['device'] + ' and '}{machine['cpu_count']} CPU "
                f"cores, recorded {recorded}.")
     return {"bundle": bundle, "bundle_sha256": bundle_sha256, "split": split,
             "recorded": recorded, "environment": machine, "seconds": seconds,
-            "feature_threshold": feature_threshold, "family_thresholds": family_thresholds,
+            "weights_sha256": weights_sha256, "reused_predictions": reused,
+            "feature_threshold": feature_threshold, "feature_judge": judged_by, "family_thresholds": family_thresholds,
             "outcomes": [asdict(outcome) for outcome in outcomes],
             "table": [*table(outcomes, input_kinds(split)), "", caption]}
 
@@ -242,6 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--record", type=Path, default=None,
                         help="write every outcome here as it is measured (JSON); started again with the same "
                              "record, the run skips what it holds")
+    parser.add_argument("--reuse-predictions", type=Path, default=None, metavar="OLD",
+                        help="take each input's Dice and the statistics' verdict from this record of the same weights "
+                             "and compute only the feature distances")
     arguments = parser.parse_args(argv)
     kinds = None if arguments.inputs is None else [kind.strip() for kind in arguments.inputs.split(";")]
     known = input_kinds(arguments.split)
@@ -258,36 +315,53 @@ def main(argv: Sequence[str] | None = None) -> int:
     metadata = bundle.metadata
     statistics = InputStatistics.from_dict(metadata.input_statistics, metadata.class_names,
                                            metadata.in_channels)
-    feature_threshold = statistics.features.threshold if statistics.features is not None else float("nan")
+    feature_threshold, judged_by = feature_judge(statistics)
     files = find_cases(data_folder(metadata.data, arguments.data))
     patients = recorded_split(metadata.data)[arguments.split]
     cases = load_cases(select_patients(files, patients), metadata.num_classes)
     predictor = Predictor(bundle, device=arguments.device)
+    reused = (None if arguments.reuse_predictions is None
+              else reused_outcomes(arguments.reuse_predictions, metadata, arguments.split))
+    reused_name = None if reused is None else recorded_path(arguments.reuse_predictions)
     print("kind | input | " + " | ".join(FAMILIES) + " | feature distance | suitable | Dice")
     for item in inputs(cases, arguments.split, kinds):
         if (item.kind, item.name) in recorded:
             continue
-        analysis = analyse_case(predictor, item.image, item.spacing)
-        check = analysis.summary["input_check"]
-        labels = analysis.prediction.labels
-        distance = check["features"].get("distance", float("nan"))
-        by_features = distance > check["features"].get("threshold", float("inf"))
-        values = excursions(statistics, observe_volume(item.image, item.spacing, labels, metadata.class_names,
-                                                       metadata.preprocessing))
-        score = (float("nan") if item.label is None else
-                 float(np.mean(dice(labels, item.label.astype(np.int64), metadata.num_classes))))
-        outcomes.append(Outcome(item.kind, item.name, check["suitable"], by_features,
-                                len(check["reasons"]) > int(by_features), distance, score))
-        print(f"{item.kind} | {item.name} | " + " | ".join(f"{values[family]:.3f}" for family in FAMILIES)
-              + f" | {distance:.1f} | {check['suitable']} | {score:.3f}", flush=True)
+        if reused is not None:
+            outcome = features_only(predictor, statistics, item, reused[(item.kind, item.name)])
+            outcomes.append(outcome)
+            print(f"{item.kind} | {item.name} | (reused) | {outcome.distance:.1f} | {outcome.suitable} | "
+                  f"{outcome.dice:.3f}", flush=True)
+        else:
+            _analyse(predictor, statistics, item, outcomes)
         if arguments.record is not None:
             write_json_atomic(arguments.record, make_record(
                 bundle_path.stem, bundle_sha256, arguments.split, outcomes, feature_threshold,
-                statistics.thresholds, seconds_before + time.monotonic() - started, arguments.device))
+                statistics.thresholds, seconds_before + time.monotonic() - started, arguments.device, judged_by,
+                metadata.weights_sha256, reused_name))
     print(f"\nfeature threshold {feature_threshold:.1f}; family thresholds {statistics.thresholds}; "
           f"{seconds_before + time.monotonic() - started:.0f} s\n")
     print("\n".join(table(outcomes, known)))
     return 0
+
+
+def _analyse(predictor: Predictor, statistics: InputStatistics, item: Input, outcomes: list[Outcome]) -> None:
+    """One input analysed as calibseg-predict does; its outcome appended and its line printed."""
+    metadata = predictor.metadata
+    analysis = analyse_case(predictor, item.image, item.spacing)
+    check = analysis.summary["input_check"]
+    labels = analysis.prediction.labels
+    distance = check["features"].get("distance", float("nan"))
+    by_features = distance > check["features"].get("threshold", float("inf"))
+    values = excursions(statistics, observe_volume(item.image, item.spacing, labels, metadata.class_names,
+                                                   metadata.preprocessing))
+    score = (float("nan") if item.label is None else
+             float(np.mean(dice(labels, item.label.astype(np.int64), metadata.num_classes))))
+    outcomes.append(Outcome(item.kind, item.name, check["suitable"], by_features,
+                            len(check["reasons"]) > int(by_features), distance, score,
+                            check["features"].get("member_distances")))
+    print(f"{item.kind} | {item.name} | " + " | ".join(f"{values[family]:.3f}" for family in FAMILIES)
+          + f" | {distance:.1f} | {check['suitable']} | {score:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -275,7 +275,8 @@ class BundleMetadata:
                 ) from None
         if self.input_statistics is not None:
             try:
-                InputStatistics.from_dict(self.input_statistics, self.class_names, self.in_channels)
+                InputStatistics.from_dict(self.input_statistics, self.class_names, self.in_channels,
+                                          self.ensemble_size)
             except InputStatisticsError as error:
                 raise BundleError(
                     f"The bundle's input_statistics are malformed ({error}); refit them with "
