@@ -1,16 +1,22 @@
 """scripts/input_check_table.py's record: one table row per kind in the split's order with the kinds still to measure
-named, a record of other weights refused in one sentence, and docs/input_check.md's block copied from the record."""
+named, a record of other weights refused in one sentence, docs/input_check.md's block copied from the record, and an
+earlier record's predictions judged again by the bundle's feature statistics (``--reuse-predictions``)."""
 
 from __future__ import annotations
 
 import math
 import re
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
+from CalibSegLib.feature_statistics import FeatureStatistics, MemberFeatureStatistics
 from CalibSegLib.io import write_json_atomic
 from Reporting import readme_tables
-from scripts.input_check_table import Outcome, input_kinds, make_record, read_record, table
+from scripts import input_check_table
+from scripts.input_check_table import (Outcome, features_only, input_kinds, make_record, read_record, reused_outcomes,
+                                       table)
 
 NAN = math.nan
 
@@ -63,3 +69,27 @@ def test_the_input_check_page_copies_the_recorded_table(tmp_path):
     assert "| contrast inversion | 2 | **1** | 1 | 1 | 0.300 (0.100) | 2: 1 unsuitable |" in new
     assert re.search(r"`python -m scripts\.input_check_table --bundle acdc_crac --split test --record \.\.\.`: 5 "
                      r"inputs, feature threshold 39\.5, 60 min on \d+ CPU cores, recorded \d{4}-\d\d-\d\d\.", new)
+
+
+
+def test_reused_predictions_keep_the_dice_and_statistics_and_judge_the_features_again(tmp_path, monkeypatch):
+    """``--reuse-predictions``: an earlier record's Dice and statistics' verdict, the features judged by the bundle now
+    (two of three members above the threshold: unlike; one: like); a record of other weights is refused."""
+    path = tmp_path / "old.json"
+    write_json_atomic(path, {**make_record("acdc_x", "abc", "test", _outcomes(), 41.8, {}, 1.0),
+                             "weights_sha256": "w1"})
+    reused = reused_outcomes(path, SimpleNamespace(weights_sha256="w1"), "test")
+    assert reused[("clean", "p1_f1")].dice == 0.9
+    with pytest.raises(SystemExit, match=r"^error: .*old\.json records the test split of other weights than this test "
+                                         r"run's bundle, so its predictions are not this bundle's"):
+        reused_outcomes(path, SimpleNamespace(weights_sha256="w2"), "test")
+    judge = FeatureStatistics("model.1", np.zeros(3), np.eye(3)[:1], np.ones(1), 1.0, 10.0, 0.05, 9, 9, 20)
+    statistics = SimpleNamespace(member_features=MemberFeatureStatistics((judge, judge, judge)), features=None)
+    distances = iter([[5.0, 12.0, 11.0], [5.0, 6.0, 11.0]])
+    monkeypatch.setattr(input_check_table, "feature_distance", lambda *arguments: next(distances))
+    predictor = SimpleNamespace(model=None, metadata=None, batch_size=1)
+    item = SimpleNamespace(kind="clean", name="p1_f1", image=None, spacing=None)
+    unlike, like = (features_only(predictor, statistics, item, reused[("clean", "p1_f1")]) for _ in range(2))
+    assert (unlike.suitable, unlike.by_features, unlike.distance, unlike.dice) == (False, True, 11.0, 0.9)
+    assert (like.suitable, like.by_features, like.distance, like.member_distances) == (
+        True, False, 6.0, [5.0, 6.0, 11.0])

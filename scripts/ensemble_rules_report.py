@@ -174,8 +174,12 @@ def _by_structure(names: Sequence[str], predicted: np.ndarray, measured: np.ndar
 
 
 def report(bundle_name: str, records: Path, metrics: Path | None = None) -> dict[str, Any]:
-    """Every number of the module docstring, as JSON."""
+    """Every number of the module docstring, as JSON; with only ``<records>/encoders`` (no quality pass), the input
+    check alone."""
     metadata = load_bundle(resolve_bundle_path(bundle_name)).metadata
+    if not (records / "out_of_fold").is_dir():
+        return {"bundle": bundle_name, "command": f"python -m scripts.ensemble_rules_report {bundle_name}",
+                "input_check": _input_check(metadata, records / "encoders", None)}
     model, names = metadata.quality, list(metadata.class_names[1:])
     out_of_fold = _records(records / "out_of_fold")
     observations = [Observation(item["patient"], item["features"], np.array(item["dice"])) for item in out_of_fold]
@@ -316,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = json.dumps(result, indent=1, default=float)
     if arguments.out is not None:
         write_json_atomic(arguments.out, result)
-    print("\n".join(markdown(result)) if arguments.markdown else text)
+    print("\n".join(markdown(result)) if arguments.markdown and "out_of_fold" in result else text)
     return 0
 
 

@@ -57,7 +57,7 @@ from Datasets.splits import recorded_split, select_patients
 from Evaluation.shifts import SHIFTS, at_pixel_spacing
 
 __all__ = ["FAILED_BELOW", "Outcome", "ct_like_volume", "noise_volume", "input_kinds", "inputs", "table",
-           "read_record", "feature_judge", "make_record", "main"]
+           "read_record", "feature_judge", "reused_outcomes", "features_only", "make_record", "main"]
 
 SEEDS = {"val": 1, "test": 2}
 PIXELS_MM = {"val": (0.375, 0.75, 3.0, 4.5), "test": (0.75,)}
