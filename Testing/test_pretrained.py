@@ -124,27 +124,18 @@ def test_a_smaller_field_of_view_is_segmented_like_the_original(default_model_on
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_bundles_check_their_input_against_the_networks_features(name):
-    """acdc_ce_dice and acdc_nacl judge by every member: each member's features of the 104 volumes of the 52
-    patients it trained on, at its own bottleneck, and one threshold the 130 out-of-fold volumes set at a 5 %
-    false-alarm rate (each scored by the member that never saw it). acdc_crac judges through its first network: the
-    threshold the 26 volumes of its fold set (calibseg-ensemble before every member judged)."""
+    """Each shipped ensemble judges by every member: each member's features of the 104 volumes of the 52 patients it
+    trained on, at its own bottleneck, and one threshold the 130 out-of-fold volumes set at a 5 % false-alarm rate
+    (each scored by the member that never saw it), the majority deciding."""
     metadata = load_bundle(resolve_bundle_path(name)).metadata
     statistics = metadata.input_statistics
-    assert metadata.schema_version == 3 and len(statistics["features"]["mean"] if statistics["features"] else
-                                                statistics["member_features"]["members"][0]["mean"]) == 384
+    judges = statistics["member_features"]
+    assert metadata.schema_version == 3 and statistics["version"] == 4 and statistics["features"] is None
+    assert judges["combination"] == "majority" and len(judges["members"][0]["mean"]) == 384
+    assert [(member["layer"], member["training_volumes"], member["validation_volumes"],
+             member["validation_within"], member["false_alarm_rate"]) for member in judges["members"]] == [
+        ("model.1.submodule.1.submodule.1.submodule.1", 104, 130, 125, 0.05)] * 5
     assert recorded_metrics(name)["per_case"]["scaled"][SAMPLE_CASES[0]]["feature_distance"] > 0
-    if name in ("acdc_ce_dice", "acdc_nacl"):
-        judges = statistics["member_features"]
-        assert statistics["version"] == 4 and judges["combination"] == "majority"
-        assert [(member["layer"], member["training_volumes"], member["validation_volumes"],
-                 member["validation_within"], member["false_alarm_rate"]) for member in judges["members"]] == [
-            ("model.1.submodule.1.submodule.1.submodule.1", 104, 130, 125, 0.05)] * 5
-        return
-    features = statistics["features"]
-    assert statistics["version"] == 3
-    assert (features["training_volumes"], features["validation_volumes"], features["false_alarm_rate"]) == (
-        104, 26, 0.05)
-    assert features["layer"] == "members.0.model.1.submodule.1.submodule.1.submodule.1"
 
 
 def test_a_cine_volume_at_0_75_mm_is_suitable_to_the_statistics_and_its_inverted_copy_not_to_the_network(
