@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle, save_bundle
+from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle, member_metadata, save_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.feature_statistics import FeatureStatisticsError
 from CalibSegLib.features import fit_member_features
@@ -130,13 +130,6 @@ def read_folds(cross_validation: str | Path, data: str | Path | None = None) -> 
     return [FoldRun(_fold_number(path), path, bundle,
                     recorded_cases(bundle.metadata, str(path / BUNDLE_NAME), data, "val", "predict out of fold"))
             for path, bundle in zip(folders, bundles)]
-
-
-def member_metadata(metadata: BundleMetadata) -> BundleMetadata:
-    """What one member runs under inside an ensemble described by ``metadata``: its window, temperature and
-    post-processing, as a single network without a quality model or input statistics (both describe the ensemble:
-    its statistics may hold every member's features, which no single network carries)."""
-    return dataclasses.replace(metadata, ensemble_size=1, ensemble=None, quality_model=None, input_statistics=None)
 
 
 def _passes(folds: Sequence[FoldRun], settings: BundleMetadata, device: torch.device, batch_size: int

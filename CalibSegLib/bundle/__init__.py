@@ -27,7 +27,8 @@ parsed and validated once on load); ``archive.py`` is the zip file (:func:`save_
 from CalibSegLib import BUNDLE_SUFFIX
 from CalibSegLib.bundle.archive import WEIGHTS_MEMBER, load_bundle, read_metadata, save_bundle
 from CalibSegLib.bundle.model import Bundle
-from CalibSegLib.bundle.schema import METADATA_MEMBER, SCHEMA_VERSION, BundleError, BundleMetadata
+from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, BundleError, BundleMetadata,
+                                      member_metadata)
 
 __all__ = ["SCHEMA_VERSION", "BUNDLE_SUFFIX", "METADATA_MEMBER", "WEIGHTS_MEMBER", "BundleError", "BundleMetadata",
-           "Bundle", "save_bundle", "load_bundle", "read_metadata"]
+           "member_metadata", "Bundle", "save_bundle", "load_bundle", "read_metadata"]

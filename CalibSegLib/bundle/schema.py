@@ -358,3 +358,8 @@ def parse_metadata(name: str, raw: bytes) -> BundleMetadata:
     return metadata
 
 
+def member_metadata(metadata: BundleMetadata) -> BundleMetadata:
+    """What one member runs under inside an ensemble described by ``metadata``: its window, temperature and
+    post-processing, as a single network without a quality model or input statistics (both describe the ensemble:
+    its statistics may hold every member's features, which no single network carries)."""
+    return dataclasses.replace(metadata, ensemble_size=1, ensemble=None, quality_model=None, input_statistics=None)

@@ -9,12 +9,11 @@ ensemble's result at the cost of one ensemble pass.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Sequence
 
 import numpy as np
 
-from CalibSegLib.bundle import Bundle
+from CalibSegLib.bundle import Bundle, member_metadata
 from CalibSegLib.inference import Predictor
 
 __all__ = ["member_predictors", "ensemble_labels"]
@@ -26,8 +25,7 @@ def member_predictors(bundle: Bundle, device: str = "auto", batch_size: int = 16
     ensemble: its input statistics may hold every member's features, which no single network carries)."""
     if bundle.metadata.ensemble_size == 1:
         return [Predictor(bundle, device=device, batch_size=batch_size)]
-    settings = dataclasses.replace(bundle.metadata, ensemble_size=1, ensemble=None, quality_model=None,
-                                   input_statistics=None)
+    settings = member_metadata(bundle.metadata)
     network = bundle.build_model()
     return [Predictor.from_network(member, settings, device=device, batch_size=batch_size)
             for member in network.members]
