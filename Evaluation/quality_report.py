@@ -166,7 +166,8 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
 
     Returns:
         ``{"review_below", "clean": statistics, "degraded": {name: statistics, "degraded (all)": ...}}``
-        with statistics as :func:`quality_statistics` returns them.
+        (and ``"review_below_by_structure"`` when the model has one threshold per structure) with statistics as
+        :func:`quality_statistics` returns them.
     """
     model = bundle.metadata.quality
     if model is None:
@@ -175,6 +176,8 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
     patients = [case.patient_id for case in cases]
     clean = quality_statistics(clean_rows, names, POOR_BELOW, patients)
     report: dict = {"review_below": model.review_below, "clean": clean, "degraded": {}}
+    if model.review_below_by_structure:
+        report["review_below_by_structure"] = {name: model.review_threshold(name) for name in names[1:]}
     predictor = Predictor(bundle, device=device, batch_size=batch_size) if degradations else None
     pooled: list[dict[str, float]] = []
     for degradation in degradations:

@@ -145,6 +145,14 @@ def _quality_reports(paths: list[Path]) -> dict[str, dict]:
     return reports
 
 
+def _review_thresholds(quality: dict, structures: list[str]) -> str:
+    """``0.88``, or one threshold per structure in ``structures``' order: ``0.88 / 0.88 / 0.90``."""
+    by_structure = quality.get("review_below_by_structure")
+    if not by_structure:
+        return f"{quality['review_below']:.2f}"
+    return " / ".join(f"{by_structure[name]:.2f}" for name in structures)
+
+
 def shipped_quality_table(paths: list[Path]) -> list[str]:
     """How each shipped model's predicted Dice and review flag did on the test volumes and on degraded copies,
     from the ``quality`` report in its ``<name>.metrics.json``."""
@@ -163,7 +171,7 @@ def shipped_quality_table(paths: list[Path]) -> list[str]:
 
         rows.append(f"| `{model}` | " + " | ".join(
             f"{clean[name]['spearman']:+.2f} / {clean[name]['mae']:.3f}" for name in structures)
-            + f" | {quality['review_below']:.2f} | {flagged(clean[ALL_STRUCTURES])} | "
+            + f" | {_review_thresholds(quality, structures)} | {flagged(clean[ALL_STRUCTURES])} | "
             f"{flagged(degraded[ALL_STRUCTURES]) if degraded else 'n/a'} |")
         header = structures
     if not rows:

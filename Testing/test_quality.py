@@ -28,6 +28,7 @@ from CalibSegLib.quality import (
     held_out_predictions,
     observe_cases,
     quality_summary,
+    review_sentence,
     structure_features,
     summary_columns,
     uncertain_slices,
@@ -376,6 +377,28 @@ def test_summary_with_a_quality_model_predicts_dice_interval_and_review():
     assert columns["review_class_1"] == 0.0 and columns["predicted_dice_high_class_1"] == pytest.approx(0.95)
 
 
+def test_thresholds_per_structure_flag_each_structure_at_its_own_and_round_trip(tmp_path):
+    prediction = _prediction(seed=2)
+    prediction.labels[prediction.labels == 0] = 3  # every class present; each predicted Dice 0.9
+    by_structure = {"class 1": 0.85, "class 2": 0.95, "class 3": 0.88}
+    model = dataclasses.replace(_model(), review_below=0.89, review_below_by_structure=by_structure)
+    assert [model.review_threshold(name) for name in CLASS_NAMES[1:]] == [0.85, 0.95, 0.88]
+    path = make_test_bundle(tmp_path / "q.calibseg", quality_model=model.to_dict())
+    metadata = load_bundle(path).metadata
+    assert metadata.quality == model
+    summary = quality_summary(prediction, (1.0, 1.0, 1.0), metadata)
+    assert [summary["structures"][name]["review"] for name in CLASS_NAMES[1:]] == [False, True, False]
+    assert summary["quality_model"]["review_below_by_structure"] == by_structure
+    assert "0.85 (class 1), 0.95 (class 2), 0.88 (class 3)" in summary["note"]
+    unflagged = dataclasses.replace(model, review_below_by_structure={**by_structure, "class 2": 0.9})
+    sentence = review_sentence(quality_summary(prediction, (1.0, 1.0, 1.0),
+                                               make_test_metadata(quality_model=unflagged.to_dict())))
+    assert sentence == ("No structure flagged: every predicted Dice is at or above its own threshold, "
+                        "0.85 (class 1), 0.90 (class 2), 0.88 (class 3).")
+    # a pooled model stores no per-structure key: bundles written before it read and write the same bytes
+    assert "review_below_by_structure" not in _model().to_dict()
+
+
 def test_summary_columns_are_nan_where_the_summary_is_null():
     columns = summary_columns(quality_summary(_prediction(), (1.0, 1.0, 1.0), make_test_metadata()))
     assert math.isnan(columns["predicted_dice_class_1"]) and math.isnan(columns["review_class_1"])
@@ -419,6 +442,11 @@ MALFORMED = {
     "not an object": (lambda model: [1, 2], "it must be an object"),
     "unknown version": (lambda model: {**model, "version": 99}, "version is 99"),
     "review threshold": (lambda model: {**model, "review_below": "high"}, "review_below must be a number"),
+    "thresholds of some structures": (lambda model: {**model, "review_below_by_structure": {"class 1": 0.85}},
+                                      "review_below_by_structure must name every structure"),
+    "a threshold above one": (lambda model: {**model, "review_below_by_structure": {"class 1": 0.85, "class 2": 1.5,
+                                                                                    "class 3": 0.9}},
+                              "review_below_by_structure class 2 must be a number"),
     "missing structure": (lambda model: {**model, "structures": {"class 1": model["structures"]["class 1"]}},
                           "not the foreground classes"),
     "unknown feature": (lambda model: _edit(model, "class 2", feature="volume"), "feature 'volume'"),
@@ -598,10 +626,12 @@ def test_keep_fit_changes_only_the_review_threshold_and_needs_a_fitted_model(tmp
     from Training import fit_quality
 
     out = tmp_path / "threshold.calibseg"
-    assert fit_quality.main(["--bundle", "acdc_ce_dice", "--keep-fit", "--review-below", "0.85",
+    # acdc_nacl flags at one threshold per structure: the one given replaces them all
+    assert fit_quality.main(["--bundle", "acdc_nacl", "--keep-fit", "--review-below", "0.85",
                              "--out", str(out)]) == 0
-    shipped, rewritten = load_bundle(resolve_bundle_path("acdc_ce_dice")).metadata, load_bundle(out).metadata
-    assert rewritten.quality == dataclasses.replace(shipped.quality, review_below=0.85)
+    shipped, rewritten = load_bundle(resolve_bundle_path("acdc_nacl")).metadata, load_bundle(out).metadata
+    assert rewritten.quality == dataclasses.replace(shipped.quality, review_below=0.85, review_below_by_structure={})
+    assert {rewritten.quality.review_threshold(name) for name in shipped.class_names[1:]} == {0.85}
     assert dataclasses.replace(rewritten, quality_model=shipped.quality_model) == shipped  # nothing else changed
     assert "review below predicted Dice 0.85" in capsys.readouterr().out
     unfitted, _ = _shipped_copy(tmp_path, sample_acdc_dir)  # its quality model removed

@@ -1,12 +1,13 @@
 """The review rule (CalibSegLib.quality.review_rule): flags counted among poor and good structures per threshold,
-structures predicted nowhere always flagged, and the rule's choice as written in docs/results.md."""
+structures predicted nowhere always flagged, and the rule's choice, pooled or per structure, as written in
+docs/results.md."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from CalibSegLib.quality.review_rule import THRESHOLDS, choose_review_threshold, trade_off
+from CalibSegLib.quality.review_rule import THRESHOLDS, choose_review_rule, choose_review_threshold, trade_off
 
 
 def test_trade_off_counts_flags_among_poor_and_good_structures_by_hand():
@@ -42,3 +43,37 @@ def test_the_rule_takes_the_largest_threshold_when_none_reaches_the_target():
     predicted, measured = np.array([0.99, 0.99, 0.50]), np.array([0.50, 0.60, 0.70])
     chosen = choose_review_threshold(trade_off(predicted, measured))
     assert chosen["review_below"] == THRESHOLDS[-1] and chosen["recall"] == pytest.approx(1 / 3)
+
+
+
+def _two_structures(first_poor: float, first_good: float, second_good: float) -> tuple[np.ndarray, np.ndarray]:
+    """Two structures over 40 volumes, each with 10 poor (measured 0.60) and 30 good (0.95) ones: the first's
+    predicted ``first_poor`` and ``first_good``, the second's predicted 0.70 and ``second_good``."""
+    predicted = np.column_stack([[first_poor] * 10 + [first_good] * 30, [0.70] * 10 + [second_good] * 30])
+    measured = np.column_stack([[0.60] * 10 + [0.95] * 30] * 2)
+    return predicted, measured
+
+
+def test_the_rule_stays_pooled_where_one_threshold_meets_both_targets():
+    # 0.87 catches all 20 poor ones and flags none of the 60 good ones
+    rule = choose_review_rule(*_two_structures(0.86, 0.97, 0.97), ["first", "second"])
+    assert (rule["by_structure"], rule["review_below"], rule["review_below_by_structure"]) == (False, 0.87, {})
+    assert rule["pooled_flags"]["meets_targets"]
+    assert [rule["per_structure"][name]["review_below"] for name in ("first", "second")] == [0.87, 0.80]
+
+
+def test_the_rule_goes_per_structure_where_the_pooled_threshold_flags_too_many_good_ones():
+    # the first structure's poor ones need 0.90, which flags the second's 30 good ones predicted 0.87 (50 %);
+    # 0.90 for the first and 0.80 for the second catch all 20 and flag none
+    rule = choose_review_rule(*_two_structures(0.89, 0.97, 0.87), ["first", "second"])
+    assert rule["review_below"] == 0.90 and not rule["pooled_flags"]["meets_targets"]
+    assert (rule["pooled_flags"]["poor_flagged"], rule["pooled_flags"]["good_flagged"]) == (20, 30)
+    assert rule["by_structure"] and rule["review_below_by_structure"] == {"first": 0.90, "second": 0.80}
+    assert (rule["per_structure_flags"]["poor_flagged"], rule["per_structure_flags"]["good_flagged"]) == (20, 0)
+
+
+def test_the_rule_stays_pooled_where_per_structure_thresholds_miss_a_target_too():
+    # the first structure's poor (0.89) and good (0.895) ones cannot be told apart by any threshold
+    rule = choose_review_rule(*_two_structures(0.89, 0.895, 0.87), ["first", "second"])
+    assert not rule["pooled_flags"]["meets_targets"] and not rule["per_structure_flags"]["meets_targets"]
+    assert (rule["by_structure"], rule["review_below"], rule["review_below_by_structure"]) == (False, 0.90, {})

@@ -58,7 +58,7 @@ from CalibSegLib.io import check_output_file, os_error_sentence, recorded_path, 
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, fit_from_observations,
                                  held_out_predictions, observe_cases, structure_key)
 from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
-from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_threshold,
+from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_rule,
                                              flagged, trade_off)
 from Datasets.cases import Case, DataError, to_model_grid
 from Evaluation.bootstrap import mean_interval, ratio_interval
@@ -180,16 +180,19 @@ def _observations(folds: Sequence[FoldRun], settings: BundleMetadata, device: st
                                              fold.cases)]
 
 
-def _flag_record(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray, review_below: float
-                 ) -> dict[str, Any]:
-    """Recall among poor structures and false flags among good ones at ``review_below``, with patient-level
-    intervals, over ``(volumes, structures)`` arrays."""
-    marked = flagged(predicted, review_below)
+def _flag_record(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray, rule: dict[str, Any],
+                 structure_names: Sequence[str]) -> dict[str, Any]:
+    """Recall among poor structures and false flags among good ones under the review ``rule``
+    (:func:`choose_review_rule`), with patient-level intervals, over ``(volumes, structures)`` arrays."""
+    by_structure = rule["review_below_by_structure"]
+    thresholds = np.array([by_structure.get(name, rule["review_below"]) for name in structure_names])
+    marked = flagged(predicted, thresholds[None, :])
     poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
     rows = np.repeat(patients, measured.shape[1])
     recall = ratio_interval((marked & poor).ravel(), poor.ravel(), rows)
     false_flags = ratio_interval((marked & good).ravel(), good.ravel(), rows)
-    return {"review_below": review_below, "poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
+    return {"review_below": rule["review_below"], "review_below_by_structure": dict(by_structure),
+            "poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
             "recall": dict(zip(("value", "low", "high"), recall)), "good": int(good.sum()),
             "good_flagged": int((marked & good).sum()),
             "false_flag_share": dict(zip(("value", "low", "high"), false_flags))}
@@ -211,7 +214,7 @@ def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, devi
     measured = np.array([item.dice for item in observations])
     patients = np.array([item.patient for item in observations])
     table = trade_off(predicted, measured)
-    review_below = choose_review_threshold(table)["review_below"]
+    rule = choose_review_rule(predicted, measured, class_names[1:])
     error = {}
     for index, name in enumerate(class_names[1:]):
         defined = ~np.isnan(predicted[:, index])
@@ -220,11 +223,12 @@ def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, devi
         error[structure_key(name)] = {"mae": value, "low": low, "high": high, "volumes": int(defined.sum())}
     record = {"fold_networks": len(folds), "volumes": len(observations), "patients": len(set(patients)),
               "rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE, "target_recall": TARGET_RECALL},
-              "table": table, "held_out": _flag_record(predicted, measured, patients, review_below),
-              "held_out_mae": error}
-    model = fit_from_observations(observations, class_names, review_below=review_below,
+              "table": table, "by_structure": rule["by_structure"],
+              "held_out": _flag_record(predicted, measured, patients, rule, class_names[1:]), "held_out_mae": error}
+    model = fit_from_observations(observations, class_names, review_below=rule["review_below"],
                                   validation={"fold_networks": len(folds), "fold_patients": len(set(patients)),
-                                              APPLIED_TO: MEMBERS})
+                                              APPLIED_TO: MEMBERS},
+                                  review_below_by_structure=rule["review_below_by_structure"])
     return model, record
 
 
@@ -339,7 +343,9 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
     else:
         held_out = quality["held_out"]
         recall, false_flags = held_out["recall"], held_out["false_flag_share"]
-        lines.append(f"  review below predicted Dice {held_out['review_below']:.2f}: {held_out['poor_flagged']} of "
+        thresholds = ", ".join(f"{value:.2f} ({name})" for name, value in held_out["review_below_by_structure"].items())
+        lines.append(f"  review below predicted Dice {thresholds or format(held_out['review_below'], '.2f')}: "
+                     f"{held_out['poor_flagged']} of "
                      f"{held_out['poor']} poor structures flagged ({recall['value']:.0%}, 95 % interval "
                      f"{recall['low']:.0%}-{recall['high']:.0%}), {held_out['good_flagged']} of {held_out['good']} "
                      f"good ones ({false_flags['value']:.0%}, {false_flags['low']:.0%}-{false_flags['high']:.0%})")

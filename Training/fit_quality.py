@@ -108,7 +108,8 @@ def refit_from_folds(bundle: str | Path, cross_validation: str | Path, data: str
 def set_review_below(bundle: str | Path, review_below: float,
                      out: str | Path | None = None) -> tuple[Path, QualityModel]:
     """Keep ``bundle``'s fitted quality model and change only its review threshold (e.g. to the one
-    ``scripts/review_rule_table.py`` chose on out-of-fold patients); written as :func:`refit_bundle` writes.
+    ``scripts/review_rule_table.py`` chose on out-of-fold patients), then one for every structure (any per-structure
+    thresholds dropped); written as :func:`refit_bundle` writes.
 
     Raises:
         BundleError: unreadable bundle, or one without a quality model (fit one first).
@@ -120,7 +121,7 @@ def set_review_below(bundle: str | Path, review_below: float,
     if model is None:
         raise BundleError(f"{path.name} has no quality model whose threshold could change; fit one first "
                           "(calibseg-fit-quality without --keep-fit).")
-    model = dataclasses.replace(model, review_below=review_below)
+    model = dataclasses.replace(model, review_below=review_below, review_below_by_structure={})  # one for all
     metadata = dataclasses.replace(loaded.metadata, quality_model=model.to_dict())
     return rewrite_bundle(loaded, metadata, out), model
 
@@ -164,7 +165,9 @@ def describe(model: QualityModel) -> list[str]:
     folds = (f", {validation['fold_networks']} fold networks' out-of-fold predictions of "
              f"{validation['fold_patients']} patients among them" if validation.get("fold_networks") else "")
     lines = [f"quality model ({validation.get('scheme')} on {validation.get('cases')} volumes of "
-             f"{validation.get('patients')} patients{folds}; review below predicted Dice {model.review_below:.2f})"]
+             f"{validation.get('patients')} patients{folds}; review below predicted Dice "
+             + (", ".join(f"{model.review_threshold(name):.2f} ({name})" for name in model.structures)
+                if model.review_below_by_structure else f"{model.review_below:.2f}") + ")"]
     for name, structure in model.structures.items():
         low, high = structure.interval
         lines.append(f"  {name}: mean of {', '.join(structure.inputs)}; held-out MAE {structure.loo_mae:.3f} "
@@ -190,8 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write the bundle here (default: rewrite it in place; a shipped model: "
                              "runs/<name>/<name>.calibseg)")
     parser.add_argument("--review-below", type=float, default=REVIEW_BELOW,
-                        help=f"flag structures whose predicted Dice is below this (default {REVIEW_BELOW}; "
-                             "scripts/review_rule_table.py chooses it on out-of-fold patients)")
+                        help=f"flag structures whose predicted Dice is below this, one threshold for all "
+                             f"(default {REVIEW_BELOW}; scripts/review_rule_table.py chooses it on out-of-fold "
+                             "patients)")
     parser.add_argument("--keep-fit", action="store_true",
                         help="keep the bundle's fitted model and only set --review-below (no data needed)")
     parser.add_argument("--device", default="auto")

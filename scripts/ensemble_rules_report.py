@@ -12,9 +12,9 @@ records of :mod:`scripts.ensemble_quality_pass`.
 - **Test patients**: the shipped model applied as fitted, to each member's own prediction, the mean of the members'
   predicted Dice (:mod:`CalibSegLib.quality.members`), against the ensemble's measured Dice; beside it, today's
   numbers (the model applied to the average's features), from the shipped metrics file.
-- **The review rule** (:func:`CalibSegLib.quality.review_rule.choose_review_threshold`) on the out-of-fold
-  predictions, and the chosen threshold on the test patients, recall and false flags with patient-bootstrap
-  intervals (:mod:`Evaluation.bootstrap`).
+- **The review rule** (:func:`CalibSegLib.quality.review_rule.choose_review_rule`, pooled or per structure) on the
+  out-of-fold predictions, and the chosen thresholds on the test patients, recall and false flags with
+  patient-bootstrap intervals (:mod:`Evaluation.bootstrap`).
 - **The input check from every member**: each member's feature Gaussian from the volumes of the patients it trained
   on (:func:`CalibSegLib.feature_statistics.fit_feature_statistics`), its distances of the volumes it never saw; the
   threshold per member (its 26) or pooled (all 130), and the members' verdicts on the test volumes combined by
@@ -25,6 +25,11 @@ records of :mod:`scripts.ensemble_quality_pass`.
 ``features`` null), the rest of the bundle as it was (the weights byte-identical; temporary file, then rename). Each
 member's layer is its own bottleneck (:func:`CalibSegLib.features.bottleneck_layer`), where
 ``scripts.ensemble_quality_pass --part encoders`` read the vectors.
+
+``--write-quality PATH`` writes the bundle with its quality model applied as it was fitted (to each member,
+``validation["applied_to"] = "members"``) and its review thresholds chosen by the rule on the out-of-fold records
+(pooled, or per structure), the structures' fits unchanged (they are what the records refit to), the rest of the
+bundle as it was; then ``calibseg-ship --rerecord`` measures its metrics again.
 """
 
 from __future__ import annotations
@@ -47,13 +52,15 @@ from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import Observation, fit_from_observations, held_out_predictions, structure_key
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
+from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_FALSE_FLAGS, TARGET_RECALL,
-                                             choose_review_threshold, flagged, trade_off)
+                                             choose_review_rule, flagged, trade_off)
 from Evaluation.bootstrap import mean_interval, ratio_interval, spearman_interval
 from Training.bundle_rewrite import rewrite_bundle
 from Training.ensemble import member_patients
 
-__all__ = ["agreement", "flag_counts", "member_statistics", "write_member_statistics", "report", "markdown", "main"]
+__all__ = ["agreement", "flag_counts", "member_statistics", "write_member_statistics", "write_quality_rule", "report",
+           "markdown", "main"]
 
 
 def _encoder_vectors(folder: Path) -> dict[str, dict[str, Any]]:
@@ -139,6 +146,29 @@ def write_member_statistics(bundle_name: str, encoders: Path, out: Path) -> Memb
     return pooled
 
 
+def write_quality_rule(bundle_name: str, records: Path, out: Path) -> dict[str, Any]:
+    """Write the bundle ``bundle_name`` to ``out`` with its quality model applied per member and its review
+    thresholds chosen on the out-of-fold records under ``records`` (module docstring); returns the rule."""
+    bundle = load_bundle(resolve_bundle_path(bundle_name))
+    metadata = bundle.metadata
+    if metadata.ensemble_size < 2 or metadata.quality_model is None:
+        raise BundleError(f"{bundle_name} is not an ensemble with a quality model.")
+    out_of_fold = _records(records / "out_of_fold")
+    if not out_of_fold:
+        raise BundleError(f"{records / 'out_of_fold'} holds no records; run python -m scripts.ensemble_quality_pass "
+                          f"{bundle_name} --part out_of_fold first.")
+    observations = [Observation(item["patient"], item["features"], np.array(item["dice"])) for item in out_of_fold]
+    rule = choose_review_rule(held_out_predictions(observations, metadata.class_names),
+                              np.array([item.dice for item in observations]), metadata.class_names[1:])
+    stored = dict(metadata.quality_model)
+    stored.pop("review_below_by_structure", None)
+    stored.update({"review_below": rule["review_below"], "validation": {**stored["validation"], APPLIED_TO: MEMBERS},
+                   **({"review_below_by_structure": rule["review_below_by_structure"]}
+                      if rule["by_structure"] else {})})
+    rewrite_bundle(bundle, dataclasses.replace(metadata, quality_model=stored), out)
+    return rule
+
+
 def _records(folder: Path) -> list[dict[str, Any]]:
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.member*.json"))]
 
@@ -192,10 +222,10 @@ def report(bundle_name: str, records: Path, metrics: Path | None = None) -> dict
                            for item in observations for name, values in zip(names, item.features)
                            if values is not None)
     rows = trade_off(held_out, measured)
-    pooled = choose_review_threshold(rows)
-    per_structure = {structure_key(name): choose_review_threshold(trade_off(held_out[:, [index]],
-                                                                            measured[:, [index]]))
-                     for index, name in enumerate(names)}
+    rule = choose_review_rule(held_out, measured, names)
+    pooled = rule["pooled"]
+    per_structure = {structure_key(name): row for name, row in rule["per_structure"].items()}
+    shipped_thresholds = np.array([model.review_threshold(name) for name in names])
     result: dict[str, Any] = {
         "bundle": bundle_name, "command": f"python -m scripts.ensemble_rules_report {bundle_name}",
         "out_of_fold": {"volumes": len(observations), "patients": len(set(patients)),
@@ -203,9 +233,10 @@ def report(bundle_name: str, records: Path, metrics: Path | None = None) -> dict
                         "held_out": _by_structure(names, held_out, measured, patients),
                         "review_rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE,
                                         "target_recall": TARGET_RECALL, "target_false_flags": TARGET_FALSE_FLAGS,
-                                        "table": rows, "pooled": pooled, "per_structure": per_structure},
-                        "flags_at_shipped": flag_counts(held_out, measured, patients,
-                                                        np.full(len(names), model.review_below)),
+                                        "table": rows, "pooled": pooled, "per_structure": per_structure,
+                                        "by_structure": rule["by_structure"],
+                                        "review_below_by_structure": rule["review_below_by_structure"]},
+                        "flags_at_shipped": flag_counts(held_out, measured, patients, shipped_thresholds),
                         "flags_at_pooled": flag_counts(held_out, measured, patients,
                                                        np.full(len(names), pooled["review_below"])),
                         "flags_at_per_structure": flag_counts(held_out, measured, patients, np.array(
@@ -214,12 +245,12 @@ def report(bundle_name: str, records: Path, metrics: Path | None = None) -> dict
     if (records / "encoders").is_dir():
         result["input_check"] = _input_check(metadata, records / "encoders", shipped)
     tested = _records(records / "test")
-    if shipped is None or not tested:
-        return result
-    per_case = shipped["per_case"]["scaled"]
     cases = sorted({item["case"] for item in tested})
     complete = [case for case in cases
                 if sum(item["case"] == case for item in tested) == metadata.ensemble_size]
+    if shipped is None or not complete:  # no test volume yet predicted by every member
+        return result
+    per_case = shipped["per_case"]["scaled"]
     by_case = {case: sorted((item for item in tested if item["case"] == case), key=lambda item: item["member"])
                for case in complete}
     members_mean = np.array([combined_predicted_dice(member_predicted_dice(
@@ -242,10 +273,8 @@ def report(bundle_name: str, records: Path, metrics: Path | None = None) -> dict
             structure_key(name): list(mean_interval(ensemble_dice[:, index] - np.mean(
                 [[item["dice"][index] for item in by_case[case]] for case in complete], axis=1), test_patients))
             for index, name in enumerate(names)},
-        "flags_members_mean_at_shipped": flag_counts(members_mean, ensemble_dice, test_patients,
-                                                     np.full(len(names), model.review_below)),
-        "flags_today_at_shipped": flag_counts(today, ensemble_dice, test_patients,
-                                              np.full(len(names), model.review_below)),
+        "flags_members_mean_at_shipped": flag_counts(members_mean, ensemble_dice, test_patients, shipped_thresholds),
+        "flags_today_at_shipped": flag_counts(today, ensemble_dice, test_patients, shipped_thresholds),
         "flags_members_mean_at_pooled": flag_counts(members_mean, ensemble_dice, test_patients,
                                                     np.full(len(names), pooled["review_below"])),
         "flags_members_mean_at_per_structure": flag_counts(members_mean, ensemble_dice, test_patients, np.array(
@@ -280,8 +309,10 @@ def markdown(result: dict[str, Any]) -> list[str]:
     lines += ["", "| Where | Flag | poor flagged / poor | good flagged / good |", "| --- | --- | --- | --- |"]
     out_of_fold = result["out_of_fold"]
     pooled = out_of_fold["review_rule"]["pooled"]["review_below"]
-    lines.append(f"| out of fold | below {pooled:.2f} (the rule, pooled) | {_flags(out_of_fold['flags_at_pooled'])} |")
-    lines.append(f"| out of fold | per structure | {_flags(out_of_fold['flags_at_per_structure'])} |")
+    choice = " (the rule's choice)"
+    chosen = ("", choice) if out_of_fold["review_rule"].get("by_structure") else (choice, "")
+    lines.append(f"| out of fold | below {pooled:.2f}, pooled{chosen[0]} | {_flags(out_of_fold['flags_at_pooled'])} |")
+    lines.append(f"| out of fold | per structure{chosen[1]} | {_flags(out_of_fold['flags_at_per_structure'])} |")
     if "test" in result:
         test = result["test"]
         lines.append(f"| test | average's features, shipped threshold | {_flags(test['flags_today_at_shipped'])} |")
@@ -302,7 +333,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print the tables instead of the JSON")
     parser.add_argument("--write-bundle", type=Path, default=None, metavar="PATH",
                         help="write the bundle judged by every member (from <records>/encoders) here and stop")
+    parser.add_argument("--write-quality", type=Path, default=None, metavar="PATH",
+                        help="write the bundle with its quality model applied per member and the review rule's "
+                             "thresholds (from <records>/out_of_fold) here and stop")
     arguments = parser.parse_args(argv)
+    if arguments.write_quality is not None:
+        try:
+            rule = write_quality_rule(arguments.bundle, arguments.records, arguments.write_quality)
+        except (BundleError, OSError, ValueError) as error:
+            raise SystemExit(f"error: {error}") from None
+        thresholds = rule["review_below_by_structure"] or {"every structure": rule["review_below"]}
+        print(f"{arguments.write_quality}: quality model applied per member, review below "
+              + ", ".join(f"{value:.2f} ({name})" for name, value in thresholds.items()))
+        return 0
     if arguments.write_bundle is not None:
         try:
             pooled = write_member_statistics(arguments.bundle, arguments.records / "encoders", arguments.write_bundle)

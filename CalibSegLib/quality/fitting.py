@@ -205,13 +205,14 @@ def held_out_predictions(observations: Sequence[Observation], class_names: Seque
 
 def fit_from_observations(observations: Sequence[Observation], class_names: Sequence[str],
                           review_below: float = REVIEW_BELOW, interval_coverage: float = INTERVAL_COVERAGE,
-                          validation: dict | None = None) -> QualityModel:
+                          validation: dict | None = None,
+                          review_below_by_structure: dict[str, float] | None = None) -> QualityModel:
     """Fit each structure's predicted-Dice model (the method is in the module docstring).
 
     Args:
         observations: the predicted volumes to fit on, of at least two patients.
         class_names: C names, background first.
-        review_below, interval_coverage: stored in the model (see :class:`QualityModel`).
+        review_below, interval_coverage, review_below_by_structure: stored in the model (see :class:`QualityModel`).
         validation: extra entries for the model's record of what it was fitted on (e.g. fold networks).
 
     Raises:
@@ -232,7 +233,8 @@ def fit_from_observations(observations: Sequence[Observation], class_names: Sequ
     record = {"cases": len(observations), "patients": patients,
               "scheme": "leave-one-patient-out" if patients < len(observations) else "leave-one-case-out",
               **(validation or {})}
-    return QualityModel(structures, review_below, interval_coverage, validation=record)
+    return QualityModel(structures, review_below, interval_coverage, validation=record,
+                        review_below_by_structure=dict(review_below_by_structure or {}))
 
 
 def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase],

@@ -136,10 +136,13 @@ class QualityModel:
     """Per-structure predicted Dice, its interval and the review rule; stored in ``bundle.json``.
 
     ``structures`` maps every foreground class name to its :class:`StructureQuality`.
-    ``review_below``: a predicted Dice below it flags the structure. ``interval_coverage``: the
-    nominal coverage of the intervals. ``low_confidence_threshold`` and ``boundary_ring``: the
-    feature settings it was fitted with (applied again at prediction). ``validation``: what it
-    was fitted on (cases, patients, scheme), for the record; its :data:`APPLIED_TO` is :data:`MEMBERS` for an
+    ``review_below``: a predicted Dice below it flags the structure; ``review_below_by_structure`` (structure name →
+    threshold; empty: ``review_below`` for all), when the review rule chose one per structure
+    (:func:`CalibSegLib.quality.review_rule.choose_review_rule`; :meth:`review_threshold` reads them). An older
+    CalibSeg that does not know the key flags at ``review_below``, the pooled rule's threshold.
+    ``interval_coverage``: the nominal coverage of the intervals. ``low_confidence_threshold`` and ``boundary_ring``:
+    the feature settings it was fitted with (applied again at prediction). ``validation``: what it was fitted on
+    (cases, patients, scheme), for the record; its :data:`APPLIED_TO` is :data:`MEMBERS` for an
     ensemble's model fitted on single networks (:attr:`per_member`).
     """
 
@@ -149,6 +152,11 @@ class QualityModel:
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD
     boundary_ring: int = BOUNDARY_RING
     validation: dict[str, Any] = field(default_factory=dict)
+    review_below_by_structure: dict[str, float] = field(default_factory=dict)
+
+    def review_threshold(self, name: str) -> float:
+        """The predicted Dice below which structure ``name`` is flagged."""
+        return self.review_below_by_structure.get(name, self.review_below)
 
     @property
     def per_member(self) -> bool:
@@ -166,6 +174,8 @@ class QualityModel:
         return {
             "version": QUALITY_MODEL_VERSION,
             "review_below": self.review_below,
+            **({"review_below_by_structure": dict(self.review_below_by_structure)}
+               if self.review_below_by_structure else {}),
             "interval_coverage": self.interval_coverage,
             "low_confidence_threshold": self.low_confidence_threshold,
             "boundary_ring": self.boundary_ring,
@@ -199,7 +209,13 @@ class QualityModel:
             raise QualityModelError(f"its structures {sorted(structures)} are not the foreground classes "
                                     f"{list(class_names[1:])}")
         parsed = {name: _structure_from_dict(name, entry) for name, entry in structures.items()}
-        return cls(parsed, review_below, coverage, threshold, int(ring), dict(validation))
+        by_structure = values.get("review_below_by_structure", {})
+        if not isinstance(by_structure, dict) or (by_structure and set(by_structure) != set(structures)):
+            raise QualityModelError(f"review_below_by_structure must name every structure {sorted(structures)}, "
+                                    f"got {by_structure!r}")
+        thresholds = {name: _number(by_structure, name, 0.0, 1.0, "review_below_by_structure ")
+                      for name in by_structure}
+        return cls(parsed, review_below, coverage, threshold, int(ring), dict(validation), thresholds)
 
 
 def _is_int(value: Any) -> bool:

@@ -9,6 +9,12 @@ patients, each structure's predicted Dice from a quality model fitted without th
 :data:`TARGET_RECALL` of the poor ones (the largest when none does): the fewest false flags at that recall. Its row
 says whether the false flags then stay within :data:`TARGET_FALSE_FLAGS`; where they do not, the two targets conflict
 on these patients and recall wins: a missed poor structure costs a patient, a false flag a reader's minute.
+
+:func:`choose_review_rule` then decides between that one pooled threshold and one per structure (each structure's own
+:func:`choose_review_threshold`): per structure only when the pooled threshold misses a target out of fold and the
+per-structure thresholds together meet both. A structure with few poor cases out of fold places its own threshold on
+those few, so per-structure thresholds are taken only when they pay: where the pooled one already meets both targets,
+or where per structure does not meet them either, the pooled one stays.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 from CalibSegLib.quality.model import REVIEW_BELOW
 
 __all__ = ["POOR_BELOW", "GOOD_ABOVE", "THRESHOLDS", "TARGET_RECALL", "TARGET_FALSE_FLAGS", "flagged", "trade_off",
-           "choose_review_threshold"]
+           "choose_review_threshold", "choose_review_rule"]
 
 # A structure below this measured Dice needs a person's look, whatever threshold a model's flag uses.
 POOR_BELOW = REVIEW_BELOW
@@ -57,3 +63,40 @@ def choose_review_threshold(rows: Sequence[dict[str, Any]], target_recall: float
     largest; with ``meets_false_flags``, whether its false-flag share is within :data:`TARGET_FALSE_FLAGS`."""
     chosen = next((row for row in rows if row["recall"] >= target_recall), rows[-1])
     return {**chosen, "meets_false_flags": chosen["false_flag_share"] <= TARGET_FALSE_FLAGS}
+
+
+def _shares(predicted: np.ndarray, measured: np.ndarray, thresholds: np.ndarray) -> dict[str, Any]:
+    """Counts and shares of poor and good structures flagged over ``(volumes, structures)`` arrays, each column at
+    its own threshold of ``thresholds`` ``(structures,)``."""
+    marked = flagged(predicted, thresholds[None, :])
+    poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
+    recall = float((marked & poor).sum() / max(poor.sum(), 1))
+    false_flag_share = float((marked & good).sum() / max(good.sum(), 1))
+    return {"poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()), "recall": recall,
+            "good": int(good.sum()), "good_flagged": int((marked & good).sum()), "false_flag_share": false_flag_share,
+            "meets_targets": recall >= TARGET_RECALL and false_flag_share <= TARGET_FALSE_FLAGS}
+
+
+def choose_review_rule(predicted: np.ndarray, measured: np.ndarray, structure_names: Sequence[str]
+                       ) -> dict[str, Any]:
+    """The review rule on out-of-fold ``(volumes, structures)`` predicted and measured Dice (NaN predicted: drawn
+    nowhere), pooled or per structure (module docstring).
+
+    Returns:
+        ``{"pooled": row, "per_structure": {name: row}, "pooled_flags", "per_structure_flags": counts and shares
+        with "meets_targets", "by_structure": bool, "review_below": the pooled threshold, "review_below_by_structure":
+        {name: threshold} when by_structure else {}}``; rows as :func:`choose_review_threshold`'s.
+    """
+    predicted, measured = np.asarray(predicted, np.float64), np.asarray(measured, np.float64)
+    pooled = choose_review_threshold(trade_off(predicted, measured))
+    per_structure = {name: choose_review_threshold(trade_off(predicted[:, index], measured[:, index]))
+                     for index, name in enumerate(structure_names)}
+    pooled_flags = _shares(predicted, measured, np.full(len(structure_names), pooled["review_below"]))
+    structure_flags = _shares(predicted, measured,
+                              np.array([per_structure[name]["review_below"] for name in structure_names]))
+    by_structure = not pooled_flags["meets_targets"] and structure_flags["meets_targets"]
+    return {"pooled": pooled, "per_structure": per_structure, "pooled_flags": pooled_flags,
+            "per_structure_flags": structure_flags, "by_structure": by_structure,
+            "review_below": pooled["review_below"],
+            "review_below_by_structure": ({name: row["review_below"] for name, row in per_structure.items()}
+                                          if by_structure else {})}

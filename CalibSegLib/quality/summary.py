@@ -42,7 +42,8 @@ Definitions (every number a reader sees is one of these):
   single networks (``per_member``), the mean of its members' predicted Dice, each from that member's own prediction,
   as the model was fitted (:mod:`CalibSegLib.quality.members`).
 - ``review``: the structure is absent from the prediction, or its predicted Dice is below the
-  model's ``review_below`` (:data:`REVIEW_BELOW`). Without a quality model the predicted Dice
+  model's threshold for it (``QualityModel.review_threshold``: its ``review_below``, or the structure's own where
+  the review rule chose one per structure; :data:`REVIEW_BELOW` by default). Without a quality model the predicted Dice
   and the review flag of a present structure are null — never guessed.
 """
 
@@ -140,14 +141,14 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
     axis = metadata.preprocessing.slice_axis
     features = structure_features(prediction, metadata.num_classes, threshold, ring, spacing)
     voxel_mm3 = float(np.prod([float(value) for value in spacing]))
-    review_below = model.review_below if model else REVIEW_BELOW
     members_dice: list[float | None] = [None] * len(features)
     if model is not None and model.per_member and metadata.ensemble_size > 1:
         members_dice = [float(value) for value in _members_dice(prediction, metadata, model, spacing)]
     elif model is not None:
         _missing_inputs(model, features)
     structures = {
-        name: _structure_summary(values, voxel_mm3, model.structures[name] if model else None, review_below, dice)
+        name: _structure_summary(values, voxel_mm3, model.structures[name] if model else None,
+                                 model.review_threshold(name) if model else REVIEW_BELOW, dice)
         for name, values, dice in zip(metadata.class_names[1:], features, members_dice)
     }
     if model is None:
@@ -156,12 +157,15 @@ def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata
                 "structure are null (a structure predicted nowhere is still flagged); fit one with "
                 "calibseg-fit-quality --bundle <bundle>")
     else:
-        described = {"review_below": model.review_below, "interval_coverage": model.interval_coverage,
-                     "validation": model.validation}
+        described = {"review_below": model.review_below,
+                     "review_below_by_structure": ({name: model.review_threshold(name)
+                                                    for name in metadata.class_names[1:]}
+                                                   if model.review_below_by_structure else {}),
+                     "interval_coverage": model.interval_coverage, "validation": model.validation}
         source = ("the mean of the members' predicted Dice, each from the member's own uncertainty, fitted on "
                   "out-of-fold cases" if model.per_member and metadata.ensemble_size > 1
                   else "predicted Dice from uncertainty, fitted on validation cases")
-        note = (f"review: predicted Dice below {model.review_below:.2f} or the structure predicted nowhere; "
+        note = (f"review: predicted Dice below {_thresholds_text(described)} or the structure predicted nowhere; "
                 f"{source}; intervals of nominal {model.interval_coverage:.0%} coverage")
     return {
         "structures": structures,
@@ -185,8 +189,19 @@ def review_sentence(summary: dict[str, Any]) -> str:
     if summary["review"] is None:
         return ("This bundle has no quality model, so no predicted Dice; "
                 "check the hot spots and uncertain slices.")
-    review_below = summary["quality_model"]["review_below"]
-    return f"No structure flagged: every predicted Dice is {review_below:.2f} or more."
+    described = summary["quality_model"]
+    if described.get("review_below_by_structure"):
+        return ("No structure flagged: every predicted Dice is at or above its own threshold, "
+                f"{_thresholds_text(described)}.")
+    return f"No structure flagged: every predicted Dice is {described['review_below']:.2f} or more."
+
+
+def _thresholds_text(described: dict[str, Any]) -> str:
+    """The review threshold as a reader sees it: ``0.88``, or ``0.88 (right ventricle), 0.90 (left ventricle)``."""
+    by_structure = described.get("review_below_by_structure") or {}
+    if not by_structure:
+        return f"{described['review_below']:.2f}"
+    return ", ".join(f"{threshold:.2f} ({name})" for name, threshold in by_structure.items())
 
 
 def _structure_columns(name: str, entry: dict[str, Any]) -> dict[str, float]:
