@@ -24,7 +24,9 @@ from Evaluation.summary import VARIANTS
 from Reporting import crossval as crossval_cli
 from Training import ensemble as ensemble_cli
 from Training import train as train_cli
+from Training import sub_ensemble as sub_ensemble_cli
 from Training.fit_input_check import refit_input_check
+from Training.sub_ensemble import sub_ensemble
 from fault_checks import assert_one_sentence, tree_snapshot
 
 TINY_FLAGS = ["--epochs", "1", "--iterations-per-epoch", "2", "--patch-size", "32", "--batch-size", "2",
@@ -264,6 +266,27 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
         case.image, case.spacing, keep_probabilities=True).probabilities for fold in folds]
     np.testing.assert_allclose(averaged.probabilities, np.mean(members, axis=0), atol=1e-5)
     assert averaged.disagreement is not None and averaged.disagreement.shape == case.image.shape
+    # three of the five: their weights, their average, everything chosen out of fold kept, the input check refitted
+    kept = [0, 2, 4]
+    three_path = sub_ensemble(out, kept, tmp_path / "three.calibseg", sample_acdc_dir, "cpu")
+    three = load_bundle(three_path)
+    assert three.metadata.ensemble_size == 3 and three.metadata.test_metrics == {}
+    assert three.metadata.ensemble["members"] == [metadata.ensemble["members"][index] for index in kept]
+    assert three.metadata.ensemble["selected_from"] == {"bundle": "ensemble.calibseg",
+                                                        "weights_sha256": metadata.weights_sha256, "members": kept}
+    assert (three.metadata.quality_model, three.metadata.temperature, three.metadata.postprocessing) == (
+        metadata.quality_model, metadata.temperature, metadata.postprocessing)
+    smaller = Predictor(three, device="cpu").predict(case.image, case.spacing, keep_probabilities=True)
+    np.testing.assert_allclose(smaller.probabilities, np.mean([members[index] for index in kept], axis=0), atol=1e-5)
+    three_judges = three.metadata.input_statistics["member_features"]
+    for member, index in zip(three_judges["members"], kept):  # each kept member's Gaussian, as before
+        np.testing.assert_allclose(member["mean"], judges["members"][index]["mean"], rtol=1e-4)
+    assert {member["validation_volumes"] for member in three_judges["members"]} == {
+        2 * sum(len(metadata.ensemble["members"][index]["validation"]) for index in kept)}  # the kept folds only
+    with pytest.raises(SystemExit) as caught:
+        sub_ensemble_cli.main([str(out), "--members", "1", "1", "--out", str(tmp_path / "twice.calibseg")])
+    assert_one_sentence(str(caught.value.code), "^error: ", "--members must name at least two distinct members")
+    assert not (tmp_path / "twice.calibseg").exists()
 
 
 def test_shipping_a_cross_validation_ships_its_ensemble_with_what_the_folds_measured(cross_validation,

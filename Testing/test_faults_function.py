@@ -3,6 +3,8 @@ refusal is one line on stderr after ``error:``, exit status 2, found before any 
 
 from __future__ import annotations
 
+import json
+import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -14,6 +16,7 @@ from CalibSegLib.cardiac.function import measure_cine
 from CalibSegLib.cardiac.indices import CardiacError
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
+from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_cine, write_series
 from Evaluation import function_intervals
@@ -112,13 +115,27 @@ def test_either_cine_or_ed_and_es(inputs, tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def _applied_to_the_average(folder: Path) -> str:
+    """A copy of the shipped CRaC ensemble whose quality model is applied to the members' average, as bundles made
+    before per-member quality models were (the weights' bytes unchanged)."""
+    with zipfile.ZipFile(resolve_bundle_path("acdc_crac")) as archive:
+        stored = json.loads(archive.read("bundle.json"))
+        weights = archive.read("weights.safetensors")
+    stored["quality_model"]["validation"].pop("applied_to")
+    path = folder / "average.calibseg"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("bundle.json", json.dumps(stored))
+        archive.writestr("weights.safetensors", weights)
+    return str(path)
+
+
 # The interval fit (Evaluation.function_intervals) given quality observations it cannot use → its sentence.
-BAD_QUALITY_OBSERVATIONS: dict[str, tuple[str, Callable[[Path], Path], str]] = {
+BAD_QUALITY_OBSERVATIONS: dict[str, tuple[Callable[[Path], str], Callable[[Path], Path], str]] = {
     "a quality model applied to the members' average": (
-        "acdc_crac", lambda folder: folder,
+        _applied_to_the_average, lambda folder: folder,
         r"^The bundle's quality model is absent or applied to the members' average, so its predicted Dice"),
     "no folder of quality observations": (
-        "acdc_ce_dice", lambda folder: folder / "absent",
+        lambda folder: "acdc_ce_dice", lambda folder: folder / "absent",
         r"^.*absent/out_of_fold is no folder of quality observations; write it with python -m "
         r"scripts\.ensemble_quality_pass"),
 }
@@ -131,7 +148,7 @@ def test_the_interval_fit_refuses_quality_observations_it_cannot_use(case, tmp_p
     bundle, observations, pattern = BAD_QUALITY_OBSERVATIONS[case]
     record = tmp_path / "record.json"
     with pytest.raises(SystemExit) as exit_status:
-        function_intervals.main(["--bundle", bundle, "--cache", str(tmp_path), "--no-collect", "--record",
+        function_intervals.main(["--bundle", bundle(tmp_path), "--cache", str(tmp_path), "--no-collect", "--record",
                                  str(record), "--quality-observations", str(observations(tmp_path))])
     message = str(exit_status.value.code)
     assert message.startswith("error: ")

@@ -515,6 +515,7 @@ def _shipped_copy(tmp_path, sample_acdc_dir, method=None, name="shipped", member
     from safetensors.torch import load as load_weights, save as save_weights
 
     from CalibSegLib.pretrained import resolve_bundle_path
+    from Training.sub_ensemble import member_state
 
     with zipfile.ZipFile(resolve_bundle_path("acdc_ce_dice")) as archive:
         stored = json.loads(archive.read("bundle.json"))
@@ -533,9 +534,7 @@ def _shipped_copy(tmp_path, sample_acdc_dir, method=None, name="shipped", member
             statistics["features"]["layer"] = statistics["features"]["layer"].removeprefix("members.0.")
             stored.update(ensemble_size=1, ensemble=None)
         else:
-            tensors = {key.replace(f"members.{old}.", f"members.{new}.", 1): value
-                       for new, old in enumerate(members) for key, value in tensors.items()
-                       if key.startswith(f"members.{old}.")}
+            tensors = member_state(tensors, members)
             stored.update(ensemble_size=len(members), ensemble={
                 **stored["ensemble"], "members": [stored["ensemble"]["members"][index] for index in members]})
         weights = save_weights(dict(sorted(tensors.items())))

@@ -6,6 +6,7 @@ patients the bundle records and write the same weights bytes, in the same dtype,
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleMetadata, save_bundle
@@ -14,7 +15,7 @@ from CalibSegLib.pretrained import shipped_name
 from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
 from Datasets.splits import select_patients
 
-__all__ = ["rewrite_destination", "recorded_cases", "rewrite_bundle"]
+__all__ = ["rewrite_destination", "recorded_cases", "rewrite_bundle", "add_data_arguments"]
 
 _SIDE_NAMES = {"train": "training", "val": "validation", "test": "test"}
 
@@ -51,3 +52,12 @@ def recorded_cases(metadata: BundleMetadata, name: str, data: str | Path | None,
 def rewrite_bundle(bundle: Bundle, metadata: BundleMetadata, out: Path) -> Path:
     """``bundle``'s weights with new ``metadata`` at ``out``, in the weights' own dtype (float16 stays float16)."""
     return save_bundle(out, bundle.state_dict, metadata, half=bundle.metadata.weights_dtype == "float16")
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--data``, ``--device`` and ``--batch-size``: where a rewrite reads the patients the bundle records and runs
+    its network over them."""
+    parser.add_argument("--data", type=Path, default=None,
+                        help="data folder (default: found from the dataset the bundle records)")
+    parser.add_argument("--device", default="auto", help="where the network runs: auto, cpu, cuda, cuda:1")
+    parser.add_argument("--batch-size", type=int, default=16, help="slices per network pass")

@@ -33,7 +33,7 @@ from CalibSegLib.features import fit_member_features, fit_network_features
 from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import default_terminology
-from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
+from Training.bundle_rewrite import add_data_arguments, recorded_cases, rewrite_bundle, rewrite_destination
 from Training.ensemble import judging_patients, member_cases
 
 __all__ = ["refit_input_check", "main"]
@@ -74,12 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Prints the written bundle's path; returns 0. Bad input exits with one sentence, no traceback."""
     parser = argparse.ArgumentParser(prog="python -m Training.fit_input_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", required=True, help="bundle (.calibseg) or a shipped model's name")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="data folder (default: found from the dataset the bundle records)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write the bundle here (default: in place; a shipped model: runs/<name>/<name>.calibseg)")
-    parser.add_argument("--device", default="auto", help="where the network runs: auto, cpu, cuda, cuda:1")
-    parser.add_argument("--batch-size", type=int, default=16, help="slices per network pass")
+    add_data_arguments(parser)
     arguments = parser.parse_args(argv)
     try:
         written = refit_input_check(arguments.bundle, arguments.data, arguments.out, arguments.device,
