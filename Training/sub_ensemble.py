@@ -2,7 +2,7 @@
 
     python -m Training.sub_ensemble acdc_ce_dice --members 0 1 2 --data data/full \\
         --out runs/acdc_ce_dice/acdc_ce_dice.calibseg
-    calibseg-ship --rerecord acdc_ce_dice --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg --data data/full
+    calibseg-evaluate --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg --data data/full --degraded
 
 An ensemble's choices were made on its fold networks' out-of-fold predictions, each volume predicted by one network
 alone (:mod:`Training.ensemble`), so they hold for any subset of the members and are kept: the temperature,
@@ -11,8 +11,9 @@ review thresholds, the cardiac function intervals. The kept members' weights are
 order given. What depends on which members there are is fitted again: the input check
 (:func:`Training.fit_input_check.refit_input_check`: the four families from the first kept member's training
 patients, each kept member's feature Gaussian as before, the distance threshold pooled over the kept members'
-out-of-fold volumes only, their majority deciding). The test metrics are cleared: ``calibseg-ship --rerecord``
-measures the new file. ``ensemble["selected_from"]`` records the bundle and the members it came from.
+out-of-fold volumes only, their majority deciding). The test metrics are cleared: ``calibseg-evaluate`` measures
+the new file (``calibseg-ship --rerecord`` takes only the shipped weights). ``ensemble["selected_from"]`` records
+the bundle and the members it came from.
 
 Written atomically (a temporary file beside ``--out``, then the input check's rewrite to ``--out``).
 """
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # staged beside --out, renamed onto it at the very end
         raise SystemExit("interrupted: no bundle was written.") from None
     print(f"{written}: members {' '.join(map(str, arguments.members))} of {arguments.bundle}; its input check "
-          f"fitted again; measure it with calibseg-ship --rerecord")
+          f"fitted again; measure it with calibseg-evaluate")
     return 0
 
 
