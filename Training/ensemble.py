@@ -57,7 +57,7 @@ from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.io import check_output_file, os_error_sentence, recorded_path, write_json_atomic
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, fit_from_observations,
                                  held_out_predictions, observe_cases, structure_key)
-from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
+from CalibSegLib.quality.model import APPLIED_TO, MEMBERS, thresholds_text
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_rule,
                                              flagged, trade_off)
 from Datasets.cases import Case, DataError, to_model_grid
@@ -69,11 +69,13 @@ from Training.choices import (TEMPERATURE_FITS, ValidationPass, choose_largest_c
 from Training.out_of_fold import complete_out_of_fold
 from Training.records import BUNDLE_NAME, RUN_SUMMARY_NAME
 
-__all__ = ["ENSEMBLE_NAME", "ENSEMBLE_RECORD", "FoldRun", "read_folds", "member_metadata", "out_of_fold_choices",
-           "out_of_fold_quality", "judging_patients", "member_patients", "member_cases", "build_ensemble", "main"]
+__all__ = ["ENSEMBLE_NAME", "ENSEMBLE_RECORD", "MEMBER_PREFIX", "FoldRun", "read_folds", "member_metadata",
+           "out_of_fold_choices", "out_of_fold_quality", "judging_patients", "member_patients", "member_cases",
+           "build_ensemble", "main"]
 
 ENSEMBLE_NAME = "ensemble.calibseg"  # in the cross-validation's folder by default
 ENSEMBLE_RECORD = "ensemble.json"  # beside the bundle
+MEMBER_PREFIX = "members"  # an ensemble's weights are members.<m>.<name>
 # Settings every member must share: the ensemble runs them through one sliding window on one grid.
 _SHARED = ("network", "network_kwargs", "in_channels", "num_classes", "spatial_dims", "class_names",
            "channel_names", "preprocessing")
@@ -317,7 +319,7 @@ def build_ensemble(cross_validation: str | Path, out: str | Path | None = None, 
                             None, fitted)
     metadata = dataclasses.replace(metadata, quality_model=quality.to_dict() if quality is not None else None,
                                    input_statistics=statistics)
-    state = {f"members.{index}.{name}": tensor for index, fold in enumerate(folds)
+    state = {f"{MEMBER_PREFIX}.{index}.{name}": tensor for index, fold in enumerate(folds)
              for name, tensor in fold.bundle.state_dict.items()}
     half = all(fold.bundle.metadata.weights_dtype == "float16" for fold in folds)
     path = save_bundle(out, state, metadata, half=half)
@@ -343,9 +345,8 @@ def _lines(path: Path, record: dict[str, Any]) -> list[str]:
     else:
         held_out = quality["held_out"]
         recall, false_flags = held_out["recall"], held_out["false_flag_share"]
-        thresholds = ", ".join(f"{value:.2f} ({name})" for name, value in held_out["review_below_by_structure"].items())
-        lines.append(f"  review below predicted Dice {thresholds or format(held_out['review_below'], '.2f')}: "
-                     f"{held_out['poor_flagged']} of "
+        thresholds = thresholds_text(held_out["review_below"], held_out["review_below_by_structure"])
+        lines.append(f"  review below predicted Dice {thresholds}: {held_out['poor_flagged']} of "
                      f"{held_out['poor']} poor structures flagged ({recall['value']:.0%}, 95 % interval "
                      f"{recall['low']:.0%}-{recall['high']:.0%}), {held_out['good_flagged']} of {held_out['good']} "
                      f"good ones ({false_flags['value']:.0%}, {false_flags['low']:.0%}-{false_flags['high']:.0%})")

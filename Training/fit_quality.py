@@ -38,6 +38,7 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import (REVIEW_BELOW, Observation, QualityModel, QualityModelError, check_references,
                                  fit_from_observations, observe_cases)
+from CalibSegLib.quality.model import thresholds_text
 from Datasets.cases import Case, DataError
 from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
 from Training.ensemble import out_of_fold_quality, read_folds
@@ -166,8 +167,7 @@ def describe(model: QualityModel) -> list[str]:
              f"{validation['fold_patients']} patients among them" if validation.get("fold_networks") else "")
     lines = [f"quality model ({validation.get('scheme')} on {validation.get('cases')} volumes of "
              f"{validation.get('patients')} patients{folds}; review below predicted Dice "
-             + (", ".join(f"{model.review_threshold(name):.2f} ({name})" for name in model.structures)
-                if model.review_below_by_structure else f"{model.review_below:.2f}") + ")"]
+             f"{thresholds_text(model.review_below, model.review_below_by_structure)})"]
     for name, structure in model.structures.items():
         low, high = structure.interval
         lines.append(f"  {name}: mean of {', '.join(structure.inputs)}; held-out MAE {structure.loo_mae:.3f} "

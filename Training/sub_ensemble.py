@@ -31,11 +31,10 @@ from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bun
 from CalibSegLib.io import check_output_file, os_error_sentence
 from CalibSegLib.pretrained import resolve_bundle_path
 from Training.bundle_rewrite import add_data_arguments
+from Training.ensemble import MEMBER_PREFIX
 from Training.fit_input_check import refit_input_check
 
-__all__ = ["MEMBER_PREFIX", "member_state", "sub_ensemble", "main"]
-
-MEMBER_PREFIX = "members"  # an ensemble's weights are members.<m>.<name>
+__all__ = ["member_state", "sub_ensemble", "main"]
 
 
 def member_state(state: dict, members: Sequence[int]) -> dict:

@@ -52,7 +52,7 @@ from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import Observation, fit_from_observations, held_out_predictions, structure_key
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
-from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
+from CalibSegLib.quality.model import APPLIED_TO, MEMBERS, thresholds_text
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_FALSE_FLAGS, TARGET_RECALL,
                                              choose_review_rule, flagged, trade_off)
 from Evaluation.bootstrap import mean_interval, ratio_interval, spearman_interval
@@ -160,12 +160,10 @@ def write_quality_rule(bundle_name: str, records: Path, out: Path) -> dict[str, 
     observations = [Observation(item["patient"], item["features"], np.array(item["dice"])) for item in out_of_fold]
     rule = choose_review_rule(held_out_predictions(observations, metadata.class_names),
                               np.array([item.dice for item in observations]), metadata.class_names[1:])
-    stored = dict(metadata.quality_model)
-    stored.pop("review_below_by_structure", None)
-    stored.update({"review_below": rule["review_below"], "validation": {**stored["validation"], APPLIED_TO: MEMBERS},
-                   **({"review_below_by_structure": rule["review_below_by_structure"]}
-                      if rule["by_structure"] else {})})
-    rewrite_bundle(bundle, dataclasses.replace(metadata, quality_model=stored), out)
+    model = dataclasses.replace(metadata.quality, review_below=rule["review_below"],
+                                review_below_by_structure=rule["review_below_by_structure"],
+                                validation={**metadata.quality.validation, APPLIED_TO: MEMBERS})
+    rewrite_bundle(bundle, dataclasses.replace(metadata, quality_model=model.to_dict()), out)
     return rule
 
 
@@ -342,9 +340,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rule = write_quality_rule(arguments.bundle, arguments.records, arguments.write_quality)
         except (BundleError, OSError, ValueError) as error:
             raise SystemExit(f"error: {error}") from None
-        thresholds = rule["review_below_by_structure"] or {"every structure": rule["review_below"]}
         print(f"{arguments.write_quality}: quality model applied per member, review below "
-              + ", ".join(f"{value:.2f} ({name})" for name, value in thresholds.items()))
+              f"{thresholds_text(rule['review_below'], rule['review_below_by_structure'])}")
         return 0
     if arguments.write_bundle is not None:
         try:

@@ -20,7 +20,7 @@ __all__ = ["QUALITY_MODEL_VERSION", "LOW_CONFIDENCE_THRESHOLD", "REVIEW_BELOW", 
            "FEATURES", "UNCERTAINTY_FEATURES", "SIZE_FEATURE", "MIRROR_AGREEMENT", "MEAN_DISAGREEMENT",
            "OPTIONAL_FEATURES", "FORMS", "AVERAGED", "APPLIED_TO", "MEMBERS",
            "AVERAGED_FEATURES", "PARAMETER_BOUND", "QualityModelError", "structure_key", "StructureQuality",
-           "QualityModel", "evaluate_form"]
+           "QualityModel", "evaluate_form", "thresholds_text"]
 
 QUALITY_MODEL_VERSION = 1
 REVIEW_BELOW = 0.80  # the issue's default: a structure predicted below Dice 0.80 goes to review
@@ -216,6 +216,14 @@ class QualityModel:
         thresholds = {name: _number(by_structure, name, 0.0, 1.0, "review_below_by_structure ")
                       for name in by_structure}
         return cls(parsed, review_below, coverage, threshold, int(ring), dict(validation), thresholds)
+
+
+def thresholds_text(review_below: float, by_structure: Mapping[str, float]) -> str:
+    """A model's review thresholds as a reader sees them: ``0.88``, or, where the review rule chose one per
+    structure, ``0.88 (right ventricle), 0.90 (left ventricle)`` in ``by_structure``'s order."""
+    if not by_structure:
+        return f"{review_below:.2f}"
+    return ", ".join(f"{threshold:.2f} ({name})" for name, threshold in by_structure.items())
 
 
 def _is_int(value: Any) -> bool:

@@ -42,20 +42,23 @@ def flagged(predicted: np.ndarray, review_below: float) -> np.ndarray:
     return np.isnan(predicted) | (np.nan_to_num(predicted, nan=0.0) < review_below)
 
 
+def _flag_counts(predicted: np.ndarray, measured: np.ndarray, thresholds: Any) -> dict[str, Any]:
+    """Counts and shares of poor and good structures flagged, ``predicted`` and ``measured`` of one shape and
+    ``thresholds`` broadcast against them (one for all, or ``(structures,)`` for ``(volumes, structures)``)."""
+    marked = flagged(predicted, thresholds)
+    poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
+    return {"poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
+            "recall": float((marked & poor).sum() / max(poor.sum(), 1)), "good": int(good.sum()),
+            "good_flagged": int((marked & good).sum()),
+            "false_flag_share": float((marked & good).sum() / max(good.sum(), 1)),
+            "flagged_share": float(marked.mean())}
+
+
 def trade_off(predicted: np.ndarray, measured: np.ndarray) -> list[dict[str, Any]]:
     """One row per threshold of :data:`THRESHOLDS` over ``predicted`` and ``measured`` Dice (same shape; NaN
     predicted = predicted nowhere, always flagged): counts and shares of poor and good structures flagged."""
     predicted, measured = np.ravel(predicted), np.ravel(measured)
-    poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
-    rows = []
-    for threshold in THRESHOLDS:
-        marked = flagged(predicted, threshold)
-        rows.append({"review_below": threshold, "poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
-                     "recall": float((marked & poor).sum() / max(poor.sum(), 1)), "good": int(good.sum()),
-                     "good_flagged": int((marked & good).sum()),
-                     "false_flag_share": float((marked & good).sum() / max(good.sum(), 1)),
-                     "flagged_share": float(marked.mean())})
-    return rows
+    return [{"review_below": threshold, **_flag_counts(predicted, measured, threshold)} for threshold in THRESHOLDS]
 
 
 def choose_review_threshold(rows: Sequence[dict[str, Any]], target_recall: float = TARGET_RECALL) -> dict[str, Any]:
@@ -65,16 +68,10 @@ def choose_review_threshold(rows: Sequence[dict[str, Any]], target_recall: float
     return {**chosen, "meets_false_flags": chosen["false_flag_share"] <= TARGET_FALSE_FLAGS}
 
 
-def _shares(predicted: np.ndarray, measured: np.ndarray, thresholds: np.ndarray) -> dict[str, Any]:
-    """Counts and shares of poor and good structures flagged over ``(volumes, structures)`` arrays, each column at
-    its own threshold of ``thresholds`` ``(structures,)``."""
-    marked = flagged(predicted, thresholds[None, :])
-    poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
-    recall = float((marked & poor).sum() / max(poor.sum(), 1))
-    false_flag_share = float((marked & good).sum() / max(good.sum(), 1))
-    return {"poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()), "recall": recall,
-            "good": int(good.sum()), "good_flagged": int((marked & good).sum()), "false_flag_share": false_flag_share,
-            "meets_targets": recall >= TARGET_RECALL and false_flag_share <= TARGET_FALSE_FLAGS}
+def _meets_targets(counts: dict[str, Any]) -> dict[str, Any]:
+    """``counts`` (:func:`_flag_counts`) with ``meets_targets``: recall and false flags both within the targets."""
+    return {**counts, "meets_targets": counts["recall"] >= TARGET_RECALL
+            and counts["false_flag_share"] <= TARGET_FALSE_FLAGS}
 
 
 def choose_review_rule(predicted: np.ndarray, measured: np.ndarray, structure_names: Sequence[str]
@@ -91,9 +88,9 @@ def choose_review_rule(predicted: np.ndarray, measured: np.ndarray, structure_na
     pooled = choose_review_threshold(trade_off(predicted, measured))
     per_structure = {name: choose_review_threshold(trade_off(predicted[:, index], measured[:, index]))
                      for index, name in enumerate(structure_names)}
-    pooled_flags = _shares(predicted, measured, np.full(len(structure_names), pooled["review_below"]))
-    structure_flags = _shares(predicted, measured,
-                              np.array([per_structure[name]["review_below"] for name in structure_names]))
+    pooled_flags = _meets_targets(_flag_counts(predicted, measured, pooled["review_below"]))
+    structure_flags = _meets_targets(_flag_counts(
+        predicted, measured, np.array([per_structure[name]["review_below"] for name in structure_names])[None, :]))
     by_structure = not pooled_flags["meets_targets"] and structure_flags["meets_targets"]
     return {"pooled": pooled, "per_structure": per_structure, "pooled_flags": pooled_flags,
             "per_structure_flags": structure_flags, "by_structure": by_structure,

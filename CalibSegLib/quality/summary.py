@@ -57,7 +57,7 @@ import numpy as np
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, uncertain_slices
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, REVIEW_BELOW,
-                                       QualityModel, StructureQuality, structure_key)
+                                       QualityModel, StructureQuality, structure_key, thresholds_text)
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
@@ -197,11 +197,8 @@ def review_sentence(summary: dict[str, Any]) -> str:
 
 
 def _thresholds_text(described: dict[str, Any]) -> str:
-    """The review threshold as a reader sees it: ``0.88``, or ``0.88 (right ventricle), 0.90 (left ventricle)``."""
-    by_structure = described.get("review_below_by_structure") or {}
-    if not by_structure:
-        return f"{described['review_below']:.2f}"
-    return ", ".join(f"{threshold:.2f} ({name})" for name, threshold in by_structure.items())
+    """The review thresholds of a summary's ``quality_model`` (:func:`thresholds_text`)."""
+    return thresholds_text(described["review_below"], described.get("review_below_by_structure") or {})
 
 
 def _structure_columns(name: str, entry: dict[str, Any]) -> dict[str, float]:
