@@ -13,7 +13,9 @@ The first predicts (resumable), the second fits, measures, writes the record and
    ``ensemble.members[k].validation``): each structure's volume from hard labels and from probability sums, and
    its spread Σ p (1 − p) (:mod:`CalibSegLib.cardiac.indices`). Every test patient's volumes predicted by each
    member and by the ensemble (the mean of the members' probabilities, its argmax post-processed: what the
-   shipped bundle gives). The reference volumes come from the labels.
+   shipped bundle gives). The reference volumes come from the labels. A sub-ensemble (``python -m
+   Training.sub_ensemble``) keeps the rule of the ensemble it was selected from, fitted on that ensemble's five
+   fold networks: give it a copy of that ensemble's ``--cache`` and only its test volumes are predicted anew.
 2. **Fit** (:func:`CalibSegLib.cardiac.intervals.fit_rule`) on the out-of-fold patients; the choice of point
    estimate, scale and recalibration is made there, by the smallest sum of the LV and RV EF intervals' median
    widths when each patient is judged by the rule fitted on the others (leave-one-patient-out). The scales that
@@ -80,12 +82,13 @@ def _cases(bundle: Bundle, data: Path, patients: Sequence[str]) -> list[Case]:
     return load_cases(select_patients(find_cases(data), list(patients)), bundle.metadata.num_classes)
 
 
-def _volume_order(bundle: Bundle, folder: Path, member_count: int) -> Iterator[tuple[str, Case, list[int]]]:
+def _volume_order(bundle: Bundle, folder: Path, member_count: int, out_of_fold: bool
+                  ) -> Iterator[tuple[str, Case, list[int]]]:
     """``(side, case, members)`` of every volume to collect, interleaved so that an interrupted collection holds
-    both sides, every fold alike: one test patient (every member), then one out-of-fold patient of each fold (its
-    own member), and so on."""
+    both sides, every fold alike: one test patient (every member), then (``out_of_fold``) one out-of-fold patient
+    of each fold (its own member), and so on."""
     metadata = bundle.metadata
-    folds = [list(member["validation"]) for member in metadata.ensemble["members"]]
+    folds = [list(member["validation"]) if out_of_fold else [] for member in metadata.ensemble["members"]]
     tests = list(metadata.data["test"])
     for round_index in range(max(len(tests), *map(len, folds))):
         if round_index < len(tests):
@@ -97,19 +100,27 @@ def _volume_order(bundle: Bundle, folder: Path, member_count: int) -> Iterator[t
                     yield "oof", case, [index]
 
 
+def _collected_by(path: Path) -> str | None:
+    """The weights a collected record at ``path`` was predicted by (None: nothing collected there)."""
+    return json.loads(path.read_text()).get("weights_sha256") if path.is_file() else None
+
+
 def collect_volumes(bundle: Bundle, cache: Path, data: str | Path | None = None, device: str = "cpu",
                     progress: Callable[[str], None] = print) -> None:
-    """Write ``cache/<side>_<case>.json`` for every out-of-fold and test volume not yet there (module docstring,
-    step 1): ``{"case", "patient", "side", "reference": {structure: mL}, "members": {k: PhaseVolumes}}`` and for a
-    test volume ``"ensemble": PhaseVolumes``."""
+    """Write ``cache/<side>_<case>.json`` for every out-of-fold and test volume not yet collected by these weights
+    (module docstring, step 1): ``{"case", "patient", "side", "weights_sha256", "reference": {structure: mL},
+    "members": {k: PhaseVolumes}}`` and for a test volume ``"ensemble": PhaseVolumes``. A sub-ensemble
+    (``python -m Training.sub_ensemble``) collects its test volumes only, over those of the ensemble it keeps
+    members of: its rule was fitted on that ensemble's out-of-fold volumes, which ``cache`` must hold."""
     metadata = bundle.metadata
     classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
     folder = data_folder(metadata.data, data)
     predictors = member_predictors(bundle, device=device)
     cache.mkdir(parents=True, exist_ok=True)
-    for side, case, members in _volume_order(bundle, folder, len(predictors)):
+    own_folds = metadata.out_of_fold_weights_sha256 == metadata.weights_sha256
+    for side, case, members in _volume_order(bundle, folder, len(predictors), out_of_fold=own_folds):
         path = cache / f"{side}_{case.case_id}.json"
-        if path.is_file():
+        if _collected_by(path) == metadata.weights_sha256:
             continue
         record: dict[str, Any] = {"case": case.case_id, "patient": case.patient_id, "side": side,
                                   "weights_sha256": metadata.weights_sha256,
@@ -128,11 +139,15 @@ def collect_volumes(bundle: Bundle, cache: Path, data: str | Path | None = None,
         progress(f"{path.name} written")
 
 
-def read_collected(cache: Path, weights_sha256: str) -> list[dict[str, Any]]:
-    """Every volume record :func:`collect_volumes` wrote for the weights ``weights_sha256``, sorted by file name
+def read_collected(cache: Path, weights_sha256: str, out_of_fold_weights_sha256: str | None = None
+                   ) -> list[dict[str, Any]]:
+    """Every volume record :func:`collect_volumes` wrote for the weights ``weights_sha256``, its out-of-fold ones
+    for ``out_of_fold_weights_sha256`` (default the same; a sub-ensemble's are those of the ensemble it keeps
+    members of, :attr:`~CalibSegLib.bundle.BundleMetadata.out_of_fold_weights_sha256`), sorted by file name
     (records of other weights are not read: a rewritten bundle with new weights is collected anew)."""
+    wanted = {"oof": out_of_fold_weights_sha256 or weights_sha256, "test": weights_sha256}
     records = [json.loads(path.read_text()) for path in sorted(cache.glob("*.json"))]
-    return [record for record in records if record.get("weights_sha256") == weights_sha256]
+    return [record for record in records if record.get("weights_sha256") == wanted.get(record.get("side"))]
 
 
 def _read_observations(folder: Path) -> list[dict[str, Any]]:
@@ -158,7 +173,8 @@ def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path,
     (:func:`~CalibSegLib.quality.fitting.held_out_predictions`): the bundle's own model was fitted on these very
     volumes, so its predictions there would be in-sample, slightly better than on a new patient. A test volume's
     come from the bundle's model applied to each member's features, the ensemble's being their mean (what the
-    bundle shows at inference).
+    bundle shows at inference). A sub-ensemble reads the observations of the ensemble it keeps members of (its
+    test members by their number there, ``ensemble["selected_from"]["members"]``).
 
     Raises:
         DataError: the bundle's quality model is missing or not applied per member, an observation is missing,
@@ -180,15 +196,17 @@ def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path,
     found = {("oof", item["case"], item["member"]): (item, dice) for item, dice in zip(fitted, held_out)}
     found.update({("test", item["case"], item["member"]): (item, dice) for item, dice in zip(tested, applied)})
     voxel = voxel_volume_ml(ACDC_SPACING)
+    kept = ((metadata.ensemble or {}).get("selected_from") or {}).get("members")
     attached = []
     for record in records:
         record = json.loads(json.dumps(record))
         per_member = []
         for member, phase in record["members"].items():
-            if (record["side"], record["case"], int(member)) not in found:
+            observed = kept[int(member)] if kept and record["side"] == "test" else int(member)
+            if (record["side"], record["case"], observed) not in found:
                 raise DataError(f"{observations} holds no quality observation of {record['case']} by member "
-                                f"{member}; run scripts.ensemble_quality_pass for it first.")
-            item, dice = found[(record["side"], record["case"], int(member))]
+                                f"{observed}; run scripts.ensemble_quality_pass for it first.")
+            item, dice = found[(record["side"], record["case"], observed)]
             for structure in STRUCTURES:
                 features = item["features"][classes.index(structure) - 1]
                 drawn = 0.0 if features is None else features["voxels"] * voxel
@@ -462,7 +480,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             collect_volumes(bundle, arguments.cache, arguments.data, arguments.device)
         if arguments.record is None and not arguments.write_bundle:
             return 0
-        records = read_collected(arguments.cache, bundle.metadata.weights_sha256)
+        metadata = bundle.metadata
+        records = read_collected(arguments.cache, metadata.weights_sha256, metadata.out_of_fold_weights_sha256)
+        if metadata.out_of_fold_weights_sha256 != metadata.weights_sha256 and not any(
+                record["side"] == "oof" for record in records):
+            raise DataError(f"{arguments.cache} holds no out-of-fold volume of the ensemble {arguments.bundle} keeps "
+                            "members of, and its rule was fitted on them; give --cache a copy of that ensemble's "
+                            "collection.")
         if arguments.quality_observations is not None:
             records = attach_predicted_dice(records, arguments.quality_observations, bundle)
         rule, measured = fit_and_measure(records)
@@ -471,7 +495,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments.record is not None:
         machine = environment(arguments.device)
         write_json_atomic(arguments.record, {
-            "bundle": arguments.bundle, "weights_sha256": bundle.metadata.weights_sha256,
+            "bundle": arguments.bundle, "weights_sha256": metadata.weights_sha256,
+            **({} if metadata.out_of_fold_weights_sha256 == metadata.weights_sha256 else {
+                "out_of_fold_weights_sha256": metadata.out_of_fold_weights_sha256}),
             "recorded": datetime.date.today().isoformat(),
             "command": "python -m Evaluation.function_intervals " + shlex.join(
                 [recorded_path(item) if Path(item).is_absolute() else item for item in sys.argv[1:]]),

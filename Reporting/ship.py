@@ -2,7 +2,7 @@
 
     calibseg-ship --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
     calibseg-ship --runs runs/cv/ce_dice runs/cv/crac --prefix acdc     # cross-validations: their ensembles
-    calibseg-ship --rerecord acdc_ce_dice --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg   # metadata changed
+    calibseg-ship --rerecord acdc_ce_dice --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg   # metadata or members
 
 For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
 (default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is
@@ -126,9 +126,10 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
 
 def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = PRETRAINED_DIR,
              data: str | Path | None = None, device: str = "auto") -> tuple[Path, Path]:
-    """Re-ship the shipped model ``name`` after a change to its metadata: ``bundle`` (a rewrite of it with the same
-    weights, e.g. by ``calibseg-fit-quality --keep-fit``; default the shipped file itself) replaces the shipped
-    file in ``out_dir`` and its metrics JSON is measured again; the run it came from stays recorded.
+    """Re-ship the shipped model ``name`` after a change to its metadata or members: ``bundle`` (a rewrite of it
+    with the same weights, e.g. by ``calibseg-fit-quality --keep-fit``, or some of its members,
+    ``python -m Training.sub_ensemble``; default the shipped file itself) replaces the shipped file in ``out_dir``
+    and its metrics JSON is measured again; the run it came from and what its folds measured stay recorded.
 
     Raises:
         BundleError, DataError, ValueError: an unknown name, a bundle with other weights, missing data.
@@ -139,8 +140,10 @@ def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = 
         raise ValueError(f"{name} is not a shipped model in {out_dir}; give the name of one with its metrics JSON.")
     shipped = load_bundle(bundle_path)
     replacement = load_bundle(bundle if bundle is not None else bundle_path)
-    if replacement.metadata.weights_sha256 != shipped.metadata.weights_sha256:
-        raise ValueError(f"{bundle} holds other weights than the shipped {name}; ship a new run with --runs instead.")
+    if shipped.metadata.weights_sha256 not in (replacement.metadata.weights_sha256,
+                                               replacement.metadata.out_of_fold_weights_sha256):
+        raise ValueError(f"{bundle} holds other weights than the shipped {name} and is no sub-ensemble of it; ship a "
+                         "new run with --runs instead.")
     previous = json.loads(metrics_path.read_text())
     source_run = previous.get("source_run", "")
     cases = _test_cases(replacement, data)
@@ -171,9 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--runs", nargs="+", type=Path, metavar="RUN_DIR", help="finished run folders")
     source.add_argument("--rerecord", metavar="NAME",
-                        help="a shipped model whose metadata changed: replace it by --bundle (same weights) and "
-                             "measure its metrics again")
-    parser.add_argument("--bundle", type=Path, default=None, help="with --rerecord: the rewritten bundle")
+                        help="a shipped model whose metadata or members changed: replace it by --bundle (same "
+                             "weights, or a sub-ensemble of them) and measure its metrics again")
+    parser.add_argument("--bundle", type=Path, default=None,
+                        help="with --rerecord: the rewritten bundle or the sub-ensemble")
     parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
     parser.add_argument("--out", type=Path, default=PRETRAINED_DIR, help=f"default {PRETRAINED_DIR}")
     parser.add_argument("--data", type=Path, default=None,

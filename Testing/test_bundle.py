@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import pickle
+import time
 import zipfile
 from pathlib import Path
 
@@ -148,6 +149,17 @@ def test_same_seed_gives_byte_identical_weights(tmp_path):
     first = load_bundle(make_test_bundle(tmp_path / "a.calibseg", seed=7)).metadata.weights_sha256
     second = load_bundle(make_test_bundle(tmp_path / "b.calibseg", seed=7)).metadata.weights_sha256
     assert first == second
+
+
+def test_the_same_content_saved_again_is_the_same_file(tmp_path, monkeypatch):
+    """A rewrite that changes nothing keeps the file's bytes (no save time in the zip), so records keyed on the file's
+    SHA-256 still belong to it."""
+    first = make_test_bundle(tmp_path / "a.calibseg", seed=7)
+    bundle = load_bundle(first)
+    later = time.time() + 86400.0
+    monkeypatch.setattr(time, "time", lambda: later)  # saved a day later
+    second = save_bundle(tmp_path / "b.calibseg", bundle.state_dict, bundle.metadata)
+    assert second.read_bytes() == first.read_bytes()
 
 
 def test_failed_save_keeps_the_previous_file_and_leaves_no_temporary(good):

@@ -74,6 +74,21 @@ def test_fit_chooses_on_out_of_fold_patients_and_measures_the_test_ones(tmp_path
     assert measured["test"]["patients"] == [f"test{number:03d}" for number in range(8)]
 
 
+def test_a_sub_ensemble_reads_the_out_of_fold_volumes_its_rule_was_fitted_on(tmp_path):
+    """A sub-ensemble's rule was fitted on the out-of-fold volumes of the ensemble it keeps members of: those are
+    read with its own test volumes, and neither that ensemble's test volumes nor its own out-of-fold ones."""
+    rng = np.random.default_rng(2)
+    oof = [{**record, "weights_sha256": "five"} for record in _records(rng, "oof", 12, 1)]
+    test = _records(rng, "test", 3, 3)
+    stale = [{**record, "case": f"five_{record['case']}", "weights_sha256": "five"} for record in test]
+    for record in oof + test + stale + [{**oof[0], "case": "own_frame01", "weights_sha256": "abc"}]:
+        (tmp_path / f"{record['side']}_{record['case']}.json").write_text(json.dumps(record))
+    collected = read_collected(tmp_path, "abc", "five")
+    assert sorted(record["case"] for record in collected) == sorted(record["case"] for record in oof + test)
+    assert sorted(record["case"] for record in read_collected(tmp_path, "abc")) == sorted(
+        ["own_frame01"] + [record["case"] for record in test])  # an ensemble's own: its weights on both sides
+
+
 def test_too_few_patients_is_one_sentence():
     rng = np.random.default_rng(1)
     with pytest.raises(ValueError, match="^Only 6 out-of-fold patients are collected; a 90 % rule needs at least 10"):
@@ -139,6 +154,15 @@ def test_predicted_dice_is_held_out_out_of_fold_and_the_members_mean_on_test(tmp
     assert test["ensemble"]["rv"]["predicted_dice"] == pytest.approx(
         np.mean([model.structures["right ventricle"].predict(features[0]) for features in members]))
     assert {patient.patient for patient in patient_volumes(attached, "oof")} == {f"oof{n:03d}" for n in range(12)}
+    # a sub-ensemble of members 4 and 1 reads their test observations under their numbers in the five
+    sub = SimpleNamespace(metadata=cardiac_metadata(quality_model=model.to_dict(), ensemble={
+        "members": [{}, {}], "selected_from": {"bundle": "five.calibseg", "weights_sha256": "five", "members": [4, 1]}}))
+    renumbered = {**test, "members": {"0": test["members"]["4"], "1": test["members"]["1"]}}
+    sub_test, = attach_predicted_dice([renumbered], tmp_path, sub)
+    assert sub_test["members"]["0"]["rv"]["predicted_dice"] == pytest.approx(
+        test["members"]["4"]["rv"]["predicted_dice"])
+    assert sub_test["ensemble"]["rv"]["predicted_dice"] == pytest.approx(np.mean(
+        [model.structures["right ventricle"].predict(members[index][0]) for index in (4, 1)]))
     assert patient_volumes(attached, "oof")[0].members[0][0].lv.predicted_dice is not None
     averaged = SimpleNamespace(metadata=cardiac_metadata(quality_model=fit_from_observations(
         fitted, ACDC_CLASS_NAMES).to_dict()))

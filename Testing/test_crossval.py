@@ -310,3 +310,16 @@ def test_shipping_a_cross_validation_ships_its_ensemble_with_what_the_folds_meas
     assert recorded["out_of_fold"]["summary"]["patients"] == 8
     assert recorded["out_of_fold"]["ensemble"]["choices"]["volumes"] == 16
     assert sorted(recorded["case_patients"].values()) == sorted(2 * load_split(SPLITS / "acdc_sample.json")["test"])
+    # three of its members ship in its place, measured again, what the folds measured kept; the same bytes as given
+    three = sub_ensemble(models / "tiny_ce_dice.calibseg", [0, 1, 2], tmp_path / "tiny_ce_dice.calibseg",
+                         sample_acdc_dir, "cpu")
+    assert ship_cli.main(["--rerecord", "tiny_ce_dice", "--bundle", str(three), "--out", str(models),
+                          "--data", str(sample_acdc_dir)]) == 0
+    assert (models / "tiny_ce_dice.calibseg").read_bytes() == three.read_bytes()
+    again = json.loads((models / "tiny_ce_dice.metrics.json").read_text())
+    assert again["out_of_fold"] == recorded["out_of_fold"] and again["source_run"] == recorded["source_run"]
+    assert again["per_case"] != recorded["per_case"] and again["cases"] == recorded["cases"]
+    with pytest.raises(SystemExit) as caught:  # the five are no sub-ensemble of the three now shipped
+        ship_cli.main(["--rerecord", "tiny_ce_dice", "--bundle", str(folder / "ensemble.calibseg"), "--out",
+                       str(models), "--data", str(sample_acdc_dir)])
+    assert_one_sentence(str(caught.value.code), "^error: ", "holds other weights than the shipped tiny_ce_dice")

@@ -12,8 +12,8 @@ order given. What depends on which members there are is fitted again: the input 
 (:func:`Training.fit_input_check.refit_input_check`: the four families from the first kept member's training
 patients, each kept member's feature Gaussian as before, the distance threshold pooled over the kept members'
 out-of-fold volumes only, their majority deciding). The test metrics are cleared: ``calibseg-evaluate`` measures
-the new file (``calibseg-ship --rerecord`` takes only the shipped weights). ``ensemble["selected_from"]`` records
-the bundle and the members it came from.
+the new file, or ``calibseg-ship --rerecord <name> --bundle <file>`` ships it in place of the shipped ensemble it came
+from and records its metrics. ``ensemble["selected_from"]`` records the bundle, its weights and the members kept.
 
 Written atomically (a temporary file beside ``--out``, then the input check's rewrite to ``--out``).
 """
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # staged beside --out, renamed onto it at the very end
         raise SystemExit("interrupted: no bundle was written.") from None
     print(f"{written}: members {' '.join(map(str, arguments.members))} of {arguments.bundle}; its input check "
-          f"fitted again; measure it with calibseg-evaluate")
+          f"fitted again; measure it with calibseg-evaluate, or ship it with calibseg-ship --rerecord")
     return 0
 
 

@@ -38,6 +38,7 @@ _MAX_METADATA_BYTES = 1 << 20  # bundle.json: a few KB in practice
 # Weights up to 2 GiB, the largest zip member without zip64 extensions (networks: model.MAX_PARAMETERS).
 _MAX_WEIGHTS_BYTES = (1 << 31) - 1
 _MEMBER_LIMITS = {METADATA_MEMBER: _MAX_METADATA_BYTES, WEIGHTS_MEMBER: _MAX_WEIGHTS_BYTES}
+_MEMBER_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip holds
 _MAX_ZIP_ENTRIES = 64  # a bundle has 2; a few more still get the "contains ..." sentence
 _MAX_ZIP_DIRECTORY_BYTES = 64 << 10
 _END_RECORD_SEARCH_BYTES = 22 + 0xFFFF  # the end record plus the longest zip comment
@@ -132,9 +133,19 @@ def save_bundle(
     text = metadata.to_json()
     with atomic_output(path) as temporary:
         with zipfile.ZipFile(temporary, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            archive.writestr(METADATA_MEMBER, text)
-            archive.writestr(WEIGHTS_MEMBER, weights)
+            archive.writestr(_member_info(METADATA_MEMBER), text)
+            archive.writestr(_member_info(WEIGHTS_MEMBER), weights)
     return path
+
+
+def _member_info(name: str) -> zipfile.ZipInfo:
+    """A zip member stamped with a fixed date: the same weights and metadata give the same bytes, so a record keyed
+    on a bundle file's SHA-256 (the input check's shift table) still belongs to the file after a rewrite that
+    changed nothing."""
+    info = zipfile.ZipInfo(name, date_time=_MEMBER_DATE)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16  # read-write for its owner, readable by all, when unzipped
+    return info
 
 
 def _check_container(path: Path) -> None:

@@ -166,6 +166,14 @@ class BundleMetadata:
         newer = self.ensemble_size > 1 or (is_int(statistics_version) and statistics_version >= 3)
         return SCHEMA_VERSION if newer else SINGLE_NETWORK_SCHEMA_VERSION
 
+    @property
+    def out_of_fold_weights_sha256(self) -> str:
+        """The weights whose fold networks made this ensemble's out-of-fold choices: a sub-ensemble's
+        (``python -m Training.sub_ensemble``, ``ensemble["selected_from"]``) are those of the ensemble it keeps
+        members of, every other bundle's its own."""
+        selected_from = (self.ensemble or {}).get("selected_from") or {}
+        return selected_from.get("weights_sha256", self.weights_sha256)
+
     def _check_dimensions(self) -> None:
         """A 2D network's target spacing and window are in-plane pairs, a 3D one's (z, y, x) triples."""
         lengths = {"preprocessing's target_spacing": len(self.preprocessing.target_spacing),
