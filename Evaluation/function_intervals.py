@@ -482,13 +482,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         metadata = bundle.metadata
         records = read_collected(arguments.cache, metadata.weights_sha256, metadata.out_of_fold_weights_sha256)
+        if arguments.quality_observations is not None:
+            records = attach_predicted_dice(records, arguments.quality_observations, bundle)
         if metadata.out_of_fold_weights_sha256 != metadata.weights_sha256 and not any(
                 record["side"] == "oof" for record in records):
             raise DataError(f"{arguments.cache} holds no out-of-fold volume of the ensemble {arguments.bundle} keeps "
                             "members of, and its rule was fitted on them; give --cache a copy of that ensemble's "
                             "collection.")
-        if arguments.quality_observations is not None:
-            records = attach_predicted_dice(records, arguments.quality_observations, bundle)
         rule, measured = fit_and_measure(records)
     except (BundleError, ValueError) as error:  # DataError is a ValueError
         raise SystemExit(f"error: {error}") from None

@@ -155,8 +155,9 @@ def test_predicted_dice_is_held_out_out_of_fold_and_the_members_mean_on_test(tmp
         np.mean([model.structures["right ventricle"].predict(features[0]) for features in members]))
     assert {patient.patient for patient in patient_volumes(attached, "oof")} == {f"oof{n:03d}" for n in range(12)}
     # a sub-ensemble of members 4 and 1 reads their test observations under their numbers in the five
+    selected_from = {"bundle": "five.calibseg", "weights_sha256": "five", "members": [4, 1]}
     sub = SimpleNamespace(metadata=cardiac_metadata(quality_model=model.to_dict(), ensemble={
-        "members": [{}, {}], "selected_from": {"bundle": "five.calibseg", "weights_sha256": "five", "members": [4, 1]}}))
+        "members": [{}, {}], "selected_from": selected_from}))
     renumbered = {**test, "members": {"0": test["members"]["4"], "1": test["members"]["1"]}}
     sub_test, = attach_predicted_dice([renumbered], tmp_path, sub)
     assert sub_test["members"]["0"]["rv"]["predicted_dice"] == pytest.approx(

@@ -154,3 +154,18 @@ def test_the_interval_fit_refuses_quality_observations_it_cannot_use(case, tmp_p
     assert message.startswith("error: ")
     assert_one_sentence(message[len("error: "):], pattern)
     assert not record.exists()
+
+
+def test_a_sub_ensembles_interval_fit_without_the_out_of_fold_volumes_is_one_sentence(tmp_path):
+    """The shipped acdc_ce_dice keeps three of five networks and the rule fitted on all five out of fold: a cache
+    without those five's out-of-fold volumes cannot refit it, and says so, no record written."""
+    record = tmp_path / "record.json"
+    (tmp_path / "cache").mkdir()
+    with pytest.raises(SystemExit) as exit_status:
+        function_intervals.main(["--bundle", "acdc_ce_dice", "--cache", str(tmp_path / "cache"), "--no-collect",
+                                 "--record", str(record)])
+    message = str(exit_status.value.code)
+    assert message.startswith("error: ")
+    assert_one_sentence(message[len("error: "):], r"^.*cache holds no out-of-fold volume of the ensemble acdc_ce_dice "
+                        r"keeps members of, and its rule was fitted on them; give --cache a copy of that ensemble's")
+    assert not record.exists()

@@ -263,7 +263,8 @@ def test_cli_trains_writes_bundle_and_evaluates(sample_acdc_dir, tmp_path, capsy
     again = json.loads((tmp_path / "models" / "tiny_nacl.metrics.json").read_text())
     assert again["per_case"] == recorded["per_case"]
     assert again["source_run"] == recorded["source_run"] == recorded_path(out)  # named relative to the repository
-    with pytest.raises(SystemExit, match="holds other weights than the shipped tiny_nacl and is no sub-ensemble of it; ship a new run with --runs"):
+    with pytest.raises(SystemExit, match="holds other weights than the shipped tiny_nacl and is no sub-ensemble of "
+                                         "it; ship a new run with --runs"):
         ship_cli.main(["--rerecord", "tiny_nacl", "--bundle", str(out / "model.calibseg"), "--out",
                        str(tmp_path / "models"), "--data", str(sample_acdc_dir)])
 
