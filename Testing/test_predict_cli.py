@@ -265,12 +265,13 @@ def test_shipped_model_writes_the_quality_summary(tmp_path, with_reference):
     voxel_mm3 = float(np.prod(geometry.spacing))
     assert set(summary) >= {"structures", "review", "uncertain_slices", "quality_model", "note"}
     # The shipped models check their input first: this test patient's cine MRI is like their training volumes,
-    # to the statistics and to the network's features (every member's distance below the threshold that the 130
-    # out-of-fold volumes set, each scored by the member that never saw it).
+    # to the statistics and to the network's features (every member's distance below the threshold that its three
+    # members' 78 out-of-fold volumes set, each scored by the member that never saw it).
     check = summary["input_check"]
     assert list(summary)[0] == "input_check" and (check["suitable"], check["reasons"]) == (True, [])
     assert max(check["features"]["member_distances"]) < check["features"]["threshold"]
-    assert (check["features"]["validation_volumes"], check["features"]["false_alarm_rate"]) == (130, 0.05)
+    assert (check["features"]["validation_volumes"], check["features"]["false_alarm_rate"]) == (78, 0.05)
+    assert len(check["features"]["member_distances"]) == 3
     for label, (_name, entry) in enumerate(summary["structures"].items(), start=1):
         assert entry["volume_ml"] == int((predicted == label).sum()) * voxel_mm3 / 1000.0  # exactly
         low, high = entry["predicted_dice_interval"]
