@@ -174,7 +174,7 @@ def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path,
     volumes, so its predictions there would be in-sample, slightly better than on a new patient. A test volume's
     come from the bundle's model applied to each member's features, the ensemble's being their mean (what the
     bundle shows at inference). A sub-ensemble reads the observations of the ensemble it keeps members of (its
-    test members by their number there, ``ensemble["selected_from"]["members"]``).
+    test members by their number there, ``BundleMetadata.selected_from["members"]``).
 
     Raises:
         DataError: the bundle's quality model is missing or not applied per member, an observation is missing,
@@ -196,7 +196,7 @@ def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path,
     found = {("oof", item["case"], item["member"]): (item, dice) for item, dice in zip(fitted, held_out)}
     found.update({("test", item["case"], item["member"]): (item, dice) for item, dice in zip(tested, applied)})
     voxel = voxel_volume_ml(ACDC_SPACING)
-    kept = ((metadata.ensemble or {}).get("selected_from") or {}).get("members")
+    kept = metadata.selected_from.get("members")
     attached = []
     for record in records:
         record = json.loads(json.dumps(record))

@@ -167,12 +167,16 @@ class BundleMetadata:
         return SCHEMA_VERSION if newer else SINGLE_NETWORK_SCHEMA_VERSION
 
     @property
+    def selected_from(self) -> dict[str, Any]:
+        """A sub-ensemble's origin (``python -m Training.sub_ensemble``): the ensemble's ``bundle`` name, its
+        ``weights_sha256`` and the ``members`` kept, by their numbers there; empty for every other bundle."""
+        return (self.ensemble or {}).get("selected_from") or {}
+
+    @property
     def out_of_fold_weights_sha256(self) -> str:
-        """The weights whose fold networks made this ensemble's out-of-fold choices: a sub-ensemble's
-        (``python -m Training.sub_ensemble``, ``ensemble["selected_from"]``) are those of the ensemble it keeps
-        members of, every other bundle's its own."""
-        selected_from = (self.ensemble or {}).get("selected_from") or {}
-        return selected_from.get("weights_sha256", self.weights_sha256)
+        """The weights whose fold networks made this ensemble's out-of-fold choices: a sub-ensemble's are those of
+        the ensemble it keeps members of (:attr:`selected_from`), every other bundle's its own."""
+        return self.selected_from.get("weights_sha256", self.weights_sha256)
 
     def _check_dimensions(self) -> None:
         """A 2D network's target spacing and window are in-plane pairs, a 3D one's (z, y, x) triples."""
