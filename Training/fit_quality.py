@@ -40,7 +40,7 @@ from CalibSegLib.quality import (REVIEW_BELOW, Observation, QualityModel, Qualit
                                  fit_from_observations, observe_cases)
 from CalibSegLib.quality.model import thresholds_text
 from Datasets.cases import Case, DataError
-from Training.bundle_rewrite import recorded_cases, rewrite_bundle, rewrite_destination
+from Training.bundle_rewrite import add_data_arguments, recorded_cases, rewrite_bundle, rewrite_destination
 from Training.ensemble import out_of_fold_quality, read_folds
 
 __all__ = ["refit_bundle", "refit_from_folds", "set_review_below", "fold_observations", "describe", "main"]
@@ -187,8 +187,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--folds", type=Path, default=None, metavar="CROSS_VALIDATION",
                         help="an ensemble bundle's cross-validation folder: fit on its folds' out-of-fold predictions "
                              "and choose the review threshold by the review rule (--review-below is then ignored)")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="data folder (default: found from the dataset the bundle records)")
     parser.add_argument("--out", type=Path, default=None,
                         help="write the bundle here (default: rewrite it in place; a shipped model: "
                              "runs/<name>/<name>.calibseg)")
@@ -198,8 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "patients)")
     parser.add_argument("--keep-fit", action="store_true",
                         help="keep the bundle's fitted model and only set --review-below (no data needed)")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--batch-size", type=int, default=16)
+    add_data_arguments(parser)
     arguments = parser.parse_args(argv)
     try:
         if not 0.0 <= arguments.review_below <= 1.0:  # NaN fails both comparisons
