@@ -18,20 +18,29 @@ time is the first of these that every image has and that is not the same for all
 wave; the Temporal Position Identifier (classic) or Temporal Position Index (enhanced; else the frame's dimension
 index value of a temporal dimension); the Instance Number (classic files only: a frame's number says nothing of
 its time). Where that time repeats at a position, the images there differ by something else (echoes, magnitude
-and phase, repeats) and the series is no cine.
-A phase's trigger time is the mean over its slices (each position of a cine is often acquired in its own
-breath-hold, so their trigger times differ by a few ms); there are none when the trigger times do not order
-the images.
+and phase, repeats) and the series is no cine. The time and the Instance Numbers must agree: where the classic
+files at a position all have an Instance Number and no two the same, ordering them by those numbers must give the
+order by time, else which image is which time point is unknown (a phase could be built of slices hundreds of ms apart)
+and the series is refused. A phase's trigger time is the mean over its slices (each position of a cine is often
+acquired in its own breath-hold, so their trigger times differ by a few ms); where the time is the trigger time,
+each image's, counted in steps between its own position's phases (each breath-hold has its own heart rate), must
+lie nearer its own phase's mean than any other phase's, else a phase would mix time points and the series is
+refused. There are no phase trigger times when the trigger times do not order the images.
 
 Otherwise the series' ``problem`` says why it is neither, as a clause that ends with what to do:
 
 - not images (a Segmentation, a structured report, ...), or multi-frame images without functional groups;
 - images without a position, orientation or pixel spacing (a screenshot), or one image alone;
+- a Pixel Spacing that is not positive and finite, or outside
+  :data:`~CalibSegLib.io.image_checks.PLAUSIBLE_SPACING_MM` (0.001 to 100 mm, since volumes in mL are measured with
+  it), or slice positions too far apart for their step to be finite;
 - images of several sizes, pixel spacings or orientations (a localizer among the slices);
 - several images at one position that are no cine (not the same number at every position: a phase lacking
   slices, or phases at other positions; several at one time: echoes, repeats), phases whose slices lie
   elsewhere than the first phase's, missing slices (a gap that is a whole number of steps), uneven spacing, or
-  slices shifted in-plane from one to the next (a tilted gantry).
+  slices shifted in-plane from one to the next (a tilted gantry);
+- a cine whose time and Instance Numbers order the images at a position differently, or whose phases mix
+  trigger times (both above).
 
 **Reading.** A phase's images are sorted along the normal. Classic files are read by SimpleITK's
 ``ImageSeriesReader`` (GDCM) in that order: geometry from the files (the first slice's position, the pixel
@@ -67,6 +76,7 @@ from pydicom.tag import Tag
 from pydicom.uid import UID
 
 from CalibSegLib.io import ImageGeometry, os_error_sentence
+from CalibSegLib.io.image_checks import PLAUSIBLE_SPACING_MM
 
 __all__ = ["POSITION_TOLERANCE", "DicomSeries", "CineSeries", "SinglePhaseError", "find_series",
            "choose_series", "read_series", "read_dicom_folder", "read_cine_series", "series_case_names",
@@ -164,7 +174,8 @@ class _Image:
     """One 2D image of a series: a single-frame file, or frame ``frame`` (0-based) of a multi-frame file.
 
     Geometry is None where the file lacks it; ``position`` ``(3,)`` and ``orientation`` ``(6,)`` in mm and
-    direction cosines (LPS), ``pixel_spacing`` ``(row spacing, column spacing)`` mm; the times as in the module
+    direction cosines (LPS), ``pixel_spacing`` ``(row spacing, column spacing)`` mm (NaN and infinite values kept
+    for :func:`_pixel_spacing_problem` to name); the times as in the module
     docstring (``order``: a classic file's Instance Number); ``slope``, ``intercept``: its rescale.
     """
 
@@ -214,14 +225,14 @@ def _values(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple, pydicom.multival.MultiValue)) else [value]
 
 
-def _vector(value: Any, length: int) -> np.ndarray | None:
+def _vector(value: Any, length: int, finite: bool = True) -> np.ndarray | None:
     """A multi-valued number (ImagePositionPatient, ...) as ``(length,)`` float64, or None when absent or
-    malformed."""
+    malformed; ``finite=False`` keeps NaN and infinite values, for a check to name them."""
     try:
         numbers = np.array([float(item) for item in _values(value)], dtype=np.float64)
     except (TypeError, ValueError):
         return None
-    return numbers if numbers.shape == (length,) and np.isfinite(numbers).all() else None
+    return numbers if numbers.shape == (length,) and (np.isfinite(numbers).all() or not finite) else None
 
 
 def _number(value: Any) -> float | None:
@@ -231,7 +242,8 @@ def _number(value: Any) -> float | None:
 
 def _single_frame_image(path: Path, header: Dataset) -> _Image:
     return _Image(path, None, _vector(header.get("ImagePositionPatient"), 3),
-                  _vector(header.get("ImageOrientationPatient"), 6), _vector(header.get("PixelSpacing"), 2),
+                  _vector(header.get("ImageOrientationPatient"), 6),
+                  _vector(header.get("PixelSpacing"), 2, finite=False),
                   (int(header.get("Rows") or 0), int(header.get("Columns") or 0)),
                   trigger_ms=_number(header.get("TriggerTime")),
                   temporal_position=_number(header.get("TemporalPositionIdentifier")),
@@ -275,7 +287,7 @@ def _multi_frame_images(path: Path, header: Dataset) -> list[_Image] | str:
         images.append(_Image(
             path, frame, _vector(_group(groups, shared, "PlanePositionSequence").get("ImagePositionPatient"), 3),
             _vector(_group(groups, shared, "PlaneOrientationSequence").get("ImageOrientationPatient"), 6),
-            _vector(_group(groups, shared, "PixelMeasuresSequence").get("PixelSpacing"), 2),
+            _vector(_group(groups, shared, "PixelMeasuresSequence").get("PixelSpacing"), 2, finite=False),
             (int(header.get("Rows") or 0), int(header.get("Columns") or 0)),
             trigger_ms=trigger if trigger is not None else _number(cardiac.get("ActualCardiacTriggerDelayTime")),
             temporal_position=temporal,
@@ -324,12 +336,32 @@ def _stack_problem(positions: np.ndarray, normal: np.ndarray, pixel: float) -> s
             "normal), which a voxel grid cannot hold; resample it onto even slices first")
 
 
+def _pixel_spacing_problem(images: Sequence[_Image]) -> str | None:
+    """Why a Pixel Spacing of ``images`` cannot be a voxel grid's (not positive and finite, or outside
+    :data:`PLAUSIBLE_SPACING_MM`), or None."""
+    low, high = PLAUSIBLE_SPACING_MM
+    for image in images:
+        spacing = " × ".join(f"{value:g}" for value in image.pixel_spacing)
+        if not all(math.isfinite(value) and value > 0 for value in image.pixel_spacing):
+            return (f"gives a Pixel Spacing of {spacing} mm, which is not positive and finite, so its voxel grid "
+                    "is unknown; fix the Pixel Spacing or export the series again")
+        if not all(low <= value <= high for value in image.pixel_spacing):
+            return (f"gives a Pixel Spacing of {spacing} mm, outside the {low:g} to {high:g} mm of any scanner's "
+                    "images, and volumes in mL are measured with it; fix the Pixel Spacing or export the series "
+                    "again")
+    return None
+
+
 def _grid_problem(images: Sequence[_Image]) -> str | None:
-    """Why the images of one series share no grid (geometry missing, sizes, spacings, orientations), or None."""
+    """Why the images of one series share no grid (geometry missing, pixel spacings not a grid's, sizes,
+    spacings, orientations), or None."""
     if any(image.position is None or image.orientation is None or image.pixel_spacing is None
            or 0 in image.size for image in images):
         return ("lacks the position, orientation or pixel spacing of its images (a screenshot or secondary "
                 "capture?), so its voxel grid is unknown; give the acquired series")
+    spacing_problem = _pixel_spacing_problem(images)
+    if spacing_problem is not None:
+        return spacing_problem
     if len(images) < 2:
         return "is one image, not a stack of slices; give a series of two or more slices"
     sizes = sorted({image.size for image in images})
@@ -376,6 +408,56 @@ def _time_key(groups: Sequence[Sequence[_Image]]) -> str | None:
     return None
 
 
+def _step_problem(images: Sequence[_Image], normal: np.ndarray) -> str | None:
+    """Why the slice spacing of ``images`` along ``normal`` could not be finite (positions too far apart for their
+    difference to be a number), or None."""
+    with np.errstate(over="ignore", invalid="ignore"):  # the overflow is what is checked
+        along = np.array([image.position @ normal for image in images])
+        span = float(np.max(along) - np.min(along))
+    if math.isfinite(span):
+        return None
+    return ("has slice positions so far apart along the slice normal that the step between them is not a finite "
+            "number of mm; fix the Image Position (Patient) of its images or export the series again")
+
+
+# How a time key is named in a sentence (classic files' attributes: only they have an Instance Number).
+_TIME_KEY_NAMES = {"trigger_ms": "Trigger Time", "temporal_position": "Temporal Position Identifier"}
+
+
+def _time_order_problem(groups: Sequence[Sequence[_Image]], key: str) -> str | None:
+    """Why the images of a cine, ``groups`` of one slice position each (sorted along the normal, each sorted by
+    the time ``key``), are not one time order (see the module docstring), or None."""
+    for position, group in enumerate(groups):
+        numbers = [image.order for image in group]
+        if key == "order" or None in numbers or len(set(numbers)) < len(numbers):
+            continue  # no Instance Numbers there to order the images by
+        if numbers != sorted(numbers):
+            return (f"orders its images at slice position {position + 1} of {len(groups)} differently by "
+                    f"{_TIME_KEY_NAMES[key]} than by Instance Number, so which image is which time point is "
+                    "unknown; export the cine again, or fix the trigger times or instance numbers")
+    if key != "trigger_ms":
+        return None
+    times = np.array([[image.trigger_ms for image in group] for group in groups]).T  # (phase, position) ms
+    # Each position in its own breath-hold has its own heart rate, which stretches its trigger times (a
+    # retrospectively gated phase k is at k/T of that position's cycle): times are compared in steps of their own
+    # position, so a heart rate differing by some per cent between breath-holds still reads, and a position whose
+    # times are shifted against the others' does not.
+    steps = times / np.median(np.diff(times, axis=0), axis=0)
+    means = steps.mean(axis=1)
+    distances = np.abs(steps[:, :, None] - means)  # (phase, position, the phase whose mean it is measured from)
+    phases = np.arange(len(means))
+    own = distances[phases, :, phases]
+    others = np.where(np.eye(len(means), dtype=bool)[:, None, :], np.inf, distances)
+    mixed = np.argwhere(own >= others.min(axis=2))
+    if len(mixed) == 0:
+        return None
+    phase, position = (int(index) for index in mixed[0])
+    nearest = int(np.argmin(others[phase, position]))
+    return (f"is a cine whose time points mix trigger times (time point {phase + 1}'s image at slice position "
+            f"{position + 1} of {len(groups)} is at {times[phase, position]:g} ms, in its position's own heart "
+            f"rate nearer time point {nearest + 1} than its own); export the cine again, or fix the trigger times")
+
+
 def _arrangement(images: Sequence[_Image]) -> tuple[list[_Image], int, str | None]:
     """``images`` in phase order, each phase sorted along the slice normal, the number of phases, and why they
     are neither a volume nor a cine (None when they are one; see the module docstring)."""
@@ -384,6 +466,9 @@ def _arrangement(images: Sequence[_Image]) -> tuple[list[_Image], int, str | Non
         return list(images), 1, problem
     normal = _normal(images[0].orientation)
     pixel = float(min(images[0].pixel_spacing))
+    problem = _step_problem(images, normal)
+    if problem is not None:
+        return list(images), 1, problem
     groups = _at_positions(images, normal)
     counts = sorted({len(group) for group in groups})
     if len(counts) > 1:
@@ -403,6 +488,9 @@ def _arrangement(images: Sequence[_Image]) -> tuple[list[_Image], int, str | Non
                 "temporal position or instance number tells apart (echoes, magnitude and phase images or repeats, "
                 "not only a cine's time points); export one image per position and time point")
         groups = [sorted(group, key=lambda image: getattr(image, key)) for group in groups]
+        problem = _time_order_problem(groups, key)
+        if problem is not None:
+            return list(images), 1, problem
     ordered = [group[phase] for phase in range(phases) for group in groups]
     positions = np.array([image.position for image in ordered]).reshape(phases, len(groups), 3)
     problem = _stack_problem(positions[0], normal, pixel)

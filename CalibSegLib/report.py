@@ -18,8 +18,9 @@ one legend for the page: the structures' outline colours and the hot-spot colour
 
 **The function page** (``calibseg-function --report``, :func:`write_function_report`) shows a ``function.json``
 (:mod:`CalibSegLib.cardiac`): a table of the indices (LV and RV volumes and ejection fractions, myocardial mass),
-each value with its interval at the file's level, and for a cine the LV and RV volume of every phase as a curve
-(:func:`volume_curve_png`), ED and ES marked.
+each value with its interval at the file's level, the file's reasons to review the contours before signing (when
+it has any), and for a cine the LV and RV volume of every phase as a curve (:func:`volume_curve_png`), ED and ES
+marked.
 """
 
 from __future__ import annotations
@@ -279,10 +280,9 @@ _LV_COLOR, _RV_COLOR = "#c62828", "#1565c0"
 def function_table_html(function: Mapping[str, Any]) -> str:
     """The indices of a ``function.json`` dictionary as an HTML table, in
     :data:`~CalibSegLib.cardiac.intervals.INDICES`' order under their
-    :data:`~CalibSegLib.cardiac.function.INDEX_LABELS`: index, value, interval at the file's ``level`` and unit
+    :data:`~CalibSegLib.cardiac.intervals.INDEX_LABELS`: index, value, interval at the file's ``level`` and unit
     (``–`` where a value or an interval is null: an EF of an empty ventricle, a bundle without an interval rule)."""
-    from CalibSegLib.cardiac.function import INDEX_LABELS
-    from CalibSegLib.cardiac.intervals import INDICES
+    from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES
 
     level = float(function["level"])
     rows = []
@@ -358,6 +358,10 @@ def function_report_html(function: Mapping[str, Any], bundle_name: str, command:
              f"Made by {_text(command)} (CalibSeg {__version__}) on {created}.</p></header>",
              f'<section class="case"><h2>Indices</h2>{function_table_html(function)}<p class="note">Volumes from '
              f"{_text(function.get('volumes_from', 'label voxels'))}. {_text(note)}</p></section>"]
+    review = function.get("review") or []  # files written before the review list have none
+    if review:
+        items = "".join(f"<li>{_text(reason)}</li>" for reason in review)
+        parts.append(f'<section class="case"><h2>Review before signing</h2><ul class="review">{items}</ul></section>')
     picture = volume_curve_png(function)
     if picture is not None:
         parts.append(f'<section class="case"><h2>Volume over the cardiac cycle</h2>'

@@ -132,7 +132,8 @@ def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = 
     and its metrics JSON is measured again; the run it came from and what its folds measured stay recorded.
 
     Raises:
-        BundleError, DataError, ValueError: an unknown name, a bundle with other weights, missing data.
+        BundleError, DataError, ValueError: an unknown name, a bundle with other weights, a sub-ensemble keeping
+            members the shipped ensemble lacks, missing data.
     """
     out_dir = Path(out_dir)
     bundle_path, metrics_path = out_dir / f"{name}{BUNDLE_SUFFIX}", out_dir / f"{name}{METRICS_SUFFIX}"
@@ -144,6 +145,12 @@ def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = 
                                                replacement.metadata.out_of_fold_weights_sha256):
         raise ValueError(f"{bundle} holds other weights than the shipped {name} and is no sub-ensemble of it; ship a "
                          "new run with --runs instead.")
+    origin, size = replacement.metadata.selected_from, shipped.metadata.ensemble_size
+    # The checksum says which ensemble it came from, not that the member numbers it records are that ensemble's.
+    if origin.get("weights_sha256") == shipped.metadata.weights_sha256 and max(origin["members"]) >= size:
+        raise ValueError(f"{bundle} records keeping members {' '.join(map(str, origin['members']))} of the shipped "
+                         f"{name}, which holds members 0 to {size - 1}; make it again with python -m "
+                         f"Training.sub_ensemble {name}.")
     previous = json.loads(metrics_path.read_text())
     source_run = previous.get("source_run", "")
     cases = _test_cases(replacement, data)

@@ -6,6 +6,7 @@ nothing was changed or left behind (files byte-identical, no temporaries, no new
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["assert_one_sentence", "tree_snapshot", "normal_file_mode", "RawMember", "write_raw_zip",
+__all__ = ["assert_one_sentence", "tree_snapshot", "normal_file_mode", "NIFTI_DIM_OFFSET", "NIFTI_PIXDIM_OFFSET",
+           "edit_stored_bytes", "RawMember", "write_raw_zip",
            "deflated_zeros", "bundle_parts", "write_bundle", "edited_weights", "rewrite_bundle",
            "bundle_declaring_four_gib", "BROKEN_BUNDLES", "FOUR_GIB"]
 
@@ -59,6 +61,23 @@ def normal_file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+# NIfTI-1 header fields the fault tests patch (nifti1.h): dim (8 int16) at byte 40, pixdim (8 float32) at byte 76.
+NIFTI_DIM_OFFSET, NIFTI_PIXDIM_OFFSET = 40, 76
+
+
+def edit_stored_bytes(path: Path, patch=None, keep: float = 1.0) -> Path:
+    """Rewrite the image file at ``path``: ``patch(bytearray)`` edits its uncompressed bytes (a ``.gz`` file is
+    decompressed first and compressed again), then only the first ``keep`` fraction is kept (cut short as a full
+    disk or an interrupted copy leaves it)."""
+    compressed = path.name.endswith(".gz")
+    raw = bytearray(gzip.decompress(path.read_bytes()) if compressed else path.read_bytes())
+    if patch is not None:
+        patch(raw)
+    stored = gzip.compress(bytes(raw)) if compressed else bytes(raw)
+    path.write_bytes(stored[: int(len(stored) * keep)])
+    return path
 
 
 @dataclass

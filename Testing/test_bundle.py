@@ -16,11 +16,13 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, read_metadata, save_bundle
+from CalibSegLib.bundle.ensemble import Ensemble
 from CalibSegLib.bundle.schema import SINGLE_NETWORK_SCHEMA_VERSION
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import build_network
+from CalibSegLib.pretrained import pretrained_models
 from CalibSegLib.sliding_window import MAX_VOXELS_PER_PASS, SlidingWindow, windows_per_pass
-from tiny_bundles import TINY_UNET, make_test_bundle, make_test_metadata
+from tiny_bundles import TINY_UNET, make_test_bundle, make_test_ensemble, make_test_metadata
 
 
 class _RunsCodeWhenUnpickled:
@@ -362,3 +364,24 @@ def test_save_refuses_invalid_metadata_before_writing(tmp_path):
     with pytest.raises(BundleError, match="class_colors"):
         save_bundle(tmp_path / "x.calibseg", model, make_test_metadata(class_colors=[(2.0, 0.0, 0.0)] * 4))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", sorted(pretrained_models()))
+def test_a_shipped_bundle_passes_the_ensemble_checks_and_rewrites_its_bundle_json_unchanged(name):
+    path = pretrained_models()[name]
+    metadata = read_metadata(path)
+    assert metadata.to_json().encode() == zipfile.ZipFile(path).read("bundle.json")
+    assert Ensemble.from_dict(metadata.ensemble, metadata.ensemble_size).to_dict() == metadata.ensemble
+
+
+def test_a_sub_ensembles_origin_is_read_through_its_checked_form(tmp_path):
+    five = load_bundle(make_test_ensemble(tmp_path / "five.calibseg", 5)).metadata
+    origin = {"bundle": "five.calibseg", "weights_sha256": five.weights_sha256, "members": [4, 0]}
+    two = read_metadata(make_test_ensemble(tmp_path / "two.calibseg", 2, selected_from=origin))
+    assert (two.selected_from, two.out_of_fold_weights_sha256) == (origin, five.weights_sha256)
+    assert (five.selected_from, five.out_of_fold_weights_sha256) == ({}, five.weights_sha256)
+    assert Ensemble.from_dict(two.ensemble, 2).to_dict() == two.ensemble
+    # metadata built in memory is checked when it is saved or read; its origin is checked when asked for
+    unchecked = make_test_metadata(ensemble={"selected_from": {**origin, "members": [4, 4]}})
+    with pytest.raises(BundleError, match=r"^The bundle's ensemble is malformed \(selected_from's members must be"):
+        assert unchecked.out_of_fold_weights_sha256

@@ -21,6 +21,7 @@ from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.cases import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY, find_cases, load_cases
 from Datasets.dicom_series import write_cine
 from cardiac_standins import LabelPredictor, cardiac_metadata
+from dicom_series import edit_file
 
 GRID = ImageGeometry(spacing=(6.0, 1.4, 1.4), origin=(3.0, -2.0, 7.0))
 
@@ -40,7 +41,7 @@ def test_the_result_and_its_json_without_a_rule():
     assert result.values == pytest.approx(expected)
     assert result.values["lv_ef_percent"] == pytest.approx(100.0 * 500 / 900)
     payload = json.loads(json.dumps(result.to_json()))
-    assert set(payload) == {*INDICES, "level", "volumes_from", "intervals_absent"}
+    assert set(payload) == {*INDICES, "level", "volumes_from", "review", "intervals_absent"} and payload["review"] == []
     assert payload["level"] == 0.9 and payload["volumes_from"] == "label voxels"
     assert all(payload[index] == {"value": pytest.approx(expected[index]), "interval": None} for index in INDICES)
     assert payload["intervals_absent"].startswith("the bundle holds no fitted interval rule")
@@ -75,26 +76,58 @@ def test_a_rule_scaled_by_predicted_dice_needs_the_bundles_quality_model():
                                                   "predicted Dice (dice), and the bundle holds no quality model")
 
 
+def test_a_recalibration_line_that_would_make_a_volume_negative_leaves_it_as_measured():
+    """A line of intercept −5 mL maps an LV of 2.352 mL at ES (200 voxels of 11.76 mm³) below zero: that volume stays
+    as measured, the other lines apply, and the review list says which volume and why."""
+    voxel = 6.0 * 1.4 * 1.4 / 1000.0
+    lines = {"lv_ed": (2.0, 1.1), "lv_es": (-5.0, 1.0), "rv_ed": (0.0, 1.0), "rv_es": (0.0, 1.0),
+             "myocardium_ed": (0.0, 1.0)}
+    rule = IntervalRule("hard", "constant", dict.fromkeys(INDICES, 1.0), 0.9, recalibration=lines)
+    predictor = LabelPredictor(cardiac_metadata(function_intervals=rule.to_dict()))
+    result = measure_function(predictor, (_heart(900, 700, 400), GRID), (_heart(200, 350, 420), GRID))
+    assert result.values["lv_esv_ml"] == pytest.approx(200 * voxel)  # as measured
+    assert result.values["lv_edv_ml"] == pytest.approx(2.0 + 1.1 * 900 * voxel)  # its line applied
+    assert result.values["lv_ef_percent"] == pytest.approx(100.0 * (1 - 200 * voxel / (2.0 + 1.1 * 900 * voxel)))
+    assert result.review == ["The LV blood pool at ES is given as measured: the interval rule's recalibration line "
+                             "would make it 0 mL or less, so this cavity is smaller than any the line was fitted on; "
+                             "check its contours."]
+    assert result.to_json()["review"] == result.review
+    assert f"REVIEW before signing: {result.review[0]}" in result.table_lines()
+
+
+def test_published_intervals_stay_within_what_each_index_can_be():
+    """A rule of ± 30 (constant scale) around a small heart: volume intervals start at 0 and EF intervals end at 100,
+    the other ends are the rule's."""
+    rule = IntervalRule("hard", "constant", dict.fromkeys(INDICES, 30.0))
+    predictor = LabelPredictor(cardiac_metadata(function_intervals=rule.to_dict()))
+    result = measure_function(predictor, (_heart(900, 700, 400), GRID), (_heart(100, 350, 420), GRID))
+    values = result.values
+    for index in INDICES:
+        highest = 100.0 if index.endswith("_percent") else np.inf
+        assert result.intervals[index] == pytest.approx((max(values[index] - 30.0, 0.0),
+                                                         min(values[index] + 30.0, highest)))
+    assert result.intervals["lv_esv_ml"][0] == 0.0 and result.intervals["lv_ef_percent"][1] == 100.0
+
+
 def test_the_command_on_the_shipped_sample(tmp_path, sample_acdc_dir, capsys):
-    """calibseg-function with the shipped ensemble on a sample patient's ED and ES (3 slices through the heart,
-    cropped to 128 x 128 so it stays quick on a CPU): function.json is written with every index, and the LV EF is
-    within 10 points of the one the reference labels give."""
+    """calibseg-function with the shipped ensemble on a sample patient's whole ED and ES volumes (a crop of a few
+    slices is unlike the training images, and refused): function.json is written with every index and an empty
+    review list, and the LV EF is within 10 points of the one the reference labels give."""
     files = [item for item in find_cases(sample_acdc_dir) if item.patient_id == "patient013"]
     ed_case, es_case = load_cases(sorted(files, key=lambda item: item.case_id), 4)
-    crop = (slice(3, 6), slice(64, 192), slice(40, 168))
     grid = ImageGeometry(spacing=ACDC_SPACING)
     for name, case in (("ed", ed_case), ("es", es_case)):
-        write_image(tmp_path / f"{name}.nii.gz", case.image[crop], grid)
+        write_image(tmp_path / f"{name}.nii.gz", case.image, grid)
     started = time.perf_counter()
     status = command.main(["--bundle", "acdc_ce_dice", "--ed", str(tmp_path / "ed.nii.gz"), "--es",
                            str(tmp_path / "es.nii.gz"), "--out-dir", str(tmp_path / "out"), "--device", "cpu"])
     assert status == 0
     assert time.perf_counter() - started < 60
     payload = json.loads((tmp_path / "out" / "function.json").read_text())
-    assert set(INDICES) <= set(payload) and payload["level"] == 0.9
+    assert set(INDICES) <= set(payload) and payload["level"] == 0.9 and payload["review"] == []
     classes = cardiac_classes(ACDC_CLASS_NAMES, ACDC_TERMINOLOGY)
-    reference = index_values(label_volumes_ml(ed_case.label[crop], ACDC_SPACING, classes),
-                             label_volumes_ml(es_case.label[crop], ACDC_SPACING, classes))
+    reference = index_values(label_volumes_ml(ed_case.label, ACDC_SPACING, classes),
+                             label_volumes_ml(es_case.label, ACDC_SPACING, classes))
     assert abs(payload["lv_ef_percent"]["value"] - reference["lv_ef_percent"]) < 10
     if payload[INDICES[0]]["interval"] is not None:  # the shipped bundle carries a fitted rule
         assert all(payload[index]["interval"][0] <= payload[index]["value"] <= payload[index]["interval"][1]
@@ -106,14 +139,17 @@ def test_the_command_on_the_shipped_sample(tmp_path, sample_acdc_dir, capsys):
 
 def test_the_command_on_a_multi_phase_dicom_cine(tmp_path, sample_acdc_dir, capsys):
     """A classic multi-phase cine series written from the sample's ES and ED (stored in that order, their trigger
-    times saying ED came first): ED and ES are found by the LV blood pool, in time order, and function.json holds
-    every phase's volumes with its trigger time."""
+    times and Instance Numbers saying ED came first): ED and ES are found by the LV blood pool, in time order, and
+    function.json holds every phase's volumes with its trigger time."""
     files = [item for item in find_cases(sample_acdc_dir) if item.patient_id == "patient013"]
     ed_case, es_case = load_cases(sorted(files, key=lambda item: item.case_id), 4)
-    crop = (slice(3, 6), slice(64, 192), slice(40, 168))
-    phases = np.stack([es_case.image[crop], ed_case.image[crop]])
-    write_cine(tmp_path / "cine", phases, ImageGeometry(spacing=ACDC_SPACING), trigger_times_ms=[320.0, 0.0],
-               slope=1e-3)
+    phases = np.stack([es_case.image, ed_case.image])  # whole volumes: the input check judges each phase
+    files = write_cine(tmp_path / "cine", phases, ImageGeometry(spacing=ACDC_SPACING), trigger_times_ms=[320.0, 0.0],
+                       slope=1e-3)
+    slices = len(phases[0])
+    for index, path in enumerate(files):  # numbered in time order, as a scanner numbers them
+        stored, position = divmod(index, slices)
+        edit_file(path, InstanceNumber=(1 - stored) * slices + position + 1)
     assert command.main(["--bundle", "acdc_ce_dice", "--cine", str(tmp_path / "cine"), "--out-dir",
                          str(tmp_path / "out"), "--device", "cpu", "--report"]) == 0
     payload = json.loads((tmp_path / "out" / "function.json").read_text())

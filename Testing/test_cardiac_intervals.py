@@ -149,7 +149,7 @@ def test_the_dice_scales_propagate_the_quality_models_bands():
         assert scales["lv_edv_ml"] == pytest.approx(band_ed)
         assert scales["lv_sv_ml"] == pytest.approx(band_ed + band_es)
         assert scales["lv_ef_percent"] == pytest.approx(100.0 * 60.0 * band_ed / 150.0 ** 2 + 100.0 * band_es / 150.0)
-    lines = {key: (4.0, -1.5) for key in ("lv_ed", "lv_es", "rv_ed", "rv_es", "myocardium_ed")}
+    lines = {key: (-4.0, 1.5) for key in ("lv_ed", "lv_es", "rv_ed", "rv_es", "myocardium_ed")}
     _, recalibrated = case_indices(ed, es, "hard", "dice", lines)
     assert recalibrated["lv_edv_ml"] == pytest.approx(1.5 * dice_ed)
     without = PhaseVolumes(*(StructureVolume(hard=10.0, soft=10.0, spread=1.0) for _ in range(3)))

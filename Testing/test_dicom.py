@@ -176,7 +176,9 @@ def test_a_classic_cine_reads_back_phase_by_phase_in_time_order_whatever_the_fil
     files = write_cine(tmp_path / "cine", volumes[written], geometry,
                        trigger_times_ms=[TRIGGER_TIMES[phase] for phase in written])
     for index, path in enumerate(files):  # each slice position triggered 0.5 ms later than the one before
-        edit_file(path, TriggerTime=f"{float(pydicom.dcmread(path).TriggerTime) + 0.5 * (index % 5):g}")
+        phase, position = written[index // 5], index % 5
+        edit_file(path, TriggerTime=f"{float(pydicom.dcmread(path).TriggerTime) + 0.5 * position:g}",
+                  InstanceNumber=phase * 5 + position + 1)  # numbered in time order, as a scanner numbers them
     _shuffle_names(tmp_path / "cine")
     cine = read_cine_series(tmp_path / "cine")
     np.testing.assert_array_equal(cine.volumes, volumes)
@@ -190,8 +192,8 @@ def test_without_trigger_times_the_temporal_position_or_the_instance_number_orde
     volumes = _phases(count=3)
     files = write_cine(tmp_path / "cine", volumes, _oblique())  # no Trigger Time; Instance Numbers rise
     if time == "TemporalPositionIdentifier":
-        for index, path in enumerate(files):  # the position gives the order, the Instance Numbers contradict it
-            edit_file(path, TemporalPositionIdentifier=index // 5 + 1, InstanceNumber=100 - index)
+        for index, path in enumerate(files):  # Instance Numbers slice by slice: in time order at each position only
+            edit_file(path, TemporalPositionIdentifier=index // 5 + 1, InstanceNumber=(index % 5) * 3 + index // 5 + 1)
     _shuffle_names(tmp_path / "cine")
     cine = read_cine_series(tmp_path / "cine")
     np.testing.assert_array_equal(cine.volumes, volumes)

@@ -1,11 +1,13 @@
 """Fault catalogue, DICOM input and output: each broken series, folder or flag is one sentence on stderr (exit
 2) before any inference, and nothing is written; with ``--image-dir`` a broken series is one row and the
-others are segmented; a cine that cannot be read as one is one sentence of ``read_cine_series``."""
+others are segmented; a cine that cannot be read as one is one sentence of ``read_cine_series``; a pixel spacing
+no grid has, or a cine whose times are not one order, is one sentence of every command that reads DICOM."""
 
 from __future__ import annotations
 
 import csv
 import shutil
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -14,12 +16,13 @@ import pydicom
 import pytest
 from pydicom.dataset import Dataset
 
+from CalibSegLib.cardiac import command
 from CalibSegLib.dicom import SinglePhaseError, read_cine_series
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
 from CalibSegLib.predict import main
 from Datasets.dicom_series import write_cine, write_enhanced, write_series
-from dicom_series import edit_file
+from dicom_series import edit_file, edit_shared_group, swap_attribute
 from fault_checks import assert_one_sentence, tree_snapshot
 from tiny_bundles import make_test_bundle
 
@@ -341,3 +344,138 @@ def test_a_broken_series_in_image_dir_is_its_row_and_the_others_are_segmented(bu
         "good_confidence.dcm", "good_confidence.nii.gz", "good_entropy.nii.gz", "good_labels.nii.gz",
         "good_seg.dcm", "good_summary.json", "predictions.csv", "report.html"]
     assert "NOT SEGMENTED" in (tmp_path / "out" / "report.html").read_text()
+
+
+CINE_TIMES_MS = (0.0, 40.0, 80.0)
+# Each slice position's trigger times off by a few ms: one breath-hold per position, each its own heart rate.
+JITTER_MS = (0.0, 3.0, -2.0, 6.0, 1.0)
+
+
+def _jittered_cine(folder: Path) -> list[Path]:
+    """A classic cine of 3 time points at SLICES positions, Trigger Times CINE_TIMES_MS plus each position's
+    JITTER_MS, Instance Numbers in time order at every position; the files, time point by time point."""
+    files = write_cine(folder, _phases(3), GRID, trigger_times_ms=CINE_TIMES_MS)
+    for index, path in enumerate(files):
+        phase, position = divmod(index, SLICES)
+        edit_file(path, TriggerTime=f"{CINE_TIMES_MS[phase] + JITTER_MS[position]:g}")
+    return files
+
+
+def _swapped_at_third_position(keyword: str) -> Callable[[Path], list[str]]:
+    """A jittered cine whose first two time points exchange ``keyword`` at the third slice position."""
+    def make(folder: Path) -> list[str]:
+        files = _jittered_cine(folder)
+        swap_attribute(files[2], files[SLICES + 2], keyword)
+        return []
+    return make
+
+
+def _third_position_later(folder: Path) -> list[str]:
+    for path in _jittered_cine(folder)[2::SLICES]:  # 35 ms later there, in the same order
+        edit_file(path, TriggerTime=f"{float(pydicom.dcmread(path).TriggerTime) + 35.0:g}")
+    return []
+
+
+def _pixel_spacing(*spacing: str) -> Callable[[Path], list[str]]:
+    def make(folder: Path) -> list[str]:
+        with warnings.catch_warnings():  # pydicom warns that nan and inf are no decimal strings: the fault itself
+            warnings.simplefilter("ignore", UserWarning)
+            for path in _series(folder):
+                edit_file(path, PixelSpacing=list(spacing))
+        return []
+    return make
+
+
+def _enhanced_zero_spacing(folder: Path) -> list[str]:
+    path = write_enhanced(folder / "cine.dcm", _phases(), GRID, trigger_times_ms=[0.0, 45.0])
+    edit_shared_group(path, "PixelMeasuresSequence", PixelSpacing=["0", "0"])
+    return []
+
+
+def _positions_too_far_apart(folder: Path) -> list[str]:
+    files = _series(folder)
+    for path, z in ((files[0], "-1.7e308"), (files[-1], "1.7e308")):  # 16 characters at most, as DS allows
+        edit_file(path, ImagePositionPatient=[*pydicom.dcmread(path).ImagePositionPatient[:2], z])
+    return []
+
+
+# case → (make(folder) -> [], regexes of the sentence); the folder goes to every command that reads DICOM
+BAD_DICOM_GRIDS_AND_TIMES: dict[str, tuple[Callable[[Path], list[str]], tuple[str, ...]]] = {
+    "Instance Numbers against the trigger times": (_swapped_at_third_position("InstanceNumber"), (
+        "orders its images at slice position 3 of 5 differently by Trigger Time than by Instance Number",
+        "export the cine again, or fix the trigger times or instance numbers")),
+    "trigger times against the Instance Numbers": (_swapped_at_third_position("TriggerTime"), (
+        "orders its images at slice position 3 of 5 differently by Trigger Time than by Instance Number",)),
+    "time points that mix trigger times": (_third_position_later, (
+        "is a cine whose time points mix trigger times \\(time point 1's image at slice position 3 of 5 is at 33 "
+        "ms, in its position's own heart rate nearer time point 2 than its own\\); export the cine again, or fix "
+        "the trigger times",)),
+    "a Pixel Spacing of 0": (_pixel_spacing("0", "0"), (
+        "gives a Pixel Spacing of 0 × 0 mm, which is not positive and finite, so its voxel grid is unknown; fix "
+        "the Pixel Spacing or export the series again",)),
+    "a negative Pixel Spacing": (_pixel_spacing("1.2", "-0.9"), ("Pixel Spacing of 1.2 × -0.9 mm, which is not "
+                                                                "positive and finite",)),
+    "a NaN Pixel Spacing": (_pixel_spacing("nan", "nan"), ("Pixel Spacing of nan × nan mm, which is not positive",)),
+    "an infinite Pixel Spacing": (_pixel_spacing("inf", "0.9"), ("Pixel Spacing of inf × 0.9 mm, which is not "
+                                                                "positive",)),
+    "an Enhanced MR Pixel Spacing of 0": (_enhanced_zero_spacing, (
+        "1 Enhanced MR Image Storage file\\(s\\) of 10 frames", "Pixel Spacing of 0 × 0 mm, which is not positive")),
+    "a Pixel Spacing of 0.0005 mm": (_pixel_spacing("0.0005", "0.0005"), (
+        "gives a Pixel Spacing of 0.0005 × 0.0005 mm, outside the 0.001 to 100 mm of any scanner's images, and "
+        "volumes in mL are measured with it; fix the Pixel Spacing",)),
+    "a Pixel Spacing of 200 mm": (_pixel_spacing("200", "200"), ("Pixel Spacing of 200 × 200 mm, outside the 0.001 "
+                                                                 "to 100 mm",)),
+    "slice positions too far apart for a finite step": (_positions_too_far_apart, (
+        "has slice positions so far apart along the slice normal that the step between them is not a finite "
+        "number of mm; fix the Image Position \\(Patient\\)",)),
+}
+
+# command → run(bundle, DICOM folder, out folder) -> exit status
+DICOM_COMMANDS: dict[str, Callable[[Path, Path, Path], int]] = {
+    "calibseg-predict --image": lambda bundle, folder, out: _predict(bundle, "--image", str(folder), "--out-dir",
+                                                                     str(out)),
+    "calibseg-function --cine": lambda bundle, folder, out: command.main([
+        "--bundle", str(bundle), "--cine", str(folder), "--out-dir", str(out), "--device", "cpu"]),
+    "calibseg-function --ed --es": lambda bundle, folder, out: command.main([
+        "--bundle", str(bundle), "--ed", str(folder), "--es", str(folder), "--out-dir", str(out), "--device", "cpu"]),
+}
+
+
+@pytest.mark.parametrize("reader", list(DICOM_COMMANDS))
+@pytest.mark.parametrize("name", list(BAD_DICOM_GRIDS_AND_TIMES))
+def test_a_spacing_or_time_order_no_cine_has_is_one_sentence_of_every_command(name, reader, bundle, tmp_path,
+                                                                             monkeypatch, capsys):
+    make, patterns = BAD_DICOM_GRIDS_AND_TIMES[name]
+    make(tmp_path / "series")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "earlier.txt").write_text("kept")
+    _no_inference(monkeypatch)
+    before = tree_snapshot(tmp_path)
+    assert DICOM_COMMANDS[reader](bundle, tmp_path / "series", tmp_path / "out") == 2
+    assert_one_sentence(capsys.readouterr().err, "^error: The DICOM series ", *patterns)
+    assert tree_snapshot(tmp_path) == before
+
+
+def test_trigger_time_jitter_across_positions_is_read_in_time_order(tmp_path):
+    """The counterpart of the refusals above: a few ms of spread per time point, Instance Numbers that agree, and
+    file names that say nothing of the order."""
+    files = _jittered_cine(tmp_path / "cine")
+    for index, path in enumerate(files):
+        path.rename(path.with_name(f"image{(7 * index) % len(files):02d}.dcm"))
+    cine = read_cine_series(tmp_path / "cine")
+    np.testing.assert_array_equal(cine.volumes, _phases(3))
+    assert cine.trigger_times_ms == pytest.approx([time + np.mean(JITTER_MS) for time in CINE_TIMES_MS])
+
+
+def test_a_heart_rate_that_differs_between_breath_holds_still_reads(tmp_path):
+    """25 retrospectively gated time points, each at k/25 of its own position's cycle, at positions whose heart rates
+    differ by up to ±5 % (the last time point 38 ms apart across positions, its neighbours 38-40 ms away): the time
+    points do not mix, since each position's times are compared in its own steps."""
+    phases = 25
+    cycles_ms = (950.0, 1000.0, 1039.0, 980.0, 1010.0)
+    files = write_cine(tmp_path / "cine", _phases(phases), GRID, trigger_times_ms=[0.0] * phases)
+    for index, path in enumerate(files):
+        phase, position = divmod(index, SLICES)
+        edit_file(path, TriggerTime=f"{phase * cycles_ms[position] / phases:.2f}")
+    cine = read_cine_series(tmp_path / "cine")
+    np.testing.assert_array_equal(cine.volumes, _phases(phases))

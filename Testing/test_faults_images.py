@@ -5,7 +5,6 @@ without overflow, and non-finite probabilities never reach an output."""
 
 from __future__ import annotations
 
-import gzip
 import re
 import struct
 import warnings
@@ -22,7 +21,8 @@ from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.io import images as image_files
 from CalibSegLib.preprocessing import intensity_range, normalize_intensity, scale_intensity
 from tiny_bundles import make_test_bundle
-from fault_checks import assert_one_sentence, tree_snapshot
+from fault_checks import (NIFTI_DIM_OFFSET as DIM_OFFSET, NIFTI_PIXDIM_OFFSET as PIXDIM_OFFSET,
+                          assert_one_sentence, edit_stored_bytes, tree_snapshot)
 
 GRID = ImageGeometry(spacing=(4.0, 1.5, 1.25), origin=(3.0, -7.0, 11.0))
 SCALING_OFFSET = 112  # scl_slope, scl_inter: two float32 at this byte of a NIfTI-1 header
@@ -172,24 +172,11 @@ def test_nan_in_an_in_memory_volume_is_refused(tiny_bundle):
     assert_one_sentence(str(caught.value), "NaN or infinite")
 
 
-# NIfTI-1 header fields patched below (nifti1.h): dim (8 int16) at byte 40, pixdim (8 float32) at byte 76.
-DIM_OFFSET, PIXDIM_OFFSET = 40, 76
-
-
 def _nifti(suffix: str = ".nii", dtype=np.int16, patch: Callable[[bytearray], None] | None = None,
            keep: float = 1.0) -> Callable[[Path], Path]:
     """A NIfTI-1 file of :func:`volume` whose uncompressed bytes ``patch`` edits and of which only the first
-    ``keep`` fraction is kept (cut short as a full disk or an interrupted copy leaves it)."""
-    def make(folder: Path) -> Path:
-        path = write_image(folder / f"header{suffix}", volume(dtype), GRID)
-        raw = bytearray(gzip.decompress(path.read_bytes()) if suffix.endswith(".gz") else path.read_bytes())
-        if patch is not None:
-            patch(raw)
-        stored = gzip.compress(bytes(raw)) if suffix.endswith(".gz") else bytes(raw)
-        path.write_bytes(stored[: int(len(stored) * keep)])
-        return path
-
-    return make
+    ``keep`` fraction is kept (:func:`fault_checks.edit_stored_bytes`)."""
+    return lambda folder: edit_stored_bytes(write_image(folder / f"header{suffix}", volume(dtype), GRID), patch, keep)
 
 
 def _dims(*sizes: int) -> Callable[[bytearray], None]:

@@ -535,8 +535,12 @@ def _shipped_copy(tmp_path, sample_acdc_dir, method=None, name="shipped", member
             stored.update(ensemble_size=1, ensemble=None)
         else:
             tensors = member_state(tensors, members)
+            ensemble = stored["ensemble"]
+            origin = ensemble.get("selected_from")  # one number of the origin's per kept network
             stored.update(ensemble_size=len(members), ensemble={
-                **stored["ensemble"], "members": [stored["ensemble"]["members"][index] for index in members]})
+                **ensemble, "members": [ensemble["members"][index] for index in members],
+                **({} if origin is None else {"selected_from": {
+                    **origin, "members": [origin["members"][index] for index in members]}})})
         weights = save_weights(dict(sorted(tensors.items())))
         stored["weights_sha256"] = hashlib.sha256(weights).hexdigest()
     stored["data"] = {**stored["data"], "folder": str(sample_acdc_dir), **data}

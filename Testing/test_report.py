@@ -226,7 +226,7 @@ def _function(cine: bool = False, trigger_times: bool = False) -> dict:
 
 
 def test_the_function_table_shows_every_index_with_its_interval():
-    from CalibSegLib.cardiac.function import INDEX_LABELS
+    from CalibSegLib.cardiac.intervals import INDEX_LABELS
     from CalibSegLib.cardiac.intervals import INDICES
     from CalibSegLib.report import function_table_html
 

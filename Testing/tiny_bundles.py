@@ -20,7 +20,7 @@ from CalibSegLib.bundle import BundleMetadata, save_bundle
 from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.networks import build_network
 
-__all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle", "disc_case"]
+__all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle", "make_test_ensemble", "disc_case"]
 
 TINY_UNET: dict[str, Any] = {"channels": [4, 8], "strides": [2], "num_res_units": 0}
 
@@ -83,6 +83,28 @@ def make_test_bundle(
             **metadata.network_kwargs,
         )
     return save_bundle(path, model, metadata, half=half)
+
+
+def make_test_ensemble(path: str | Path, size: int = 3, selected_from: dict[str, Any] | None = None,
+                       **overrides: Any) -> Path:
+    """Write an ensemble of ``size`` tiny UNets (member m: the network of :func:`make_test_bundle`'s ``seed=m``) to
+    ``path`` with the ``ensemble`` section ``calibseg-ensemble`` writes (member m: fold m, validation patient
+    ``p<m>``; its checksum a stand-in, no fold bundle exists) and ``selected_from`` (a sub-ensemble's origin) where
+    given; returns the path. ``overrides`` replace other :class:`BundleMetadata` fields."""
+    members = [{"fold": member, "validation": [f"p{member}"], "own_temperature": 1.0, "best_epoch": 1,
+                "weights_sha256": f"{member:064x}"} for member in range(size)]
+    ensemble = {"members": members, "temperature": "one, fitted on the out-of-fold predictions of all folds"}
+    if selected_from is not None:
+        ensemble["selected_from"] = selected_from
+    metadata = make_test_metadata(ensemble_size=size, ensemble=ensemble, **overrides)
+    state = {}
+    for member in range(size):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(member)
+            network = build_network(metadata.network, metadata.in_channels, metadata.num_classes,
+                                    metadata.spatial_dims, **metadata.network_kwargs)
+        state.update({f"members.{member}.{name}": tensor for name, tensor in network.state_dict().items()})
+    return save_bundle(path, state, metadata)
 
 
 def disc_case(seed: int, invert: bool = False) -> SimpleNamespace:

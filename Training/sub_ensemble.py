@@ -15,19 +15,18 @@ out-of-fold volumes only, their majority deciding). The test metrics are cleared
 the new file, or ``calibseg-ship --rerecord <name> --bundle <file>`` ships it in place of the shipped ensemble it came
 from and records its metrics. ``ensemble["selected_from"]`` records the bundle, its weights and the members kept.
 
-Written atomically (a temporary file beside ``--out``, then the input check's rewrite to ``--out``).
+Written atomically (a temporary folder beside ``--out``, then the input check's rewrite to ``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
 from CalibSegLib.io import check_output_file, os_error_sentence
 from CalibSegLib.pretrained import resolve_bundle_path
 from Training.bundle_rewrite import add_data_arguments
@@ -54,33 +53,34 @@ def sub_ensemble(bundle: str | Path, members: Sequence[int], out: str | Path, da
     ``bundle`` to ``out`` (module docstring); its path.
 
     Raises:
-        BundleError: ``bundle`` is no ensemble, or ``members`` do not name at least two distinct ones of it.
+        BundleError: ``bundle`` is unreadable or no ensemble of three or more networks with its ``ensemble`` section.
         DataError, InputStatisticsError, FeatureStatisticsError: its patients cannot be read or fitted on.
-        ValueError: ``out`` cannot be written (all one sentence).
+        ValueError: ``members`` do not name at least two distinct ones of it, or ``out`` cannot be written (all one
+            sentence).
     """
     path = resolve_bundle_path(bundle)
     out = check_output_file(out)
     loaded = load_bundle(path)
     metadata = loaded.metadata
     size = metadata.ensemble_size
-    if size < 3 or metadata.ensemble is None:
+    if size < 3:
         raise BundleError(f"{path.name} holds {size} network(s); a smaller ensemble needs one of three or more.")
+    if metadata.ensemble is None:  # the kept members' folds and out-of-fold patients come from it
+        raise BundleError(f"{path.name} holds {size} networks but no ensemble section saying where they came from; "
+                          "build the ensemble with calibseg-ensemble.")
     if len(members) < 2 or len(set(members)) != len(members) or not all(0 <= index < size for index in members):
-        raise BundleError(f"--members must name at least two distinct members of {path.name}, numbered 0 to "
-                          f"{size - 1}; got {' '.join(map(str, members))}.")
+        raise ValueError(f"--members must name at least two distinct members of {path.name}, numbered 0 to "
+                         f"{size - 1}; got {' '.join(map(str, members))}.")
     ensemble = {**metadata.ensemble, "members": [metadata.ensemble["members"][index] for index in members],
                 "selected_from": {"bundle": path.name, "weights_sha256": metadata.weights_sha256,
                                   "members": list(members)}}
     smaller = dataclasses.replace(metadata, ensemble_size=len(members), ensemble=ensemble, input_statistics=None,
                                   test_metrics={})
-    handle, staged = tempfile.mkstemp(suffix=BUNDLE_SUFFIX, prefix=f".{out.stem}-", dir=out.parent)
-    os.close(handle)
-    try:
-        save_bundle(staged, member_state(loaded.state_dict, members), smaller,
-                    half=metadata.weights_dtype == "float16")
+    # Staged under the ensemble's own name: the refit's refusals name the bundle whose patients it reads.
+    with tempfile.TemporaryDirectory(prefix=f".{out.stem}-", dir=out.parent) as staging:
+        staged = save_bundle(Path(staging) / path.name, member_state(loaded.state_dict, members), smaller,
+                             half=metadata.weights_dtype == "float16")
         return refit_input_check(staged, data, out, device, batch_size)
-    finally:
-        Path(staged).unlink(missing_ok=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

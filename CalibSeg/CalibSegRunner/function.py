@@ -70,11 +70,10 @@ class FunctionOutputs:
 
 def function_columns(function: dict) -> dict[str, list]:
     """Columns of the function table, one row per index of :data:`CalibSegLib.cardiac.intervals.INDICES`: ``Index``
-    (its :data:`~CalibSegLib.cardiac.function.INDEX_LABELS` name), ``Value``, ``Interval low``, ``Interval high``
+    (its :data:`~CalibSegLib.cardiac.intervals.INDEX_LABELS` name), ``Value``, ``Interval low``, ``Interval high``
     (at the file's level) and ``Unit``; NaN where the file has null (an undefined EF, a bundle without an interval
     rule)."""
-    from CalibSegLib.cardiac.function import INDEX_LABELS
-    from CalibSegLib.cardiac.intervals import INDICES
+    from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES
 
     def number(value) -> float:
         return math.nan if value is None else float(value)
@@ -103,8 +102,8 @@ def phase_columns(function: dict) -> dict[str, list] | None:
 
 def function_text(function: dict) -> str:
     """The module panel's lines: one per index, ``LV ejection fraction: <value> % (90 % interval <low> to <high>)``
-    (``(no interval)`` where the file has none, ``not measurable`` for a null value), and for a cine which phases are
-    ED and ES."""
+    (``(no interval)`` where the file has none, ``not measurable`` for a null value), for a cine which phases are
+    ED and ES, and each reason of the file's ``review`` list."""
     columns = function_columns(function)
     level = float(function["level"])
     lines = []
@@ -115,6 +114,7 @@ def function_text(function: dict) -> str:
     phases = function.get("phases")
     if phases is not None:
         lines.append(f"ED: phase {phases['ed']} (largest LV blood pool), ES: phase {phases['es']} (smallest).")
+    lines += [f"Review before signing: {reason}" for reason in function.get("review") or []]
     return "\n".join(lines)
 
 

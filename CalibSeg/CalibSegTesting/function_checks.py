@@ -29,14 +29,18 @@ SHAPE = (4, 48, 40)
 SPACING = (6.0, 0.8, 1.25)  # scene.SPACING_XYZ in (z, y, x) order, mm
 
 
-def _heart(scale: float, seed: int = 0) -> np.ndarray:
-    """A phantom phase (z, y, x): rings whose radii are ``scale`` times the phantom's, the bright centre growing
-    with it as a blood pool does."""
+def _heart_and_labels(scale: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A phantom phase (z, y, x) and its labels: rings whose radii are ``scale`` times the phantom's, the bright
+    centre growing with it as a blood pool does."""
     rng = np.random.default_rng(seed)
     k, j, i = np.indices(SHAPE)
     radius = np.hypot(j - SHAPE[1] / 2, i - SHAPE[2] / 2) / scale
-    labels = np.select([radius < 6, radius < 10, radius < 14], [3, 2, 1], 0)
-    return (labels * 40.0 + rng.normal(0, 10, SHAPE) + k).astype(np.float32)
+    labels = np.select([radius < 6, radius < 10, radius < 14], [3, 2, 1], 0).astype(np.uint8)
+    return (labels * 40.0 + rng.normal(0, 10, SHAPE) + k).astype(np.float32), labels
+
+
+def _heart(scale: float, seed: int = 0) -> np.ndarray:
+    return _heart_and_labels(scale, seed)[0]
 
 
 def _cardiac_bundle(work_dir: Path, rule: bool = True) -> Path:
@@ -44,6 +48,24 @@ def _cardiac_bundle(work_dir: Path, rule: bool = True) -> Path:
     if rule:
         overrides["function_intervals"] = hand_made_interval_rule()
     return tiny_bundle(Path(work_dir) / ("rule" if rule else "no_rule"), **overrides)
+
+
+def _input_checked_bundle(work_dir: Path) -> Path:
+    """The cardiac bundle with input statistics fitted on 8 phantom hearts (4 more for the feature threshold), so
+    an image unlike them is unsuitable."""
+    from types import SimpleNamespace
+
+    from CalibSegLib.bundle import load_bundle
+    from CalibSegLib.features import fit_network_features
+    from CalibSegLib.input_check import statistics_of_cases
+
+    plain = load_bundle(_cardiac_bundle(work_dir))
+    cases = [SimpleNamespace(image=image, label=labels, spacing=SPACING) for image, labels in
+             (_heart_and_labels(scale, seed) for seed, scale in enumerate(np.linspace(0.7, 1.2, 12)))]
+    features = fit_network_features(plain.build_model(), plain.metadata, cases[:8], cases[8:])
+    return tiny_bundle(Path(work_dir) / "checked", class_terminology=cardiac_terminology(),
+                       function_intervals=hand_made_interval_rule(),
+                       input_statistics=statistics_of_cases(plain.metadata, cases[:8], features=features))
 
 
 def _label_indices(bundle: Path, ed: np.ndarray, es: np.ndarray, spacing) -> dict[str, float]:
@@ -72,8 +94,10 @@ def _assert_values(function: dict, expected: dict[str, float], half_width: float
         assert math.isclose(entry["value"], value, rel_tol=1e-6, abs_tol=1e-9), (index, entry, value)
         if half_width is None:
             assert entry["interval"] is None, (index, entry)
-        else:
-            np.testing.assert_allclose(entry["interval"], [value - half_width, value + half_width], rtol=1e-6)
+        else:  # the rule's value ± 5, within what the index can be: no volume below 0, no EF above 100
+            highest = 100.0 if index.endswith("_percent") else math.inf
+            np.testing.assert_allclose(entry["interval"], [max(value - half_width, 0.0),
+                                                           min(value + half_width, highest)], rtol=1e-6)
 
 
 def check_function_of_ed_and_es_is_the_label_volumes_with_their_intervals(scene, work_dir: Path) -> None:
@@ -96,6 +120,7 @@ def check_function_of_ed_and_es_is_the_label_volumes_with_their_intervals(scene,
     ef = function["lv_ef_percent"]["value"]
     assert function_text(function).splitlines()[3] == (
         f"LV ejection fraction: {ef:.1f} % (90 % interval {ef - 5:.1f} to {ef + 5:.1f})")  # what the panel shows
+    assert function["review"] == []
     assert json.loads((folder / "function.json").read_text()) == function
     page = (folder / "report.html").read_text()
     assert "LV ejection fraction" in page and "an ED and an ES volume" in page
@@ -203,8 +228,8 @@ def check_function_in_the_background_publishes_what_run_publishes(scene, work_di
 
 def check_function_refusals_are_one_sentence_and_change_nothing(scene, work_dir: Path) -> None:
     """ED and ES on different grids, one volume as both, a single-phase cine, a cine whose phases differ in grid, a
-    bundle without the heart's codes: one sentence each, before anything runs, the scene and the output folder as
-    they were."""
+    bundle without the heart's codes, a copy of ED given as ES, ED and ES swapped, a cine repeating a phase, an image
+    of noise: one sentence each, the scene and the output folder as they were."""
     bundle = _cardiac_bundle(work_dir)
     ed = make_volume_node(scene, _heart(1.0), "ED")
     shifted = make_volume_node(scene, _heart(0.8), "ES shifted", origin=(ORIGIN[0] + 5.0, ORIGIN[1], ORIGIN[2]))
@@ -212,6 +237,11 @@ def check_function_refusals_are_one_sentence_and_change_nothing(scene, work_dir:
     single = _sequence(scene, [_heart(1.0)], "single")
     uneven = _sequence(scene, [_heart(1.0), _heart(0.8)], "uneven", spacing=(1.25, 0.8, 8.0))
     es = make_volume_node(scene, _heart(0.8), "ES")
+    ed_copy = make_volume_node(scene, _heart(1.0), "ED copy")
+    large, small = make_volume_node(scene, _heart(1.2), "large"), make_volume_node(scene, _heart(0.7), "small")
+    repeating = _sequence(scene, [_heart(1.2), _heart(0.7), _heart(1.2)], "repeating")
+    noise = make_volume_node(scene, np.random.default_rng(5).normal(0, 50, SHAPE).astype(np.float32), "noise")
+    input_checked = _input_checked_bundle(Path(work_dir) / "input_checked")
     not_cardiac = tiny_bundle(Path(work_dir) / "plain")
     folder = Path(work_dir) / "out"
     runner = FunctionRunner()
@@ -232,6 +262,15 @@ def check_function_refusals_are_one_sentence_and_change_nothing(scene, work_dir:
         "a volume as cine": (lambda: runner.run(cine_phases(ed), bundle, "cpu", folder), "Choose a cine"),
         "no heart codes": (lambda: runner.run(ed_es_phases(ed, es), not_cardiac, "cpu", folder),
                            "The bundle's terminology codes no class as left ventricle (SCT 87878005)"),
+        "a copy of ED as ES": (lambda: runner.run(ed_es_phases(ed, ed_copy), bundle, "cpu", folder),
+                               "ED and ES are the same image (equal voxels)"),
+        "ED and ES swapped": (lambda: runner.run(ed_es_phases(small, large), bundle, "cpu", folder),
+                              "not smaller at ES, so ED and ES look swapped"),
+        "a cine repeating a phase": (lambda: runner.run(cine_phases(repeating), bundle, "cpu", folder),
+                                     "Phase 0 of the cine and phase 2 of the cine are the same image"),
+        "noise as ED": (lambda: runner.run(ed_es_phases(noise, es), input_checked, "cpu", folder),
+                        "ED is unlike the model's training images (unlike the training images the network saw: "
+                        "feature distance"),
     }
     for case, (action, expected) in cases.items():
         error = scene_is_unchanged_after(scene, action, case)

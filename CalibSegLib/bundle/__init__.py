@@ -18,17 +18,19 @@ one can make it spend (member sizes from the zip directory, the network's size c
 torch's meta device, weights streamed in pieces) before spending it, and refuses weights
 holding NaN or infinite values.
 
-Two parts: ``schema.py`` is ``bundle.json`` (:class:`BundleMetadata`, its sections and checks,
-parsed and validated once on load); ``archive.py`` is the zip file (:func:`save_bundle`,
+The parts: ``schema.py`` is ``bundle.json`` (:class:`BundleMetadata`, its sections and checks,
+parsed and validated once on load), ``ensemble.py`` its ``ensemble`` section (:class:`Ensemble`: where an ensemble's
+members came from); ``archive.py`` is the zip file (:func:`save_bundle`,
 :func:`load_bundle`, :func:`read_metadata` without the weights, the resource limits and the streamed, hashed weights);
 ``model.py`` is a bundle in memory (:class:`Bundle`) and the network it declares, sized before it is built.
 """
 
 from CalibSegLib import BUNDLE_SUFFIX
 from CalibSegLib.bundle.archive import WEIGHTS_MEMBER, load_bundle, read_metadata, save_bundle
+from CalibSegLib.bundle.ensemble import Ensemble
 from CalibSegLib.bundle.model import Bundle
 from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, BundleError, BundleMetadata,
                                       member_metadata)
 
 __all__ = ["SCHEMA_VERSION", "BUNDLE_SUFFIX", "METADATA_MEMBER", "WEIGHTS_MEMBER", "BundleError", "BundleMetadata",
-           "member_metadata", "Bundle", "save_bundle", "load_bundle", "read_metadata"]
+           "member_metadata", "Ensemble", "Bundle", "save_bundle", "load_bundle", "read_metadata"]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from CalibSegLib import __version__
+from CalibSegLib.bundle.ensemble import MAX_ENSEMBLE_SIZE, Ensemble, EnsembleError, SelectedFrom
 from CalibSegLib.cardiac.intervals import IntervalRule, IntervalRuleError
 from CalibSegLib.input_check import InputStatistics, InputStatisticsError
 from CalibSegLib.postprocessing import Postprocessing
@@ -37,7 +38,6 @@ __all__ = ["SCHEMA_VERSION", "OLDEST_SCHEMA_VERSION", "SINGLE_NETWORK_SCHEMA_VER
 # since resampling by spacing reads.
 SCHEMA_VERSION = 3
 SINGLE_NETWORK_SCHEMA_VERSION = 2
-MAX_ENSEMBLE_SIZE = 16
 # Schema 1 bundles resized every slice to a fixed size instead of resampling by spacing; their
 # networks expect inputs this CalibSeg no longer produces.
 OLDEST_SCHEMA_VERSION = 2
@@ -53,6 +53,12 @@ class BundleError(ValueError):
 _SECTIONS: dict[str, type] = {
     "preprocessing": Preprocessing, "sliding_window": SlidingWindow, "postprocessing": Postprocessing,
 }
+
+
+def _malformed_ensemble(error: EnsembleError) -> BundleError:
+    """The one sentence for a malformed ``ensemble`` section (:mod:`CalibSegLib.bundle.ensemble`'s phrase)."""
+    return BundleError(f"The bundle's ensemble is malformed ({error}); rebuild the bundle with calibseg-ensemble or "
+                       "python -m Training.sub_ensemble.")
 
 
 def _section(name: str, section_class: type, values: Any) -> Any:
@@ -80,7 +86,8 @@ class BundleMetadata:
     where absent; ``channel_names`` the input channels in the order the network takes them (a ``dataset.json``'s;
     None: one channel, the image); ``ensemble_size`` how many networks of the declared kind the weights hold (1:
     one network; more: an ensemble whose probabilities are averaged, its members' weights ``members.<m>.…``) and
-    ``ensemble`` where they came from (the folds, their validation patients and temperatures; None for one network);
+    ``ensemble`` where they came from (:class:`CalibSegLib.bundle.ensemble.Ensemble`'s stored form: the folds, their
+    validation patients and temperatures, a sub-ensemble's origin; None for one network);
     ``function_intervals`` the interval rule of cardiac function (:class:`CalibSegLib.cardiac.intervals.IntervalRule`,
     fitted by ``python -m Evaluation.function_intervals``), None where none was fitted. The
     library version, weights dtype and checksum are filled in by :func:`save_bundle`.
@@ -166,17 +173,31 @@ class BundleMetadata:
         newer = self.ensemble_size > 1 or (is_int(statistics_version) and statistics_version >= 3)
         return SCHEMA_VERSION if newer else SINGLE_NETWORK_SCHEMA_VERSION
 
+    def _origin(self) -> SelectedFrom | None:
+        """``ensemble.selected_from`` checked (:class:`~CalibSegLib.bundle.ensemble.SelectedFrom`); None where absent.
+
+        Raises:
+            BundleError: it is malformed (metadata read from a file was checked on load already).
+        """
+        stored = (self.ensemble or {}).get("selected_from")
+        try:
+            return None if stored is None else SelectedFrom.from_dict(stored)
+        except EnsembleError as error:
+            raise _malformed_ensemble(error) from None
+
     @property
     def selected_from(self) -> dict[str, Any]:
         """A sub-ensemble's origin (``python -m Training.sub_ensemble``): the ensemble's ``bundle`` name, its
         ``weights_sha256`` and the ``members`` kept, by their numbers there; empty for every other bundle."""
-        return (self.ensemble or {}).get("selected_from") or {}
+        origin = self._origin()
+        return {} if origin is None else origin.to_dict()
 
     @property
     def out_of_fold_weights_sha256(self) -> str:
         """The weights whose fold networks made this ensemble's out-of-fold choices: a sub-ensemble's are those of
         the ensemble it keeps members of (:attr:`selected_from`), every other bundle's its own."""
-        return self.selected_from.get("weights_sha256", self.weights_sha256)
+        origin = self._origin()
+        return self.weights_sha256 if origin is None else origin.weights_sha256
 
     def _check_dimensions(self) -> None:
         """A 2D network's target spacing and window are in-plane pairs, a 3D one's (z, y, x) triples."""
@@ -212,8 +233,11 @@ class BundleMetadata:
         if not 1 <= self.ensemble_size <= MAX_ENSEMBLE_SIZE:
             raise BundleError(f"The bundle declares ensemble_size={self.ensemble_size}; an ensemble holds 1 to "
                               f"{MAX_ENSEMBLE_SIZE} networks.")
-        if self.ensemble is not None and not isinstance(self.ensemble, dict):
-            raise BundleError(f"The bundle's ensemble must be an object, got {self.ensemble!r}.")
+        if self.ensemble is not None:  # read by key by the ensemble tools: its whole shape is checked here
+            try:
+                Ensemble.from_dict(self.ensemble, self.ensemble_size)
+            except EnsembleError as error:
+                raise _malformed_ensemble(error) from None
         if (
             not isinstance(self.class_names, (list, tuple))
             or not isinstance(self.class_colors, (list, tuple))

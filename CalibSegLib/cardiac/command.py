@@ -10,11 +10,14 @@ acquisition (same grid). ``--cine`` is a 4D image file or a folder holding a mul
 single-frame files or an Enhanced MR multi-frame file): every phase is segmented, ED is the phase with the largest
 LV blood pool and ES the one with the smallest (:mod:`CalibSegLib.cardiac.phases`; ties by DICOM trigger time).
 
-Writes ``<out-dir>/function.json`` (:meth:`CalibSegLib.cardiac.function.FunctionResult.to_json`, temporary name
-then rename) and prints each index with its interval; ``--report`` also writes ``<out-dir>/report.html``, the
-indices with their intervals and, for a cine, the LV and RV volume curve
-(:func:`CalibSegLib.report.write_function_report`). Bad input prints one sentence after ``error:`` and exits with
-status 2, writing nothing (Ctrl-C: 130).
+Every input goes through the checks of ``calibseg-predict`` (the file's header against its data, its spacing, the
+input check of every phase) and the result through those of :mod:`CalibSegLib.cardiac.checks` before anything is
+written. Writes ``<out-dir>/function.json`` (:meth:`CalibSegLib.cardiac.function.FunctionResult.to_json`) and
+prints each index with its interval, then any reason to review the contours first; ``--report`` also writes
+``<out-dir>/report.html``, the indices with their intervals and, for a cine, the LV and RV volume curve
+(:func:`CalibSegLib.report.write_function_report`). The files are written as a set (temporary names, then renamed):
+both replace an earlier pair in ``--out-dir``, or neither does. Bad input prints one sentence after ``error:`` and
+exits with status 2, writing nothing (Ctrl-C: 130).
 """
 
 from __future__ import annotations
@@ -24,15 +27,13 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-import SimpleITK as sitk
-
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.cardiac.function import FunctionResult, PhaseImage, measure_cine, measure_function
 from CalibSegLib.cardiac.indices import CardiacError
 from CalibSegLib.dicom import SinglePhaseError, read_cine_series, read_dicom_folder
 from CalibSegLib.inference import Predictor
-from CalibSegLib.io import ImageGeometry, check_output_folder, os_error_sentence, read_image, write_json_atomic
+from CalibSegLib.io import (ImageDimensionError, OutputSet, check_output_file, check_output_folder, os_error_sentence,
+                           read_image, write_json_atomic)
 from CalibSegLib.pretrained import bundle_label, pretrained_models, resolve_bundle_path
 from CalibSegLib.report import REPORT_NAME, write_function_report
 
@@ -52,29 +53,14 @@ def _single_phase(path: Path) -> CardiacError:
 
 
 def _read_4d(path: Path) -> list[PhaseImage]:
-    """The phases of a 4D ``(t, z, y, x)`` image file, all on its 3D grid; a 3D file is refused as one phase."""
-    if not path.is_file():
-        raise ValueError(f"No image file at {path}; check the path.")
-    reader = sitk.ImageFileReader()
-    reader.SetFileName(str(path))
+    """The phases of a 4D ``(t, z, y, x)`` image file, all on its 3D grid, read with the checks of a 3D one
+    (:func:`CalibSegLib.io.read_image`); a 3D file is refused as one phase."""
     try:
-        reader.ReadImageInformation()
-        if reader.GetDimension() == 3:
-            raise _single_phase(path)
-        if reader.GetDimension() != 4 or reader.GetNumberOfComponents() != 1:
-            raise ValueError(f"{path.name} is a {reader.GetDimension()}D image of {reader.GetNumberOfComponents()} "
-                             "component(s); a cine file is a scalar 4D image (t, z, y, x).")
-        image = reader.Execute()
-    except RuntimeError as error:
-        raise ValueError(f"Cannot read {path.name} as an image ({str(error).strip().splitlines()[-1]}); give a "
-                         "NIfTI, NRRD or MHA file.") from None
-    volumes = sitk.GetArrayFromImage(image)  # (t, z, y, x)
-    if volumes.dtype.kind == "f" and not np.isfinite(volumes).all():
-        raise ValueError(f"{path.name} holds NaN or infinite voxel values; fix the file before segmenting.")
-    direction = np.asarray(image.GetDirection()).reshape(4, 4)[:3, :3]
-    geometry = ImageGeometry(tuple(float(value) for value in reversed(image.GetSpacing()[:3])),
-                             tuple(float(value) for value in image.GetOrigin()[:3]),
-                             tuple(float(value) for value in direction.ravel()))
+        volumes, geometry = read_image(path, dimension=4)
+    except ImageDimensionError as error:
+        if error.found == 3:
+            raise _single_phase(path) from None
+        raise
     if len(volumes) < 2:
         raise _single_phase(path)
     return [(volume, geometry) for volume in volumes]
@@ -96,9 +82,27 @@ def read_cine(path: Path) -> tuple[list[PhaseImage], list[float] | None]:
     return [(volume, cine.geometry) for volume in cine.volumes], cine.trigger_times_ms
 
 
+def _write_outputs(out: Path, result: FunctionResult, arguments: argparse.Namespace) -> Path:
+    """``function.json`` and, with ``--report``, ``report.html``: both replace what ``out`` held, or neither does."""
+    source = arguments.cine if arguments.cine is not None else arguments.ed
+    payload = result.to_json()
+    try:
+        with OutputSet() as outputs:
+            write_json_atomic(outputs.stage(out / FUNCTION_NAME), payload)
+            if arguments.report:
+                write_function_report(outputs.stage(out / REPORT_NAME), payload, bundle_label(arguments.bundle),
+                                      "calibseg-function", source.name)
+    except OSError as error:
+        raise OSError(f"Cannot write the results into {out} ({os_error_sentence(error).rstrip('.')}); nothing there "
+                      "was changed, so free some space or choose another --out-dir.") from None
+    return out / FUNCTION_NAME
+
+
 def run(arguments: argparse.Namespace) -> tuple[FunctionResult, Path]:
     """Read, check, measure and write (module docstring); returns the result and the written file."""
     out = check_output_folder(arguments.out_dir)  # a bad --out-dir is reported before anything is read
+    for name in (FUNCTION_NAME, REPORT_NAME) if arguments.report else (FUNCTION_NAME,):
+        check_output_file(out / name)  # a folder in the way, before the long work
     if arguments.cine is not None:
         phases, times = read_cine(arguments.cine)
         predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
@@ -109,12 +113,7 @@ def run(arguments: argparse.Namespace) -> tuple[FunctionResult, Path]:
         predictor = Predictor(resolve_bundle_path(arguments.bundle), device=arguments.device,
                               batch_size=arguments.batch_size)
         result = measure_function(predictor, ed, es)
-    written = write_json_atomic(out / FUNCTION_NAME, result.to_json())
-    if arguments.report:
-        source = arguments.cine if arguments.cine is not None else arguments.ed
-        write_function_report(out / REPORT_NAME, result.to_json(), bundle_label(arguments.bundle), "calibseg-function",
-                              source.name)
-    return result, written
+    return result, _write_outputs(out, result, arguments)
 
 
 def _parser() -> argparse.ArgumentParser:

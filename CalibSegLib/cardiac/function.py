@@ -5,8 +5,14 @@
 (an ensemble's: the mean of its members' probabilities) and apply the bundle's interval rule
 (``metadata.function_intervals``, :class:`~CalibSegLib.cardiac.intervals.IntervalRule`) to them: its point estimate
 (hard label volumes or probability sums), its recalibration of the volumes when it has one, and its per-case
-scale. A bundle without a fitted rule still gives every
-value, with the intervals absent and a sentence saying why.
+scale. A bundle without a fitted rule still gives every value, with the intervals absent and a sentence saying why.
+
+Nothing impossible is published (:mod:`CalibSegLib.cardiac.checks`): ED and ES must be two images, every phase
+passes the bundle's input check as it is segmented, every structure is drawn at ED and ES, the LV is smaller at ES,
+and the result's values and intervals are checked before a :class:`FunctionResult` is returned; each refusal is a
+:class:`~CalibSegLib.cardiac.indices.CardiacError` of one sentence. Published intervals are clipped to the
+index's range (volumes ≥ 0, EF 0–100). What the reader should know before signing the numbers is the result's
+``review`` list (empty when there is nothing).
 
 Inputs are 3D ``(z, y, x)`` images with their :class:`~CalibSegLib.io.ImageGeometry` (spacing ``(z, y, x)`` mm):
 the ``(array, geometry)`` pairs :func:`CalibSegLib.io.read_image` returns.
@@ -22,27 +28,24 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from CalibSegLib.bundle import BundleMetadata
+from CalibSegLib.cardiac.checks import (STRUCTURE_NAMES, check_distinct, check_order, check_result, check_structures,
+                                        check_suitable, clip_interval)
 from CalibSegLib.cardiac.indices import (STRUCTURES, CardiacClasses, CardiacError, PhaseVolumes, ProbabilityTally,
                                          cardiac_classes, phase_volumes)
-from CalibSegLib.cardiac.intervals import INDICES, LEVEL, IntervalRule, case_indices
+from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES, LEVEL, IntervalRule, case_indices, unmapped_volumes
 from CalibSegLib.cardiac.phases import choose_phases, phase_order
+from CalibSegLib.features import feature_distance
 from CalibSegLib.inference import Prediction, Predictor
+from CalibSegLib.input_check import check_input
 from CalibSegLib.io import ImageGeometry
 from CalibSegLib.quality import quality_summary
 
-__all__ = ["PhaseImage", "INDEX_LABELS", "FunctionResult", "stored_rule", "measure_volumes", "function_result",
-           "measure_function", "measure_cine"]
+__all__ = ["PhaseImage", "FunctionResult", "stored_rule", "measure_volumes", "function_result", "measure_function",
+           "measure_cine"]
 
 PhaseImage = tuple[np.ndarray, ImageGeometry]
 """One phase: a ``(z, y, x)`` image and its geometry."""
 
-# What the printout and the report call each index, with its unit.
-INDEX_LABELS: dict[str, tuple[str, str]] = {
-    "lv_edv_ml": ("LV end-diastolic volume", "mL"), "lv_esv_ml": ("LV end-systolic volume", "mL"),
-    "lv_sv_ml": ("LV stroke volume", "mL"), "lv_ef_percent": ("LV ejection fraction", "%"),
-    "rv_edv_ml": ("RV end-diastolic volume", "mL"), "rv_esv_ml": ("RV end-systolic volume", "mL"),
-    "rv_ef_percent": ("RV ejection fraction", "%"), "myocardium_mass_g": ("Myocardial mass (1.05 g/mL, ED)", "g"),
-}
 _DEFAULT_ESTIMATE = "hard"  # without a rule: the label map's volumes, what a reader of the segmentation would count
 
 
@@ -60,7 +63,8 @@ class FunctionResult:
     the values come from (``hard`` label voxels or ``soft`` probability sums), ``recalibrated`` whether the rule
     mapped them by its lines (then the values differ from the segmentation's volumes); ``ed_volumes`` and ``es_volumes``
     the two phases' structures (:class:`~CalibSegLib.cardiac.indices.PhaseVolumes`); ``predictions`` the ED and
-    ES predictions (labels and maps on the input grid, for a report); for a cine ``phases`` ``{"ed": i, "es": j}``,
+    ES predictions (labels and maps on the input grid, for a report); ``review`` the reasons to check the contours
+    before signing the numbers, one sentence each (empty: none); for a cine ``phases`` ``{"ed": i, "es": j}``,
     ``phase_volumes`` every phase's LV and RV volume (mL), ``trigger_times_ms`` and ``phase_rule`` (words).
     """
 
@@ -73,6 +77,7 @@ class FunctionResult:
     ed_volumes: PhaseVolumes
     es_volumes: PhaseVolumes
     predictions: dict[str, Prediction] = field(default_factory=dict)
+    review: list[str] = field(default_factory=list)
     phases: dict[str, int] | None = None
     phase_volumes: list[dict[str, float]] | None = None
     trigger_times_ms: list[float] | None = None
@@ -80,7 +85,8 @@ class FunctionResult:
 
     def to_json(self) -> dict[str, Any]:
         """``function.json``: every index as ``{"value", "interval": [low, high]}`` (null where undefined or
-        absent), ``"level"``, and why intervals are absent; for a cine ``"phases"`` and ``"phase_volumes"``
+        absent), ``"level"``, ``"review"`` (the reasons to check the contours first; empty when there are none),
+        and why intervals are absent; for a cine ``"phases"`` and ``"phase_volumes"``
         (``[{"phase", "trigger_time_ms", "lv_ml", "rv_ml"}]``: each phase's segmentation volumes as the rule's
         estimate reads them, before any recalibration, the volumes ED and ES were chosen by)."""
         payload: dict[str, Any] = {}
@@ -89,6 +95,7 @@ class FunctionResult:
             payload[index] = {"value": _number(self.values[index]),
                               "interval": None if interval is None else [_number(end) for end in interval]}
         payload["level"] = self.level
+        payload["review"] = list(self.review)
         payload["volumes_from"] = {"hard": "label voxels", "soft": "probability sums"}[self.estimate] + (
             ", recalibrated by the interval rule's lines (fitted out of fold)" if self.recalibrated else "")
         if self.intervals_absent is not None:
@@ -111,6 +118,7 @@ class FunctionResult:
             lines.append(f"{label + ' (' + unit + ')':<37}{shown:>9}  {band}")
         if self.intervals_absent is not None:
             lines.append(f"no intervals: {self.intervals_absent}")
+        lines += [f"REVIEW before signing: {reason}" for reason in self.review]
         if self.phase_rule is not None:
             lines.append(self.phase_rule)
         return lines
@@ -138,15 +146,24 @@ def _predicted_dice(prediction: Prediction, spacing: Sequence[float], metadata: 
 
 
 def measure_volumes(predictor: Predictor, phase: PhaseImage, progress: Callable[[float], None] | None = None,
-                    cancel: threading.Event | None = None) -> tuple[PhaseVolumes, Prediction]:
-    """Segment one phase and measure its structures, with their predicted Dice when the bundle's rule scales by it
-    (raises :class:`CardiacError` for a bundle without the cardiac structures' codes, before the network runs)."""
+                    cancel: threading.Event | None = None, name: str = "The image"
+                    ) -> tuple[PhaseVolumes, Prediction]:
+    """Segment one phase, judge it by the bundle's input check and measure its structures, with their predicted Dice
+    when the bundle's rule scales by it.
+
+    Raises:
+        CardiacError: a bundle without the cardiac structures' codes (before the network runs), or a phase the input
+            check calls unsuitable (``name`` says which, e.g. ``ED``).
+    """
     metadata = predictor.metadata
     classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
     image, geometry = phase
     tally = ProbabilityTally(metadata.num_classes)
     prediction = predictor.predict(image, geometry.spacing, progress=progress, cancel=cancel,
                                    probability_sink=tally)
+    if metadata.input_statistics is not None:  # without statistics there is nothing to judge by
+        distance = feature_distance(predictor.model, metadata, image, geometry.spacing, predictor.batch_size)
+        check_suitable(check_input(metadata, image, geometry.spacing, prediction.labels, distance), name)
     volumes = phase_volumes(prediction.labels, tally, geometry.spacing, classes)
     rule, _ = stored_rule(metadata)
     if rule is not None and rule.needs_predicted_dice:
@@ -154,15 +171,33 @@ def measure_volumes(predictor: Predictor, phase: PhaseImage, progress: Callable[
     return volumes, prediction
 
 
+def _unmapped_sentence(volume: str) -> str:
+    structure, phase = volume.rsplit("_", 1)
+    return (f"The {STRUCTURE_NAMES[structure]} at {phase.upper()} is given as measured: the interval rule's "
+            "recalibration line would make it 0 mL or less, so this cavity is smaller than any the line was fitted "
+            "on; check its contours.")
+
+
 def function_result(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes) -> FunctionResult:
-    """The indices of measured ED and ES volumes, with the intervals of ``metadata``'s rule (module docstring)."""
+    """The indices of measured ED and ES volumes, with the intervals of ``metadata``'s rule (module docstring).
+
+    Raises:
+        CardiacError: a structure drawn nowhere at ED or ES, an LV not smaller at ES, or a result no heart has (one
+            sentence, :mod:`CalibSegLib.cardiac.checks`).
+    """
+    check_structures(ed, es)
+    check_order(ed, es)
     rule, absent = stored_rule(metadata)
     estimate = rule.estimate if rule is not None else _DEFAULT_ESTIMATE
     values, scales = rule.indices(ed, es) if rule is not None else case_indices(ed, es, estimate, "constant")
-    intervals = {index: None if rule is None else rule.interval(index, values[index], scales[index])
+    intervals = {index: None if rule is None else clip_interval(index, rule.interval(index, values[index],
+                                                                                    scales[index]))
                  for index in INDICES}
+    check_result(values, intervals)
+    review = [_unmapped_sentence(volume) for volume in
+              (unmapped_volumes(ed, es, estimate, rule.recalibration) if rule is not None else [])]
     return FunctionResult(values, intervals, rule.level if rule is not None else LEVEL, absent, estimate,
-                          rule is not None and rule.recalibration is not None, ed, es)
+                          rule is not None and rule.recalibration is not None, ed, es, review=review)
 
 
 def _check_geometry(phases: Sequence[PhaseImage], names: Sequence[str]) -> None:
@@ -181,15 +216,17 @@ def measure_function(predictor: Predictor, ed: PhaseImage, es: PhaseImage,
     """Cardiac function from an end-diastolic and an end-systolic image of one acquisition.
 
     Raises:
-        CardiacError: the bundle has no cardiac structures' codes, or ED and ES differ in shape, spacing,
-            origin or direction (one sentence).
+        CardiacError: the bundle has no cardiac structures' codes, ED and ES differ in shape, spacing, origin or
+            direction or are one image (before the network runs), or a check of :mod:`CalibSegLib.cardiac.checks`
+            fails after it (one sentence).
         ValueError, InferenceCancelled: as :meth:`Predictor.predict`.
     """
     cardiac_classes(predictor.metadata.class_names, predictor.metadata.class_terminology)
     _check_geometry([ed, es], ["ED", "ES"])
+    check_distinct([ed[0], es[0]], ["ED", "ES"])
     measured = [measure_volumes(predictor, phase, None if progress is None else
-                                (lambda fraction, start=step: progress((start + fraction) / 2)), cancel)
-                for step, phase in enumerate((ed, es))]
+                                (lambda fraction, start=step: progress((start + fraction) / 2)), cancel, name)
+                for step, (name, phase) in enumerate((("ED", ed), ("ES", es)))]
     result = function_result(predictor.metadata, measured[0][0], measured[1][0])
     result.predictions = {"ed": measured[0][1], "es": measured[1][1]}
     return result
@@ -202,20 +239,24 @@ def measure_cine(predictor: Predictor, phases: Sequence[PhaseImage], trigger_tim
     (:func:`~CalibSegLib.cardiac.phases.choose_phases`, with ``trigger_times_ms`` when given, one per phase).
 
     Raises:
-        CardiacError: fewer than two phases, phases that differ in geometry, or a bundle without the cardiac
-            structures' codes (one sentence).
+        CardiacError: fewer than two phases, phases that differ in geometry or repeat one another, a bundle without
+            the cardiac structures' codes (before any phase is segmented), or a check of
+            :mod:`CalibSegLib.cardiac.checks` that fails after (one sentence).
         ValueError, InferenceCancelled: as :meth:`Predictor.predict`, or trigger times not one per phase.
     """
     cardiac_classes(predictor.metadata.class_names, predictor.metadata.class_terminology)
     if len(phases) < 2:
         raise CardiacError(f"The cine holds {len(phases)} phase; a cine needs at least two time points to find ED "
                            "and ES in, so give the whole series or pass one phase each to --ed and --es.")
-    _check_geometry(phases, [f"phase {index}" for index in range(len(phases))])
+    names = [f"phase {index}" for index in range(len(phases))]
+    _check_geometry(phases, names)
     phase_order(len(phases), trigger_times_ms)  # its sentence before any phase is segmented
+    check_distinct([image for image, _ in phases], [f"phase {index} of the cine" for index in range(len(phases))])
     rule, _ = stored_rule(predictor.metadata)
     estimate = rule.estimate if rule is not None else _DEFAULT_ESTIMATE
     measured = [measure_volumes(predictor, phase, None if progress is None else
-                                (lambda fraction, start=step: progress((start + fraction) / len(phases))), cancel)
+                                (lambda fraction, start=step: progress((start + fraction) / len(phases))), cancel,
+                                f"Phase {step} of the cine")
                 for step, phase in enumerate(phases)]
     lv = [getattr(volumes.lv, estimate) for volumes, _ in measured]
     choice = choose_phases(lv, trigger_times_ms)

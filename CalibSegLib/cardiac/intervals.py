@@ -17,7 +17,8 @@ split-conformal, one width for all).
 **Recalibration** (optional): each of the five volumes the indices need (:data:`VOLUMES`) mapped by a line
 ``intercept + slope · volume`` fitted by least squares on the calibration patients (a network that draws the RV
 too large at ES in most patients has that bias taken out); the indices are then made of the mapped volumes, the
-bands scaled by |slope|.
+bands scaled by |slope|. A line that would map a volume to 0 mL or below is not applied to it
+(:func:`unmapped_volumes`): that volume stays as measured, and ``function.json``'s ``review`` says so.
 
 **Rule** (split-conformal, Vovk et al. 2005; Lei et al., JASA 2018, for the scaled form): on n calibration
 patients the score of an index is |reference − estimate| / scale; q is the ⌈(n + 1) · level⌉-th smallest score
@@ -37,12 +38,20 @@ import numpy as np
 
 from CalibSegLib.cardiac.indices import MYOCARDIUM_DENSITY_G_PER_ML, PhaseVolumes, StructureVolume
 
-__all__ = ["INDICES", "LEVEL", "ESTIMATES", "BANDS", "SCALES", "DICE_SCALES", "RECALIBRATIONS", "VOLUMES",
-           "IntervalRuleError", "Recalibration", "index_values", "phase_pair_volumes", "case_indices", "index_scales",
+__all__ = ["INDICES", "INDEX_LABELS", "LEVEL", "ESTIMATES", "BANDS", "SCALES", "DICE_SCALES", "RECALIBRATIONS",
+           "VOLUMES", "RECALIBRATION_SLOPE", "RECALIBRATION_INTERCEPT_ML", "MAX_QUANTILE", "IntervalRuleError",
+           "Recalibration", "index_values", "unmapped_volumes", "phase_pair_volumes", "case_indices", "index_scales",
            "reference_volumes", "fit_recalibration", "conformal_quantile", "IntervalRule", "fit_rule"]
 
 INDICES: tuple[str, ...] = ("lv_edv_ml", "lv_esv_ml", "lv_sv_ml", "lv_ef_percent", "rv_edv_ml", "rv_esv_ml",
                             "rv_ef_percent", "myocardium_mass_g")
+# What the printout, the report and the sentences of refusals call each index, with its unit.
+INDEX_LABELS: dict[str, tuple[str, str]] = {
+    "lv_edv_ml": ("LV end-diastolic volume", "mL"), "lv_esv_ml": ("LV end-systolic volume", "mL"),
+    "lv_sv_ml": ("LV stroke volume", "mL"), "lv_ef_percent": ("LV ejection fraction", "%"),
+    "rv_edv_ml": ("RV end-diastolic volume", "mL"), "rv_esv_ml": ("RV end-systolic volume", "mL"),
+    "rv_ef_percent": ("RV ejection fraction", "%"), "myocardium_mass_g": ("Myocardial mass (1.05 g/mL, ED)", "g"),
+}
 LEVEL = 0.9
 ESTIMATES = ("hard", "soft")  # label volumes, probability sums
 
@@ -64,6 +73,13 @@ DICE_SCALES = ("dice", "spread_dice_sum", "spread_dice_geometric")  # those that
 RECALIBRATIONS = ("none", "linear")  # the volumes as measured, or mapped by lines fitted on calibration patients
 # The volumes the indices are made of: structure and phase (the myocardium's at ED gives the mass).
 VOLUMES = ("lv_ed", "lv_es", "rv_ed", "rv_es", "myocardium_ed")
+# What a stored rule may hold (checked on read). A recalibration line corrects a network's bias: a slope of 0 would
+# give every heart one volume, a negative one reverse the order of hearts, and a slope beyond 2 or below 0.5 or an
+# intercept beyond ±100 mL (a whole normal LV) undo more than any segmentation's bias. A score quantile is a number
+# of per-case scales; 1000 of them is an interval no reader could use.
+RECALIBRATION_SLOPE = (0.5, 2.0)
+RECALIBRATION_INTERCEPT_ML = (-100.0, 100.0)
+MAX_QUANTILE = 1000.0
 
 
 class IntervalRuleError(ValueError):
@@ -91,16 +107,33 @@ Recalibration = dict[str, tuple[float, float]]
 """Per volume of :data:`VOLUMES` the ``(intercept, slope)`` of the line mapping the estimate to the reference."""
 
 
+def unmapped_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, recalibration: Recalibration | None
+                     ) -> list[str]:
+    """The :data:`VOLUMES` of an ED/ES pair that ``recalibration``'s lines leave as measured: those a line would
+    map to 0 mL or below (a line fitted on hearts of tens of mL says nothing of a cavity of a few, and no volume is
+    negative)."""
+    if recalibration is None:
+        return []
+    unmapped = []
+    for key in VOLUMES:
+        structure, phase = key.rsplit("_", 1)
+        intercept, slope = recalibration[key]
+        if intercept + slope * getattr((ed if phase == "ed" else es).structure(structure), estimate) <= 0:
+            unmapped.append(key)
+    return unmapped
+
+
 def phase_pair_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str,
                        recalibration: Recalibration | None = None, band: str = "spread"
                        ) -> tuple[dict[str, float], dict[str, float]]:
-    """The :data:`VOLUMES` of an ED/ES pair read as ``estimate`` (mL), recalibrated when a map is given, and their
-    ``band`` (:data:`BANDS`, mL; a line of slope s widens a band by |s|)."""
+    """The :data:`VOLUMES` of an ED/ES pair read as ``estimate`` (mL), recalibrated when a map is given (but for
+    :func:`unmapped_volumes`), and their ``band`` (:data:`BANDS`, mL; a line of slope s widens a band by |s|)."""
+    unmapped = unmapped_volumes(ed, es, estimate, recalibration)
     volumes, bands = {}, {}
     for key in VOLUMES:
         structure, phase = key.rsplit("_", 1)
         measured = (ed if phase == "ed" else es).structure(structure)
-        intercept, slope = recalibration[key] if recalibration is not None else (0.0, 1.0)
+        intercept, slope = recalibration[key] if recalibration is not None and key not in unmapped else (0.0, 1.0)
         volumes[key] = intercept + slope * getattr(measured, estimate)
         bands[key] = abs(slope) * BANDS[band](measured)
     return volumes, bands
@@ -202,8 +235,9 @@ class IntervalRule:
         """The rule stored by :meth:`to_dict`.
 
         Raises:
-            IntervalRuleError: a missing or unknown estimate, scale, level, quantile or recalibration line (a
-                phrase saying which).
+            IntervalRuleError: a missing or unknown estimate, scale or level, a quantile that is not a finite
+                number from 0 to :data:`MAX_QUANTILE`, or a recalibration line whose intercept or slope lies outside
+                :data:`RECALIBRATION_INTERCEPT_ML` or :data:`RECALIBRATION_SLOPE` (a phrase naming the field).
         """
         if not isinstance(values, dict):
             raise IntervalRuleError(f"it must be an object, got {type(values).__name__}")
@@ -214,18 +248,22 @@ class IntervalRule:
         if not _is_number(level) or not 0 < level < 1:
             raise IntervalRuleError(f"its level must be a number in (0, 1), got {level!r}")
         quantiles = values.get("quantiles")
-        if not isinstance(quantiles, dict) or set(quantiles) != set(INDICES) or not all(
-                _is_number(value) and value >= 0 for value in quantiles.values()):
-            raise IntervalRuleError(f"its quantiles must give each of {', '.join(INDICES)} a number >= 0")
+        if not isinstance(quantiles, dict) or set(quantiles) != set(INDICES):
+            raise IntervalRuleError(f"its quantiles must give each of {', '.join(INDICES)} a number")
+        for index in INDICES:
+            _check_bounded(quantiles[index], f"quantile of {index}", (0.0, MAX_QUANTILE))
         fitted_on = values.get("fitted_on", {})
         if not isinstance(fitted_on, dict):
             raise IntervalRuleError("its fitted_on must be an object")
         lines = values.get("recalibration")
-        if lines is not None and (not isinstance(lines, dict) or set(lines) != set(VOLUMES) or not all(
-                isinstance(line, list) and len(line) == 2 and all(_is_number(item) and math.isfinite(item)
-                                                                  for item in line) for line in lines.values())):
-            raise IntervalRuleError(f"its recalibration must be null or give each of {', '.join(VOLUMES)} a finite "
-                                    "[intercept, slope]")
+        if lines is not None:
+            if not isinstance(lines, dict) or set(lines) != set(VOLUMES) or not all(
+                    isinstance(line, list) and len(line) == 2 for line in lines.values()):
+                raise IntervalRuleError(f"its recalibration must be null or give each of {', '.join(VOLUMES)} an "
+                                        "[intercept, slope]")
+            for key in VOLUMES:
+                _check_bounded(lines[key][0], f"recalibration intercept of {key}", RECALIBRATION_INTERCEPT_ML)
+                _check_bounded(lines[key][1], f"recalibration slope of {key}", RECALIBRATION_SLOPE)
         return cls(values["estimate"], values["scale"], {key: float(quantiles[key]) for key in INDICES},
                    float(level), fitted_on,
                    None if lines is None else {key: (float(lines[key][0]), float(lines[key][1])) for key in VOLUMES})
@@ -233,6 +271,13 @@ class IntervalRule:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_bounded(value: Any, name: str, bounds: tuple[float, float]) -> None:
+    """Raise :class:`IntervalRuleError` naming ``name`` unless ``value`` is a finite number within ``bounds``."""
+    if not (_is_number(value) and math.isfinite(value) and bounds[0] <= value <= bounds[1]):
+        raise IntervalRuleError(f"its {name} must be a finite number from {bounds[0]:g} to {bounds[1]:g}, got "
+                                f"{value!r}")
 
 
 def _scores(values: Mapping[str, float], scales: Mapping[str, float], reference: Mapping[str, float]

@@ -8,7 +8,7 @@ channels (``<case>_0000`` ...). Every name below is importable from ``CalibSegLi
 """
 
 from CalibSegLib.io.channel_files import case_and_channel, group_channels
-from CalibSegLib.io.images import (IMAGE_SUFFIXES, WRITE_SUFFIXES, ImageGeometry, image_from_array,
+from CalibSegLib.io.images import (IMAGE_SUFFIXES, WRITE_SUFFIXES, ImageDimensionError, ImageGeometry, image_from_array,
                                    image_stem, read_channels, read_image, write_image)
 from CalibSegLib.io.outputs import (OutputSet, atomic_output, check_output_file, check_output_folder,
                                     os_error_sentence, recorded_path, write_json_atomic)
@@ -17,6 +17,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "WRITE_SUFFIXES",
     "ImageGeometry",
+    "ImageDimensionError",
     "read_image",
     "case_and_channel",
     "group_channels",

@@ -8,8 +8,8 @@ A header that disagrees with its data is refused before any voxel is allocated: 
 uncompressed ``.nii`` cut short with zeros in the missing part, a dimension of 0 as 1 and a spacing of 0 or
 NaN as 1 mm (so volumes in mL would silently be wrong); and a header may claim far more voxels than its file
 holds (memory is allocated from the header). So the claimed voxel bytes must fit in the file (exactly when
-uncompressed, within deflate's largest ratio when compressed) and every spacing must be positive and finite
-(:func:`header_problem` for any format).
+uncompressed, within deflate's largest ratio when compressed) and in memory, and every spacing must be positive,
+finite and plausible (:func:`header_problem` for any format, 3D volumes and 4D cines alike).
 
 What was written is checked too (:func:`written_problem`): ITK's NIfTI writer only prints a warning when the
 disk fills, leaving a truncated file behind.
@@ -29,13 +29,20 @@ from typing import IO, Any
 import numpy as np
 import SimpleITK as sitk
 
-__all__ = ["header_problem", "nifti_problem", "written_problem", "itk_reason"]
+__all__ = ["PLAUSIBLE_SPACING_MM", "MAX_VOXEL_BYTES", "header_problem", "nifti_problem", "written_problem",
+           "itk_reason"]
 
 _CHUNK_BYTES = 1 << 24  # 16 MiB: stored NIfTI voxels are checked in pieces of this size, never whole
 # Deflate (gzip, zlib) expands at most about 1032-fold (zlib's "technical details"): a compressed file
 # whose header claims more voxel bytes than this times its size cannot hold them.
 _MAX_DEFLATE_RATIO = 1032
 _GZIP_SIGNATURE = b"\x1f\x8b"
+# The voxel sizes of any medical image, from a micro-CT's micrometre to a 10 cm slab; a header beyond them has a
+# unit or a field wrong (a spacing of 1e-20 mm makes every volume vanish). DICOM's Pixel Spacing is held to it too.
+PLAUSIBLE_SPACING_MM = (1e-3, 100.0)
+# The most voxel bytes one file may declare: a volume is converted to float32 and predicted after reading, so a
+# header claiming more would exhaust the memory of the workstations CalibSeg runs on before any check could speak.
+MAX_VOXEL_BYTES = 4 << 30
 # NIfTI header fields read here: (byte offset, struct format) for NIfTI-1 (348-byte header, also
 # Analyze 7.5) and NIfTI-2 (540 bytes), from nifti1.h / nifti2.h.
 _NIFTI_FIELDS: dict[int, dict[str, tuple[int, str]]] = {
@@ -55,24 +62,31 @@ _NIFTI_FLOAT_TYPES = {16: "f4", 64: "f8"}  # DT_FLOAT32, DT_FLOAT64: the codes w
 def header_problem(path: Path, reader: sitk.ImageFileReader) -> str | None:
     """What any format's header (read into ``reader``) claims that cannot be true, or None.
 
-    The spacing must be positive and finite, and the voxel bytes the header declares must fit in
-    the file that holds them: at most :data:`_MAX_DEFLATE_RATIO` times its size, since even
-    compressed data cannot expand more (exact sizes are checked for NIfTI by :func:`nifti_problem`).
+    The spatial spacing (the first three axes; a cine's fourth is time) must be positive, finite and within
+    :data:`PLAUSIBLE_SPACING_MM`, and the voxel bytes the header declares must fit in the file that holds them
+    (at most :data:`_MAX_DEFLATE_RATIO` times its size, since even compressed data cannot expand more; exact
+    sizes are checked for NIfTI by :func:`nifti_problem`) and within :data:`MAX_VOXEL_BYTES`.
     """
-    spacing = reader.GetSpacing()
+    spacing = reader.GetSpacing()[:3]  # a cine's fourth axis is time, not measured in mm
+    spacing_text = " × ".join(f"{value:g}" for value in reversed(spacing))
     if not all(math.isfinite(value) and value > 0 for value in spacing):
-        return (f"declares a voxel spacing of {' × '.join(f'{value:g}' for value in reversed(spacing))} mm, "
-                "which is not positive and finite (volumes in mL are measured with it)")
-    data_file = _data_file(path)
-    if data_file is None:
-        return None
+        return (f"declares a voxel spacing of {spacing_text} mm, which is not positive and finite (volumes in mL "
+                "are measured with it)")
+    lowest, highest = PLAUSIBLE_SPACING_MM
+    if not all(lowest <= value <= highest for value in spacing):
+        return (f"declares a voxel spacing of {spacing_text} mm, outside the {lowest:g} to {highest:g} mm of any "
+                "medical image (volumes in mL are measured with it)")
     voxel_size = sitk.Image([1] * 3, reader.GetPixelID()).GetSizeOfPixelComponent()
     voxel_bytes = math.prod(reader.GetSize()) * voxel_size
-    held = data_file.stat().st_size
-    if voxel_bytes > _MAX_DEFLATE_RATIO * held:
-        return (f"declares {' × '.join(map(str, reversed(reader.GetSize())))} voxels "
-                f"({_bytes_text(voxel_bytes)}), more than its {_bytes_text(held)} of data can hold even "
-                "compressed")
+    sizes_text = " × ".join(map(str, reversed(reader.GetSize())))
+    data_file = _data_file(path)
+    held = data_file.stat().st_size if data_file is not None else None
+    if held is not None and voxel_bytes > _MAX_DEFLATE_RATIO * held:
+        return (f"declares {sizes_text} voxels ({_bytes_text(voxel_bytes)}), more than its {_bytes_text(held)} of "
+                "data can hold even compressed")
+    if voxel_bytes > MAX_VOXEL_BYTES:
+        return (f"declares {sizes_text} voxels ({_bytes_text(voxel_bytes)}), more than the "
+                f"{_bytes_text(MAX_VOXEL_BYTES)} CalibSeg reads into memory at once; crop or resample it")
     return None
 
 

@@ -21,8 +21,8 @@ import SimpleITK as sitk
 from CalibSegLib.io.image_checks import header_problem, itk_reason, nifti_problem, written_problem
 from CalibSegLib.io.outputs import atomic_output, destination_name, os_error_sentence
 
-__all__ = ["IMAGE_SUFFIXES", "WRITE_SUFFIXES", "ImageGeometry", "read_image", "read_channels", "write_image",
-           "image_from_array", "image_stem"]
+__all__ = ["IMAGE_SUFFIXES", "WRITE_SUFFIXES", "ImageGeometry", "ImageDimensionError", "read_image", "read_channels",
+           "write_image", "image_from_array", "image_stem"]
 
 IMAGE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
 # Single-file formats only: a detached header (.mhd, .nhdr) names its data file, which a rename would break.
@@ -69,19 +69,33 @@ class ImageGeometry:
         )
 
 
-def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
-    """Read a scalar 3D image.
+class ImageDimensionError(ValueError):
+    """An image file is not of the dimension asked for; ``found`` is the dimension its header declares."""
+
+    def __init__(self, message: str, found: int) -> None:
+        super().__init__(message)
+        self.found = found
+
+
+def read_image(path: str | Path, dimension: int = 3) -> tuple[np.ndarray, ImageGeometry]:
+    """Read a scalar 3D image, or with ``dimension=4`` a scalar 4D one (a cine: ``(t, z, y, x)``).
+
+    Both go through the same checks before any voxel is allocated (:mod:`CalibSegLib.io.image_checks`: the
+    header against the file's size, the spatial spacing positive, finite and plausible, the voxels within the
+    memory bound) and after (no NaN or infinite voxel).
 
     Returns:
-        The ``(z, y, x)`` voxel array and its :class:`ImageGeometry`.
+        The ``(z, y, x)`` voxel array (``(t, z, y, x)`` for 4D) and the :class:`ImageGeometry` of its 3D grid.
 
     Raises:
-        ValueError: the file is missing, unreadable, not a single-component 3D image, or stores
-            NaN/infinite voxels (also where the format's reader would have hidden them).
+        ImageDimensionError: the file is a scalar image of another dimension (one sentence).
+        ValueError: the file is missing, unreadable, not single-component, or stores NaN/infinite voxels
+            (also where the format's reader would have hidden them).
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"No image file at {path}; check the path.")
+    wanted = "a 3D volume" if dimension == 3 else "a scalar 4D image (t, z, y, x)"
     # The NIfTI check reads the stored header and voxels, which nifticlib changes while reading
     # (0 → 1, NaN → 0, ...), before ITK sees them (and prints its own warnings about them); the
     # header check bounds what any format's header may claim.
@@ -91,9 +105,9 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
         problem = nifti_problem(path)
         if not problem:
             reader.ReadImageInformation()  # the header only: nothing is allocated before it is checked
-            if reader.GetDimension() != 3:
-                raise ValueError(f"{path.name} is a {reader.GetDimension()}D image; CalibSeg needs a 3D "
-                                 "volume.")
+            if reader.GetDimension() != dimension:
+                raise ImageDimensionError(f"{path.name} is a {reader.GetDimension()}D image; CalibSeg needs "
+                                          f"{wanted}.", reader.GetDimension())
             if reader.GetNumberOfComponents() != 1:
                 raise ValueError(
                     f"{path.name} has {reader.GetNumberOfComponents()} components per voxel; give a scalar "
@@ -116,7 +130,12 @@ def read_image(path: str | Path) -> tuple[np.ndarray, ImageGeometry]:
             f"{path.name} holds NaN or infinite voxel values; fix the file (or mask those voxels) before "
             "segmenting."
         )
-    return array, ImageGeometry.from_sitk(image)
+    if dimension == 3:
+        return array, ImageGeometry.from_sitk(image)
+    direction = np.asarray(image.GetDirection()).reshape(dimension, dimension)[:3, :3]
+    return array, ImageGeometry(tuple(float(value) for value in reversed(image.GetSpacing()[:3])),
+                                tuple(float(value) for value in image.GetOrigin()[:3]),
+                                tuple(float(value) for value in direction.ravel()))
 
 
 def read_channels(paths: "list[Path] | tuple[Path, ...]") -> tuple[np.ndarray, ImageGeometry]:
