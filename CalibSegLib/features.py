@@ -200,7 +200,7 @@ def fit_network_features(network: nn.Module, metadata: "BundleMetadata", trainin
                          validation: Sequence[Any], batch_size: int = 16) -> FeatureStatistics:
     """The feature statistics of a bundle's network (``input_statistics["features"]``): the Gaussian of
     its ``training`` cases' features and the distance threshold from its ``validation`` cases (each with
-    ``image`` and ``spacing`` (z, y, x) mm, as :class:`Datasets.cases.Case`) at
+    ``image`` and ``spacing`` (z, y, x) mm, as :class:`Datasets.loading.Case`) at
     :data:`~CalibSegLib.feature_statistics.FALSE_ALARM_RATE`.
 
     Raises:

@@ -2,7 +2,7 @@
 
     python -m Datasets.build_cache /work/shared/data/acdc .device/acdc_cache    # 160 volumes, 47.3 MB
 
-Each volume is read and checked as training reads it (:func:`Datasets.cases.load_cases`), then written under a
+Each volume is read and checked as training reads it (:func:`Datasets.loading.load_cases`), then written under a
 temporary name and renamed; the folder's marker comes last, so a cache cut short is never taken for one.
 """
 
@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Sequence
 
 from CalibSegLib.io import os_error_sentence
+from Datasets.acdc import ACDC_CLASS_NAMES
 from Datasets.cache import write_marker, write_volume
-from Datasets.cases import ACDC_CLASS_NAMES, DataError, find_cases, load_cases
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 
 __all__ = ["write_cache", "main"]
 

@@ -15,7 +15,7 @@ On the 160 volumes of the 80 ACDC patients: 399 MB of arrays, 95 MB as HDF5 file
 cache (docs/training.md, "Carrying the data"); ``numpy.savez_compressed`` of the float32 images alone
 made 85 MB. A cache folder holds one ``<case>.npz`` per volume (an uncompressed NumPy archive of the
 compressed byte streams, read without pickle) and ``calibseg_cache.json`` naming its format
-(:mod:`Datasets.build_cache` writes them); :func:`Datasets.cases.find_cases` recognises the folder by that file
+(:mod:`Datasets.build_cache` writes them); :func:`Datasets.layouts.find_cases` recognises the folder by that file
 and :func:`read_cached` reads a volume.
 """
 

@@ -14,7 +14,7 @@ folders alike).
 For each patient and each of its ED and ES frames this writes ``patientNNN_frameXX_image.nii.gz``
 and ``patientNNN_frameXX_label.nii.gz`` into ``--out``: the image's voxels and geometry
 unchanged (the real spacing, origin and direction of the release, unlike the HDF5 copy, which
-has none), the label as uint8 on the same grid. :func:`Datasets.cases.find_cases` reads that
+has none), the label as uint8 on the same grid. :func:`Datasets.layouts.find_cases` reads that
 folder as image/label pairs grouped by patient (``patientNNN``), so both frames of a patient stay
 on one side of a split and the shipped split files apply; bundles trained on it record the
 dataset as ``acdc``. Intensities are left as acquired: the bundle's preprocessing normalises
@@ -37,7 +37,8 @@ from typing import Sequence
 import numpy as np
 
 from CalibSegLib.io import ImageGeometry, OutputSet, check_output_folder, os_error_sentence, read_image, write_image
-from Datasets.cases import ACDC_CLASS_NAMES, DataError
+from Datasets.acdc import ACDC_CLASS_NAMES
+from Datasets.errors import DataError
 
 __all__ = ["AcdcFrame", "INFO_NAME", "find_frames", "convert", "main"]
 

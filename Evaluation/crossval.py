@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import friedmanchisquare, rankdata
 
 from CalibSegLib.io import atomic_output, write_json_atomic
-from Datasets.cases import DataError
+from Datasets.errors import DataError
 from Evaluation.bootstrap import BOOTSTRAP_RESAMPLES, INTERVAL_LEVEL, mean_interval, paired_difference, patient_values
 from Evaluation.summary import CASES_NAME, METRICS, SUMMARY_NAME, VARIANTS, EvaluationSummary
 

@@ -3,7 +3,7 @@
     calibseg-evaluate --bundle runs/ce_dice/model.calibseg [--data SampleData/ACDC] [--split test] [--out DIR]
     calibseg-evaluate --bundle acdc_ce_dice --data /path/to/acdc   # a shipped model (or set CALIBSEG_ACDC)
 
-The data are found from what the bundle records (:func:`Datasets.cases.data_folder`: ``--data``,
+The data are found from what the bundle records (:func:`Datasets.dataset_names.data_folder`: ``--data``,
 the shipped sample, ``$CALIBSEG_ACDC`` for full ACDC), the patients from its recorded split or
 ``--split-file``. Patients the bundle was trained or validated on are refused (one sentence
 naming them) unless ``--force``: numbers on them would overstate the model.
@@ -64,7 +64,10 @@ from CalibSegLib.metrics.plots import reliability_figure, save_figure
 from CalibSegLib.pretrained import bundle_label, resolve_bundle_path, shipped_name
 from CalibSegLib.report import REPORT_NAME, ReportCase, report_case, write_report
 from CalibSegLib.temperature import temperature_text
-from Datasets.cases import DATASETS, Case, DataError, data_folder, find_cases, load_cases
+from Datasets.dataset_names import data_folder
+from Datasets.errors import DataError
+from Datasets.layouts import DATASETS, find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.quality_report import ALL_STRUCTURES, DEGRADATIONS, quality_report
 from Evaluation.summary import CASES_NAME, EVALUATION_DIR, SUMMARY_NAME, EvaluationSummary, VariantSummary

@@ -26,7 +26,7 @@ The first predicts (resumable), the second fits, measures, writes the record and
    each with a patient-level bootstrap interval (:mod:`Evaluation.bootstrap`).
 
 ACDC's HDF5 files carry no spacing: every volume here is in mL under the assumed 10 × 1.5 × 1.5 mm voxels
-(:data:`Datasets.cases.ACDC_SPACING`); the ejection fractions do not depend on it.
+(:data:`Datasets.acdc.ACDC_SPACING`); the ejection fractions do not depend on it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,11 @@ from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality.fitting import Observation, held_out_predictions
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
-from Datasets.cases import ACDC_SPACING, Case, DataError, data_folder, find_cases, load_cases
+from Datasets.acdc import ACDC_SPACING
+from Datasets.dataset_names import data_folder
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.splits import select_patients
 from Evaluation.bootstrap import group_draws, mean_interval
 

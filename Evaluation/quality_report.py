@@ -38,7 +38,7 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import dice, error_detection_auroc
 from CalibSegLib.quality import structure_key, summary_columns
 from CalibSegLib.quality.review_rule import GOOD_ABOVE, POOR_BELOW
-from Datasets.cases import Case
+from Datasets.loading import Case
 from Evaluation.bootstrap import spearman_interval
 
 __all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "POOR_BELOW", "GOOD_ABOVE", "quality_statistics", "degraded_images",

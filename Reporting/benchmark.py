@@ -32,7 +32,7 @@ from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
 from CalibSegLib.io import atomic_output, recorded_path
 from CalibSegLib.losses import LOSSES
 from CalibSegLib.metrics import RankTable, rank_methods
-from Datasets.cases import recorded_dataset
+from Datasets.dataset_names import recorded_dataset
 from Evaluation.summary import EVALUATION_DIR, METRICS, RANKED_METRICS, SUMMARY_NAME, VARIANTS, EvaluationSummary
 from Reporting.formatting import format_value, markdown_table
 from Training.records import BUNDLE_NAME, CHECKPOINT_NAME, RUN_SUMMARY_NAME, RunSummary

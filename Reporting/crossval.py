@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from CalibSegLib.io import os_error_sentence, recorded_path, write_json_atomic
-from Datasets.cases import DataError, patient_of_case
+from Datasets.case_names import patient_of_case
+from Datasets.errors import DataError
 from Evaluation.crossval import (CROSSVAL_DIR, CaseResults, cross_validation_summary, paired_comparisons,
                                  read_out_of_fold, write_cross_validation)
 from Evaluation.summary import METRICS, VARIANTS
@@ -143,7 +144,7 @@ def crossval_tables(record: dict[str, Any], description: str | None = None) -> l
 def shipped_results(paths: Sequence[Path]) -> list[CaseResults]:
     """The shipped models' test rows (``<name>.metrics.json``, :mod:`Reporting.ship`), each case's patient from the
     file's ``case_patients`` or, in files written before it, from the case's name
-    (:func:`Datasets.cases.patient_of_case`)."""
+    (:func:`Datasets.case_names.patient_of_case`)."""
     results = []
     for path in sorted(paths):
         metrics = json.loads(Path(path).read_text())

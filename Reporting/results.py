@@ -39,7 +39,7 @@ from CalibSegLib.io import atomic_output
 from CalibSegLib.metrics import rank_methods
 from CalibSegLib.metrics.plots import compare_reliability_figure, save_figure
 from CalibSegLib.temperature import temperature_text
-from Datasets.cases import recorded_dataset
+from Datasets.dataset_names import recorded_dataset
 from Reporting.benchmark import VARIANT_TITLES, RunResult, benchmark_csv, collect_run, ranked_table, table_caption
 from Reporting.formatting import format_value, markdown_table
 from Training.schedules import SCHEDULES

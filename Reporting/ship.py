@@ -35,7 +35,10 @@ from typing import Sequence
 from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle, save_bundle
 from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
-from Datasets.cases import DataError, data_folder, find_cases, load_cases, recorded_dataset
+from Datasets.dataset_names import data_folder, recorded_dataset
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.evaluate import evaluate_bundle
 from Evaluation.quality_report import DEGRADATIONS

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from CalibSegLib.inference import Prediction
-from Datasets.cases import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
+from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from tiny_bundles import make_test_metadata
 
 __all__ = ["SURE", "LabelPredictor", "cardiac_metadata"]

@@ -35,7 +35,8 @@ def sample_acdc_dir() -> Path:
 def sample_cases(sample_acdc_dir):
     """The sample split's first training and first validation patient, loaded (test_training, test_distributed;
     test_pretrained has its own ``sample_cases``, which overrides this one there)."""
-    from Datasets.cases import find_cases, load_cases
+    from Datasets.layouts import find_cases
+    from Datasets.loading import load_cases
     from Datasets.splits import SPLITS_DIR, load_split
 
     files = find_cases(sample_acdc_dir)

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from CalibSegLib.preprocessing import Preprocessing
 from Training.batches import (FOREGROUND_SAMPLERS, NO_AUGMENTATION, Augmentation, CropSampler, assemble,
                               iterate_batches, plan_epoch)
-from Datasets.cases import Case, DataError, GridVolume, to_model_grid
+from Datasets.errors import DataError
+from Datasets.loading import Case
+from Datasets.model_grid import GridVolume, to_model_grid
 
 
 def synthetic_volume(depth: int = 4, size: int = 96) -> GridVolume:

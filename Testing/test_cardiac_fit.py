@@ -13,7 +13,8 @@ from CalibSegLib.bundle import read_metadata
 from CalibSegLib.cardiac.intervals import INDICES, IntervalRule
 from CalibSegLib.quality.fitting import Observation, fit_from_observations
 from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
-from Datasets.cases import ACDC_CLASS_NAMES, ACDC_SPACING, DataError
+from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING
+from Datasets.errors import DataError
 from Evaluation.function_intervals import (attach_predicted_dice, fit_and_measure, markdown_table, models_table,
                                            patient_volumes, read_collected)
 from cardiac_standins import cardiac_metadata

@@ -18,8 +18,10 @@ from CalibSegLib.cardiac.intervals import INDICES, IntervalRule, index_values
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY, find_cases, load_cases
+from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_cine
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from cardiac_standins import LabelPredictor, cardiac_metadata
 from dicom_series import edit_file
 

@@ -8,7 +8,7 @@ import pytest
 from CalibSegLib.cardiac.indices import (MYOCARDIUM_DENSITY_G_PER_ML, CardiacError, ProbabilityTally,
                                          cardiac_classes, label_volumes_ml, phase_volumes, voxel_volume_ml)
 from CalibSegLib.cardiac.intervals import index_values
-from Datasets.cases import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
+from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from cardiac_standins import SURE, LabelPredictor
 
 SPACING = (8.0, 1.25, 1.5)  # mm: one voxel is 15 mm³ = 0.015 mL

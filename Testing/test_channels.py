@@ -17,8 +17,12 @@ from CalibSegLib.predict import folder_cases
 from CalibSegLib.predict import main as predict_main
 from CalibSegLib.preprocessing import Preprocessing, intensity_range, normalize_channels, scale_intensity
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import (SAMPLE_DATA, SAMPLE_DATASET, Case, DataError, default_scheme, find_cases,
-                            load_cases, read_dataset_description)
+from Datasets.dataset_defaults import default_scheme
+from Datasets.dataset_json import read_dataset_description
+from Datasets.dataset_names import SAMPLE_DATA, SAMPLE_DATASET
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.phantoms import lesion_case, write_phantom
 from Datasets.splits import make_split
 from Training.command_line import parser

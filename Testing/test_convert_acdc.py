@@ -10,7 +10,10 @@ from CalibSegLib.io import read_image
 from acdc_release import SPACING_XYZ, write_release, write_volume
 from fault_checks import assert_one_sentence, tree_snapshot
 from Datasets import convert_acdc
-from Datasets.cases import dataset_name, default_classes, find_cases, load_cases
+from Datasets.dataset_defaults import default_classes
+from Datasets.dataset_names import dataset_name
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 
 FRAMES = {"patient001": (1, 12), "patient002": (1, 9)}
 

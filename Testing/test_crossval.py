@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import friedmanchisquare, wilcoxon
 
 from CalibSegLib.bundle import load_bundle
-from Datasets.cases import DataError
+from Datasets.errors import DataError
 from Datasets.splits import load_split
 from Datasets.splits.folds import SHIPPED_FOLDS, default_folds_for, fold_split, load_folds, make_folds
 from Datasets.splits.make_splits import group_of
@@ -223,7 +223,8 @@ def test_crossval_command_compares_two_cross_validations(cross_validation, tmp_p
 def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fold_choices(cross_validation,
                                                                                         sample_acdc_dir, tmp_path):
     from CalibSegLib.inference import Predictor
-    from Datasets.cases import find_cases, load_cases
+    from Datasets.layouts import find_cases
+    from Datasets.loading import load_cases
     from Datasets.splits import select_patients
 
     out = tmp_path / "ensemble.calibseg"

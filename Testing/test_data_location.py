@@ -21,8 +21,9 @@ from Training import train as train_cli
 from Training.command_line import parser
 from Training.run_folder import run_folder
 from Datasets import convert_acdc
-from Datasets.cases import (ACDC_ENVIRONMENT, SAMPLE_DATA, DataError, data_folder, dataset_name, find_cases,
-                           recorded_dataset)
+from Datasets.dataset_names import ACDC_ENVIRONMENT, SAMPLE_DATA, data_folder, dataset_name, recorded_dataset
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
 from Datasets.splits import SPLITS_DIR, default_split_for, load_split, recorded_split, split_reference
 from Datasets.splits.make_splits import RELEASE_PATIENTS, split_unseen
 

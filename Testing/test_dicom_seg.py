@@ -17,7 +17,7 @@ from CalibSegLib.dicom import find_series
 from CalibSegLib.dicom_seg import CONFIDENCE_SCALE, segment_text
 from CalibSegLib.io import ImageGeometry, read_image
 from CalibSegLib.predict import main
-from Datasets.cases import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
+from Datasets.acdc import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_series
 from tiny_bundles import make_test_bundle
 

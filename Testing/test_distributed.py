@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as multiprocessing
 
-from Datasets.cases import DataError
+from Datasets.errors import DataError
 from Training.checkpoint import CheckpointError, save_checkpoint
 from Training.distributed import Processes, start_processes, stop_processes
 from test_training import tiny_trainer

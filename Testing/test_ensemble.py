@@ -172,7 +172,7 @@ def _quality_ensemble(tmp_path, **overrides):
 
 
 def _fold_case(seed: int, shape=(4, 56, 48)):
-    from Datasets.cases import Case
+    from Datasets.loading import Case
 
     image = np.random.default_rng(seed).normal(100, 20, shape).astype(np.float32)
     label = (np.indices(shape)[1] // 14 % 4).astype(np.uint8)

@@ -20,7 +20,8 @@ from CalibSegLib.input_check import check_input, statistics_of_cases
 from CalibSegLib.io import ImageGeometry, read_image, write_image
 from CalibSegLib.predict import main as predict_main
 from CalibSegLib.preprocessing import ChannelNormalization, Preprocessing
-from Datasets.cases import Case, find_cases, ignored_images
+from Datasets.layouts import find_cases, ignored_images
+from Datasets.loading import Case
 from Datasets.phantoms import ct_case, write_phantom
 from fault_checks import assert_one_sentence, tree_snapshot
 from tiny_bundles import make_test_bundle, make_test_metadata
@@ -349,7 +350,7 @@ class _Refused:
     whose spacing is wrong would)."""
 
     def __init__(self, *args, **kwargs):
-        from Datasets.cases import DataError
+        from Datasets.errors import DataError
 
         raise DataError("mr_004: the image's spacing is probably wrong (check its units).")
 

@@ -17,7 +17,7 @@ from acdc_release import write_release
 from tiny_bundles import make_test_bundle
 from fault_checks import assert_one_sentence, rewrite_bundle, tree_snapshot
 from Datasets import convert_acdc
-from Datasets.cases import DataError
+from Datasets.errors import DataError
 from Datasets.splits import load_split
 from Evaluation import evaluate
 from Training import fit_quality, train

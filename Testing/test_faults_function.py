@@ -24,8 +24,10 @@ from CalibSegLib.cardiac.intervals import INDICES, IntervalRule
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY, find_cases, load_cases
+from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_cine, write_series
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Evaluation import function_intervals
 from cardiac_standins import LabelPredictor
 from fault_checks import (NIFTI_DIM_OFFSET, NIFTI_PIXDIM_OFFSET, assert_one_sentence, edit_stored_bytes,

@@ -18,7 +18,7 @@ from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.networks import build_network
 from tiny_bundles import TINY_UNET, make_test_bundle, make_test_metadata
 from fault_checks import assert_one_sentence, normal_file_mode, tree_snapshot
-from Datasets.cases import read_dataset_description
+from Datasets.dataset_json import read_dataset_description
 from Training import train
 from Training.checkpoint import load_checkpoint, save_checkpoint
 from Training.command_line import parser

@@ -12,7 +12,10 @@ import torch
 
 from Datasets.build_cache import write_cache
 from Datasets.cache import CACHE_MARKER, decode_volume, encode_volume
-from Datasets.cases import DataError, dataset_name, find_cases, load_cases
+from Datasets.dataset_names import dataset_name
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Testing.test_training import tiny_trainer
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint

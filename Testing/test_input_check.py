@@ -1,4 +1,4 @@
-"""The input check (CalibSegLib/input_check.py), the class terminology (CalibSegLib/terminology.py), both as
+"""The input check (CalibSegLib/input_check/), the class terminology (CalibSegLib/terminology.py), both as
 bundle.json sections validated on load, and the refit that stores them (Training/fit_input_check.py)."""
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from CalibSegLib.input_check import (FAMILIES, FEATURES_NOT_MEASURED, FEATURES_N
                                      THRESHOLDS, InputStatistics, check_input, excursions,
                                      fit_input_statistics, input_check_lines, observe_volume)
 from CalibSegLib.terminology import parse_class_terminology
-from Datasets.cases import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY, find_cases, load_cases
+from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Datasets.splits import select_patients
 from Training.fit_input_check import refit_input_check
 

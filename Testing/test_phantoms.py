@@ -11,7 +11,7 @@ import pytest
 
 from CalibSegLib.io import read_image
 from Datasets import phantoms
-from Datasets.cases import read_dataset_description
+from Datasets.dataset_json import read_dataset_description
 from fault_checks import assert_one_sentence, tree_snapshot
 
 

@@ -11,7 +11,8 @@ from CalibSegLib.bundle import load_bundle
 from CalibSegLib.evaluation import case_metrics_row, predict_and_evaluate
 from CalibSegLib.inference import Predictor
 from CalibSegLib.pretrained import DEFAULT_MODEL, pretrained_models, recorded_metrics, resolve_bundle_path
-from Datasets.cases import find_cases, load_cases
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Evaluation.evaluate import variant_bundles
 from Evaluation.summary import VARIANTS
 

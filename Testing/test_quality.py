@@ -558,7 +558,8 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
     from CalibSegLib.inference import Predictor
     from CalibSegLib.quality import fit_quality_model
     from Training import fit_quality
-    from Datasets.cases import find_cases, load_cases
+    from Datasets.layouts import find_cases
+    from Datasets.loading import load_cases
 
     path, weights = _shipped_copy(tmp_path, sample_acdc_dir, members=(0, 1), val=["patient013", "patient016"])
     assert fit_quality.main(["--bundle", str(path), "--device", "cpu"]) == 0
@@ -590,7 +591,8 @@ def test_fit_cli_writes_the_model_into_the_bundle_and_keeps_float16_weights(tmp_
 
 def test_fit_cli_with_fold_networks_fits_on_their_out_of_fold_predictions_too(tmp_path, sample_acdc_dir, capsys):
     from CalibSegLib.inference import Predictor
-    from Datasets.cases import find_cases, load_cases
+    from Datasets.layouts import find_cases
+    from Datasets.loading import load_cases
     from Training import fit_quality
 
     # one network stands for the bundle and its fold networks alike, so that the test predicts each volume once
@@ -696,7 +698,8 @@ def test_evaluation_reports_predicted_beside_measured_dice_and_labels_degraded_i
     import csv
 
     from CalibSegLib.pretrained import resolve_bundle_path
-    from Datasets.cases import find_cases, load_cases
+    from Datasets.layouts import find_cases
+    from Datasets.loading import load_cases
     from Evaluation.evaluate import evaluate_bundle
     from Evaluation.quality_report import quality_statistics
 

@@ -19,7 +19,9 @@ from CalibSegLib.io import ImageGeometry, write_image
 from CalibSegLib.predict import main
 from CalibSegLib.report import REPORT_NAME, ReportCase, lowest_predicted_dice, worst_first
 from CalibSegLib.slice_pictures import HOT_SPOT_OPACITY, slice_picture
-from Datasets.cases import SAMPLE_DATA, find_cases, load_cases
+from Datasets.dataset_names import SAMPLE_DATA
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Reporting.chromium import CHROMIUM, screenshot
 from tiny_bundles import make_test_bundle
 

@@ -19,8 +19,10 @@ from Reporting import results as results_cli
 from Reporting import ship as ship_cli
 from Training import train as train_cli
 from Training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from Datasets.cases import (ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, ACDC_TERMINOLOGY, DataError, find_cases,
-                            load_cases)
+from Datasets.acdc import ACDC_CLASS_COLORS, ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Datasets.splits import SPLITS_DIR, load_split, make_split
 from Training.command_line import parser
 from Training.config import TrainConfig, train_config

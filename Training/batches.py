@@ -1,7 +1,7 @@
 """Training batches: random crops of the cached volumes, foreground oversampling, augmentation, prefetching.
 
 The crops of a batch are cut from whole items on the model's grid — slices for a 2D network, whole volumes for a
-3D one (:func:`Datasets.cases.to_model_grid`, stacked once in :class:`CropSampler`; every step below is written
+3D one (:func:`Datasets.model_grid.to_model_grid`, stacked once in :class:`CropSampler`; every step below is written
 for any number of spatial dimensions) — by one ``affine_grid``/``grid_sample`` over the batch, whose
 per-crop affine matrices already hold the augmentation's rotation, mirroring and scaling, so
 cropping and the spatial transform cost one interpolation of the batch's ``patch_size`` voxels,
@@ -32,7 +32,8 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from Datasets.cases import DataError, GridVolume
+from Datasets.errors import DataError
+from Datasets.model_grid import GridVolume
 
 __all__ = ["Augmentation", "DEFAULT_AUGMENTATION", "NO_AUGMENTATION", "CropSampler", "FOREGROUND_SAMPLERS",
            "DEFAULT_FOREGROUND_SAMPLING", "BatchPlan", "plan_epoch", "assemble", "iterate_batches"]

@@ -12,7 +12,10 @@ from pathlib import Path
 from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleMetadata, save_bundle
 from CalibSegLib.io import check_output_file
 from CalibSegLib.pretrained import shipped_name
-from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
+from Datasets.dataset_names import data_folder
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.splits import select_patients
 
 __all__ = ["rewrite_destination", "recorded_cases", "rewrite_bundle", "add_data_arguments"]

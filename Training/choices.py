@@ -27,7 +27,8 @@ from CalibSegLib.metrics.calibration import masked_probabilities
 from CalibSegLib.postprocessing import Postprocessing, choose_postprocessing
 from CalibSegLib.quality import QualityModel, fit_quality_model
 from CalibSegLib.temperature import apply_temperature, fit_temperature
-from Datasets.cases import Case, GridVolume
+from Datasets.loading import Case
+from Datasets.model_grid import GridVolume
 
 __all__ = ["MIRRORING", "TEMPERATURE_FITS", "ValidationPass", "validation_pass", "volume_dice", "foreground_ece",
            "choose_mirroring", "mirrored", "mirroring_choice", "pooled",

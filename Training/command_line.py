@@ -10,7 +10,9 @@ from typing import Any
 
 from CalibSegLib.losses import LOSSES
 from CalibSegLib.networks import NETWORKS
-from Datasets.cases import DATASETS, DEFAULT_CLASS_COUNT, SAMPLE_DATA
+from Datasets.dataset_defaults import DEFAULT_CLASS_COUNT
+from Datasets.dataset_names import SAMPLE_DATA
+from Datasets.layouts import DATASETS
 from Datasets.splits.folds import FOLDS, SHIPPED_FOLDS
 from Training.batches import DEFAULT_FOREGROUND_SAMPLING, FOREGROUND_SAMPLERS
 from Training.choices import MIRRORING, TEMPERATURE_FITS

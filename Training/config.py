@@ -18,7 +18,7 @@ import torch
 from CalibSegLib.device import resolve_device
 from CalibSegLib.losses import build_loss
 from CalibSegLib.preprocessing import ChannelNormalization
-from Datasets.cases import DataError
+from Datasets.errors import DataError
 from Training.plan import Plan, per_axis
 from Training.schedules import REFERENCE_LR, Schedule, UnsetBatch, device_batch_size, scaled_lr, warmup_steps
 

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from Datasets.cases import DataError
+from Datasets.errors import DataError
 from Datasets.splits.folds import FOLDS
 from Evaluation.crossval import CROSSVAL_DIR, read_out_of_fold, summary_lines, write_cross_validation
 from Training.distributed import Processes

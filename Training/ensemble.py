@@ -60,7 +60,9 @@ from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, f
 from CalibSegLib.quality.model import APPLIED_TO, MEMBERS, thresholds_text
 from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_rule,
                                              flagged, trade_off)
-from Datasets.cases import Case, DataError, to_model_grid
+from Datasets.errors import DataError
+from Datasets.loading import Case
+from Datasets.model_grid import to_model_grid
 from Evaluation.bootstrap import mean_interval, ratio_interval
 from Training.bundle_rewrite import recorded_cases
 from Training.choices import (TEMPERATURE_FITS, ValidationPass, choose_largest_component, choose_temperature,

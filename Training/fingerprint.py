@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from CalibSegLib.preprocessing import as_channels
-from Datasets.cases import Case, DataError
+from Datasets.errors import DataError
+from Datasets.loading import Case
 
 __all__ = ["ChannelStatistics", "Fingerprint", "foreground_statistics", "make_fingerprint"]
 

@@ -12,11 +12,12 @@ and reference labels with the decided :data:`CalibSegLib.input_check.THRESHOLDS`
 :func:`CalibSegLib.features.fit_network_features` the network's feature statistics: their Gaussian from
 the training volumes, the distance threshold from the validation volumes at a 5 % false-alarm rate (the
 network's encoder runs once over every volume; no segmentation is run). A bundle without ``class_terminology``
-gets its classes' codes where Datasets knows them (:func:`Datasets.cases.default_terminology`). An ensemble's four
-families come from its first member's training patients (:func:`Training.ensemble.judging_patients`), its features
-from every member (:func:`CalibSegLib.features.fit_member_features`: each member's Gaussian from the patients it
-trained on, one threshold pooled over the folds they never saw, the majority deciding). The bundle is rewritten
-atomically (default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same weights in
+gets its classes' codes where Datasets knows them (:func:`Datasets.dataset_defaults.default_terminology`). An
+ensemble's four families come from its first member's training patients
+(:func:`Training.ensemble.judging_patients`), its features from every member
+(:func:`CalibSegLib.features.fit_member_features`: each member's Gaussian from the patients it trained on, one
+threshold pooled over the folds they never saw, the majority deciding). The bundle is rewritten atomically
+(default: in place; a shipped model: ``runs/<name>/<name>.calibseg``) with the same weights in
 the same dtype, so its checksum and predictions stay as they were.
 """
 
@@ -32,7 +33,7 @@ from CalibSegLib.device import resolve_device
 from CalibSegLib.features import fit_member_features, fit_network_features
 from CalibSegLib.input_check import statistics_of_cases
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import default_terminology
+from Datasets.dataset_defaults import default_terminology
 from Training.bundle_rewrite import add_data_arguments, recorded_cases, rewrite_bundle, rewrite_destination
 from Training.ensemble import judging_patients, member_cases
 

@@ -20,7 +20,7 @@ fold networks under the ensemble's settings, the threshold chosen by the review 
 (:func:`Training.ensemble.out_of_fold_quality`).
 
 The data is read from ``--data`` or the folder of the dataset the bundle records
-(:func:`Datasets.cases.data_folder`). The bundle is then rewritten atomically (``--out``: elsewhere; a shipped
+(:func:`Datasets.dataset_names.data_folder`). The bundle is then rewritten atomically (``--out``: elsewhere; a shipped
 model is never rewritten inside the package: its default is ``runs/<name>/<name>.calibseg`` under the current
 folder) with the same weights in the same dtype (float16 stays float16), so only ``quality_model`` changes. Prints
 what was fitted and its held-out error beside the constant baseline's.
@@ -39,7 +39,8 @@ from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import (REVIEW_BELOW, Observation, QualityModel, QualityModelError, check_references,
                                  fit_from_observations, observe_cases)
 from CalibSegLib.quality.model import thresholds_text
-from Datasets.cases import Case, DataError
+from Datasets.errors import DataError
+from Datasets.loading import Case
 from Training.bundle_rewrite import add_data_arguments, recorded_cases, rewrite_bundle, rewrite_destination
 from Training.ensemble import out_of_fold_quality, read_folds
 

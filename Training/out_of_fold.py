@@ -20,7 +20,8 @@ from CalibSegLib.bundle import Bundle, load_bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.quality import observe_cases
-from Datasets.cases import Case, DataError
+from Datasets.errors import DataError
+from Datasets.loading import Case
 from Evaluation.evaluate import EvaluationResult, evaluate_bundle
 from Training.bundle_rewrite import recorded_cases
 from Training.records import BUNDLE_NAME, OUT_OF_FOLD_DIR

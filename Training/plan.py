@@ -11,9 +11,9 @@
   recipe comes out unchanged), then the patch is grown, smallest side first, until the network segments it,
   and it must fit the largest training slice or volume;
 - the normalisation: a channel named ``CT`` gets the training foreground's HU window and its z-score, every
-  other channel the dataset's per-image scheme (:func:`Datasets.cases.default_scheme`);
+  other channel the dataset's per-image scheme (:func:`Datasets.dataset_defaults.default_scheme`);
 - the classes and channels: ``dataset.json``'s names, else the dataset's own
-  (:func:`Datasets.cases.default_classes`).
+  (:func:`Datasets.dataset_defaults.default_classes`).
 
 Each is a flag's value where one is given (``--target-spacing``, ``--patch-size``, ``--normalization``,
 ``--num-classes``), and a refusal names a flag only then: otherwise it names the plan's choice and the data.
@@ -38,8 +38,11 @@ from CalibSegLib.networks import (NetworkOptionsError, build_network_on_meta, in
                                   network_stride)
 from CalibSegLib.preprocessing import (ChannelNormalization, in_plane_spacing, network_grid_shape,
                                        volume_grid_shape)
-from Datasets.cases import (DEFAULT_CLASS_COUNT, Case, CaseFile, DataError, DatasetDescription,
-                            default_classes, default_scheme)
+from Datasets.dataset_defaults import DEFAULT_CLASS_COUNT, default_classes, default_scheme
+from Datasets.dataset_json import DatasetDescription
+from Datasets.errors import DataError
+from Datasets.layouts import CaseFile
+from Datasets.loading import Case
 from Training.fingerprint import ChannelStatistics, Fingerprint, make_fingerprint
 from Training.records import PLAN_NAME
 
@@ -132,7 +135,7 @@ def spacing_text(spacing: Sequence[float]) -> str:
 
 def class_count(arguments: argparse.Namespace, description: DatasetDescription | None) -> int:
     """The classes (background included) a run segments: ``--num-classes``, else as many as the data's
-    ``dataset.json`` names (``description``), else :data:`Datasets.cases.DEFAULT_CLASS_COUNT`.
+    ``dataset.json`` names (``description``), else :data:`Datasets.dataset_defaults.DEFAULT_CLASS_COUNT`.
 
     Raises:
         DataError: ``--num-classes`` contradicts ``dataset.json``, or fewer than 2 classes (in the terms of

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from Datasets.cases import (Case, CaseFile, DataError, DatasetDescription, dataset_name, find_cases,
-                            load_cases)
+from Datasets.dataset_json import DatasetDescription
+from Datasets.dataset_names import dataset_name
+from Datasets.errors import DataError
+from Datasets.layouts import CaseFile, find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.splits import (SIDES, SPLIT_FRACTIONS, SPLIT_NAME, default_split_for, load_split, make_split,
                              select_patients, split_json)
 from Datasets.splits.folds import (FOLDS, FOLDS_NAME, default_folds_for, fold_split, folds_json, load_folds,

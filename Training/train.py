@@ -27,7 +27,7 @@ post-processing chosen on validation), ``run.json`` (wall time, steps, the choic
 ``evaluation/`` (3D test metrics, see calibseg-evaluate). The bundle records the data by
 dataset name (``acdc-sample``, ``acdc`` or the folder's name), the split file by its name when
 it is a shipped one, and the patient lists, never a path of this machine
-(:func:`Datasets.cases.data_folder` finds the data again).
+(:func:`Datasets.dataset_names.data_folder` finds the data again).
 """
 
 from __future__ import annotations
@@ -42,8 +42,12 @@ from typing import Any, Sequence
 from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.device import resolve_device
 from CalibSegLib.io import check_output_folder, os_error_sentence, write_json_atomic
-from Datasets.cases import (Case, CaseFile, DataError, dataset_name, ignored_images, read_dataset_description,
-                            volumes_note)
+from Datasets.dataset_defaults import volumes_note
+from Datasets.dataset_json import read_dataset_description
+from Datasets.dataset_names import dataset_name
+from Datasets.errors import DataError
+from Datasets.layouts import CaseFile, ignored_images
+from Datasets.loading import Case
 from Datasets.splits import SIDES, split_reference
 from Evaluation.evaluate import evaluate_bundle, print_summary
 from Evaluation.quality_report import DEGRADATIONS
@@ -94,7 +98,7 @@ def run(arguments: argparse.Namespace) -> Path | None:
         check_stored_plan(run_dir, plan)
     config = train_config(plan, schedule, arguments)
     check_config(config)
-    # Names, not paths of this machine: readers find the data again with Datasets.cases.data_folder.
+    # Names, not paths of this machine: readers find the data again with Datasets.dataset_names.data_folder.
     data_description = {"dataset": dataset, "split_file": split_reference(choice.file), **choice.split}
     if arguments.fold is not None:
         data_description["fold"] = arguments.fold

@@ -27,7 +27,10 @@ from CalibSegLib.networks import build_network
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.sliding_window import SlidingWindow, windows_per_pass
-from Datasets.cases import Case, DataError, GridVolume, default_terminology, to_model_grid
+from Datasets.dataset_defaults import default_terminology
+from Datasets.errors import DataError
+from Datasets.loading import Case
+from Datasets.model_grid import GridVolume, to_model_grid
 from Training.batches import DEFAULT_AUGMENTATION, NO_AUGMENTATION, CropSampler, iterate_batches, plan_epoch
 from Training.checkpoint import CheckpointError, capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from Training.choices import TEMPERATURE_FITS, foreground_ece, make_choices, validation_pass, volume_dice

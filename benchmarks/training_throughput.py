@@ -110,7 +110,9 @@ def measure(setting: str, steps: int, method: str, batch_size: int = 16) -> dict
     The device is waited for only after the warm-up and after the last step, as the training loop does."""
     from dataclasses import replace
 
-    from Datasets.cases import SAMPLE_DATASET, find_cases, load_cases
+    from Datasets.dataset_names import SAMPLE_DATASET
+    from Datasets.layouts import find_cases
+    from Datasets.loading import load_cases
     from Datasets.splits import SPLITS_DIR, load_split
     from Training.command_line import parser
     from Training.config import train_config

@@ -36,7 +36,10 @@ from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import structure_features
 from CalibSegLib.quality.members import member_predicted_dice
-from Datasets.cases import Case, DataError, data_folder, find_cases, load_cases
+from Datasets.dataset_names import data_folder
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.splits import select_patients
 from Training.ensemble import member_metadata
 

@@ -47,7 +47,10 @@ from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import structure_features, structure_key
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from CalibSegLib.quality.review_rule import GOOD_ABOVE, POOR_BELOW, flagged
-from Datasets.cases import DataError, data_folder, find_cases, load_cases
+from Datasets.dataset_names import data_folder
+from Datasets.errors import DataError
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Datasets.splits import select_patients
 from Evaluation.bootstrap import group_draws, mean_interval, paired_difference, ratio_interval
 from Training.ensemble import member_metadata

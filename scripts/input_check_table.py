@@ -52,7 +52,10 @@ from CalibSegLib.input_check import FAMILIES, InputStatistics, excursions, obser
 from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.metrics import dice
 from CalibSegLib.pretrained import resolve_bundle_path
-from Datasets.cases import ACDC_SPACING, Case, data_folder, find_cases, load_cases
+from Datasets.acdc import ACDC_SPACING
+from Datasets.dataset_names import data_folder
+from Datasets.layouts import find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.shifts import SHIFTS, at_pixel_spacing
 

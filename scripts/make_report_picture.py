@@ -25,8 +25,10 @@ from PIL import Image
 from CalibSegLib.io import ImageGeometry
 from CalibSegLib.predict import main as predict
 from CalibSegLib.pretrained import DEFAULT_MODEL
-from Datasets.cases import SAMPLE_DATA, find_cases, load_cases
+from Datasets.dataset_names import SAMPLE_DATA
 from Datasets.dicom_series import write_series
+from Datasets.layouts import find_cases
+from Datasets.loading import load_cases
 from Datasets.splits import SPLITS_DIR, load_split, select_patients
 from Reporting.chromium import screenshot
 

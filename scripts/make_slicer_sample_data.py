@@ -36,7 +36,8 @@ from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, atomic_output, write_image
 from CalibSegLib.metrics import dice
 from CalibSegLib.pretrained import DEFAULT_MODEL, resolve_bundle_path
-from Datasets.cases import Case, find_cases, load_cases
+from Datasets.layouts import find_cases
+from Datasets.loading import Case, load_cases
 from Datasets.splits import SPLITS_DIR, load_split, select_patients
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import torch
 from CalibSegLib import __version__
 from CalibSegLib.bundle.ensemble import MAX_ENSEMBLE_SIZE, Ensemble, EnsembleError, SelectedFrom
 from CalibSegLib.cardiac.intervals import IntervalRule, IntervalRuleError
-from CalibSegLib.input_check import InputStatistics, InputStatisticsError
+from CalibSegLib.input_check.statistics import InputStatistics, InputStatisticsError
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityModelError, structure_key

@@ -25,7 +25,7 @@ __all__ = ["MYOCARDIUM_DENSITY_G_PER_ML", "STRUCTURE_CODES", "STRUCTURES", "Card
            "ProbabilityTally", "phase_volumes"]
 
 MYOCARDIUM_DENSITY_G_PER_ML = 1.05
-# SNOMED CT type codes of the three structures (Datasets.cases.ACDC_TERMINOLOGY says where each comes from).
+# SNOMED CT type codes of the three structures (Datasets.acdc.ACDC_TERMINOLOGY says where each comes from).
 STRUCTURE_CODES: dict[str, str] = {"lv": "87878005", "rv": "53085002", "myocardium": "74281007"}
 STRUCTURES: tuple[str, ...] = tuple(STRUCTURE_CODES)
 _MEANINGS = {"lv": "left ventricle", "rv": "right ventricle", "myocardium": "myocardium"}

@@ -1,7 +1,7 @@
 """Channel-file names: nnU-Net's and the Medical Segmentation Decathlon's ``<case>_<four-digit channel>``.
 
 A case of K channels is K image files ``<case>_0000`` ... ``<case>_000K`` (one per channel); a file
-without the suffix is a case of one channel. Datasets (:mod:`Datasets.cases`), ``calibseg-predict
+without the suffix is a case of one channel. Datasets (:mod:`Datasets.layouts`), ``calibseg-predict
 --image-dir`` and the Slicer batch group their inputs by these names.
 """
 

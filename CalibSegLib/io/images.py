@@ -26,7 +26,7 @@ __all__ = ["IMAGE_SUFFIXES", "WRITE_SUFFIXES", "ImageGeometry", "ImageDimensionE
 
 IMAGE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd")
 # Single-file formats only: a detached header (.mhd, .nhdr) names its data file, which a rename would break.
-# Training data folders hold image/label pairs in these formats too (Datasets/cases.py).
+# Training data folders hold image/label pairs in these formats too (Datasets/layouts.py).
 WRITE_SUFFIXES: tuple[str, ...] = (".nii.gz", ".nii", ".nrrd", ".mha")
 
 # SimpleITK has no bool or float16 pixel types; these are written as the nearest type it has.

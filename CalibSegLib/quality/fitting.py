@@ -47,7 +47,7 @@ MIN_FIT_CASES = 3
 class QualityCase(Protocol):
     """A validation case: ``image`` and ``label`` ``(z, y, x)``, ``spacing`` ``(z, y, x)`` mm, ``patient_id``.
 
-    ``Datasets.cases.Case`` is one.
+    ``Datasets.loading.Case`` is one.
     """
 
     image: np.ndarray

@@ -1,9 +1,9 @@
 """The review rule: which predicted-Dice threshold a model flags structures below, chosen on out-of-fold patients.
 
 A structure is flagged when its predicted Dice is below the model's ``review_below`` or it is predicted nowhere
-(:mod:`CalibSegLib.quality.summary`). ``review_below`` is chosen on observations no prediction has seen: out-of-fold
-patients, each structure's predicted Dice from a quality model fitted without that patient
-(:func:`CalibSegLib.quality.held_out_predictions`). For every threshold of :data:`THRESHOLDS`,
+(:func:`flagged`, which :mod:`CalibSegLib.quality.summary` applies too). ``review_below`` is chosen on observations no
+prediction has seen: out-of-fold patients, each structure's predicted Dice from a quality model fitted without that
+patient (:func:`CalibSegLib.quality.held_out_predictions`). For every threshold of :data:`THRESHOLDS`,
 :func:`trade_off` counts the poor structures (measured Dice below :data:`POOR_BELOW`) and the good ones (above
 :data:`GOOD_ABOVE`) it flags; :func:`choose_review_threshold` takes the smallest threshold that flags
 :data:`TARGET_RECALL` of the poor ones (the largest when none does): the fewest false flags at that recall. Its row
@@ -36,8 +36,16 @@ TARGET_RECALL = 0.90  # of the poor structures, flagged (issue 63's target)
 TARGET_FALSE_FLAGS = 0.05  # of the good structures, flagged at most (issue 63's target)
 
 
-def flagged(predicted: np.ndarray, review_below: float) -> np.ndarray:
-    """Which structures the flag marks: predicted Dice below ``review_below``, or NaN (predicted nowhere)."""
+def flagged(predicted: np.ndarray | float | None, review_below: np.ndarray | float) -> np.ndarray:
+    """The review flag: which structures it marks, those whose predicted Dice is below ``review_below`` or NaN or
+    None (predicted nowhere). ``predicted``: any shape, a number for one structure; ``review_below`` broadcast
+    against it: one threshold for all, or each structure's own (:meth:`QualityModel.review_threshold`).
+
+    The one definition of the flag, and here, beside the rule, because the rule chooses its thresholds by counting
+    these flags out of fold: the summary sets a reader's flag with this same function, so the recall and false flags
+    a threshold was chosen for are the ones a reader gets. It reads nothing but numbers, so the summary takes it
+    without importing more.
+    """
     predicted = np.asarray(predicted, np.float64)
     return np.isnan(predicted) | (np.nan_to_num(predicted, nan=0.0) < review_below)
 

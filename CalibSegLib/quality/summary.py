@@ -43,8 +43,9 @@ Definitions (every number a reader sees is one of these):
   as the model was fitted (:mod:`CalibSegLib.quality.members`).
 - ``review``: the structure is absent from the prediction, or its predicted Dice is below the
   model's threshold for it (``QualityModel.review_threshold``: its ``review_below``, or the structure's own where
-  the review rule chose one per structure; :data:`REVIEW_BELOW` by default). Without a quality model the predicted Dice
-  and the review flag of a present structure are null — never guessed.
+  the review rule chose one per structure; :data:`REVIEW_BELOW` by default): the review rule's own flag,
+  :func:`CalibSegLib.quality.review_rule.flagged`, the one its thresholds were chosen by. Without a quality model the
+  predicted Dice and the review flag of a present structure are null — never guessed.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, unc
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, REVIEW_BELOW,
                                        QualityModel, StructureQuality, structure_key, thresholds_text)
+from CalibSegLib.quality.review_rule import flagged
 
 if TYPE_CHECKING:
     from CalibSegLib.bundle import BundleMetadata
@@ -98,9 +100,9 @@ def _members_dice(prediction: "Prediction", metadata: "BundleMetadata", model: Q
 def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
                        model: StructureQuality | None, review_below: float,
                        members_dice: float | None = None) -> dict[str, Any]:
-    if features is None:  # predicted nowhere: nothing to average, and a reader must look
+    if features is None:  # predicted nowhere: nothing to average, and flagged whatever the threshold
         return {"volume_ml": 0.0, "mean_confidence": None, "mean_entropy": None, "low_confidence_fraction": None,
-                "predicted_dice": None, "predicted_dice_interval": None, "review": True}
+                "predicted_dice": None, "predicted_dice_interval": None, "review": bool(flagged(None, review_below))}
     summary: dict[str, Any] = {"volume_ml": features["voxels"] * voxel_mm3 / 1000.0,
                                **{key: features[key] for key in (*_SHOWN_FEATURES, MEAN_DISAGREEMENT)
                                   if key in features}}
@@ -108,7 +110,7 @@ def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
         return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
     dice = model.predict(features) if members_dice is None else members_dice
     return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
-            "review": dice < review_below}
+            "review": bool(flagged(dice, review_below))}
 
 
 def _case_review(flags: Sequence[bool | None]) -> bool | None:

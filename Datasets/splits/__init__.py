@@ -12,7 +12,8 @@ import random
 from pathlib import Path
 from typing import Sequence
 
-from Datasets.cases import CaseFile, DataError
+from Datasets.errors import DataError
+from Datasets.layouts import CaseFile
 
 __all__ = ["SPLITS_DIR", "SIDES", "SPLIT_NAME", "SPLIT_FRACTIONS", "load_split", "make_split", "split_json",
            "select_patients", "default_split_for", "split_reference", "recorded_split"]

@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 from typing import Callable, Sequence
 
-from Datasets.cases import DataError
+from Datasets.errors import DataError
 
 __all__ = ["FOLDS", "FOLDS_NAME", "SHIPPED_FOLDS", "make_folds", "fold_split", "folds_json", "load_folds",
            "default_folds_for"]
