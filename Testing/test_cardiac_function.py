@@ -97,6 +97,31 @@ def test_a_recalibration_line_that_would_make_a_volume_negative_leaves_it_as_mea
     assert f"REVIEW before signing: {result.review[0]}" in result.table_lines()
 
 
+def test_the_review_list_names_the_lv_where_the_review_flag_marks_it():
+    """A quality model that predicts Dice 0.50 for the RV, 0.95 for the myocardium and, for the LV, 0.85 (flagged
+    below 0.90) and then 0.95 (not flagged): the review list names the LV at ED and at ES with its predicted Dice and
+    threshold, and nothing of the RV or the myocardium (their flags are in the quality summary); the values are
+    those without a quality model."""
+    from CalibSegLib.quality import QualityModel, StructureQuality
+
+    def constant(dice: float) -> StructureQuality:
+        return StructureQuality("mean_entropy", "linear", {"intercept": dice, "slope": 0.0}, (-0.1, 0.1), 0.05, 0.1, 20)
+
+    phases = (_heart(900, 700, 400), GRID), (_heart(400, 350, 420), GRID)
+    reviews = []
+    for lv_dice in (0.85, 0.95):
+        model = QualityModel({"right ventricle": constant(0.5), "myocardium": constant(0.95),
+                              "left ventricle": constant(lv_dice)}, review_below=0.8,
+                             review_below_by_structure={"right ventricle": 0.8, "myocardium": 0.96,
+                                                        "left ventricle": 0.9})
+        result = measure_function(LabelPredictor(cardiac_metadata(quality_model=model.to_dict())), *phases)
+        assert result.values == measure_function(LabelPredictor(), *phases).values
+        reviews.append(result.review)
+    assert reviews == [[f"The LV blood pool at {phase} is flagged for review (predicted Dice 0.85, below 0.90), so the "
+                        "indices made of it may be off; check its contours before signing." for phase in ("ED", "ES")],
+                       []]
+
+
 def test_published_intervals_stay_within_what_each_index_can_be():
     """A rule of ± 30 (constant scale) around a small heart: volume intervals start at 0 and EF intervals end at 100,
     the other ends are the rule's."""

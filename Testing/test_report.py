@@ -228,8 +228,7 @@ def _function(cine: bool = False, trigger_times: bool = False) -> dict:
 
 
 def test_the_function_table_shows_every_index_with_its_interval():
-    from CalibSegLib.cardiac.intervals import INDEX_LABELS
-    from CalibSegLib.cardiac.intervals import INDICES
+    from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES
     from CalibSegLib.report import function_table_html
 
     text = function_table_html(_function())
@@ -242,6 +241,17 @@ def test_the_function_table_shows_every_index_with_its_interval():
     absent = dict(_function(), lv_ef_percent={"value": 60.0, "interval": None})  # a bundle without a rule
     assert "<td>LV ejection fraction</td><td class=\"number\">60.0</td><td class=\"number\">–</td>" in \
         function_table_html(absent)
+
+
+def test_the_function_page_lists_the_reasons_to_review_escaped_and_none_without_them():
+    from CalibSegLib.report import function_report_html
+
+    reason = "The RV blood pool at ES is flagged for review (predicted Dice 0.75, below 0.88) <b>&"
+    page = function_report_html(dict(_function(), review=[reason]), "acdc_ce_dice", "calibseg-function", "p041")
+    assert ("<h2>Review before signing</h2><ul class=\"review\"><li>The RV blood pool at ES is flagged for review "
+            "(predicted Dice 0.75, below 0.88) &lt;b&gt;&amp;</li></ul>") in page
+    for quiet in (dict(_function(), review=[]), _function()):  # empty, and a file written before the list
+        assert "Review before signing" not in function_report_html(quiet, "acdc_ce_dice", "calibseg-function")
 
 
 def test_a_cine_page_draws_the_volume_curve_with_ed_and_es_marked(tmp_path):

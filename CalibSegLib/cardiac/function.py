@@ -39,9 +39,10 @@ from CalibSegLib.inference import Prediction, Predictor
 from CalibSegLib.input_check import check_input
 from CalibSegLib.io import ImageGeometry
 from CalibSegLib.quality import quality_summary
+from CalibSegLib.quality.review_rule import flagged
 
-__all__ = ["PhaseImage", "FunctionResult", "stored_rule", "measure_volumes", "function_result", "measure_function",
-           "measure_cine"]
+__all__ = ["PhaseImage", "REVIEWED_STRUCTURES", "FunctionResult", "stored_rule", "measure_volumes", "function_result",
+           "measure_function", "measure_cine"]
 
 PhaseImage = tuple[np.ndarray, ImageGeometry]
 """One phase: a ``(z, y, x)`` image and its geometry."""
@@ -149,7 +150,7 @@ def measure_volumes(predictor: Predictor, phase: PhaseImage, progress: Callable[
                     cancel: threading.Event | None = None, name: str = "The image"
                     ) -> tuple[PhaseVolumes, Prediction]:
     """Segment one phase, judge it by the bundle's input check and measure its structures, with their predicted Dice
-    when the bundle's rule scales by it.
+    when the bundle has a quality model.
 
     Raises:
         CardiacError: a bundle without the cardiac structures' codes (before the network runs), or a phase the input
@@ -165,8 +166,7 @@ def measure_volumes(predictor: Predictor, phase: PhaseImage, progress: Callable[
         distance = feature_distance(predictor.model, metadata, image, geometry.spacing, predictor.batch_size)
         check_suitable(check_input(metadata, image, geometry.spacing, prediction.labels, distance), name)
     volumes = phase_volumes(prediction.labels, tally, geometry.spacing, classes)
-    rule, _ = stored_rule(metadata)
-    if rule is not None and rule.needs_predicted_dice:
+    if metadata.quality is not None:  # the rule's scale may read it, and the review list does
         volumes = volumes.with_predicted_dice(_predicted_dice(prediction, geometry.spacing, metadata, classes))
     return volumes, prediction
 
@@ -176,6 +176,32 @@ def _unmapped_sentence(volume: str) -> str:
     return (f"The {STRUCTURE_NAMES[structure]} at {phase.upper()} is given as measured: the interval rule's "
             "recalibration line would make it 0 mL or less, so this cavity is smaller than any the line was fitted "
             "on; check its contours.")
+
+
+# The structures whose review flag goes into the review list: the LV blood pool, at ED and ES. Measured on
+# acdc_ce_dice (docs/function.md, "The review mark, measured"): with the RV and the myocardium too, 22 of 27
+# out-of-fold patients whose LV EF is within 3 points were marked (the RV at ES is flagged in most hearts whatever
+# their EF), with the LV alone none, while the two test patients off by most (33 and 9 points) still are.
+REVIEWED_STRUCTURES = ("lv",)
+
+
+def _flagged_sentences(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes) -> list[str]:
+    """A sentence per phase whose :data:`REVIEWED_STRUCTURES` the bundle's review flag marks (its predicted Dice
+    below the review threshold, :func:`CalibSegLib.quality.review_rule.flagged`): the indices made of it may be off."""
+    model = metadata.quality
+    if model is None:
+        return []
+    classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
+    sentences = []
+    for structure in REVIEWED_STRUCTURES:
+        threshold = model.review_threshold(metadata.class_names[classes.index(structure)])
+        for phase, volumes in (("ED", ed), ("ES", es)):
+            dice = volumes.structure(structure).predicted_dice
+            if dice is not None and bool(flagged(dice, threshold)):
+                sentences.append(f"The {STRUCTURE_NAMES[structure]} at {phase} is flagged for review (predicted "
+                                 f"Dice {dice:.2f}, below {threshold:.2f}), so the indices made of it may be off; "
+                                 "check its contours before signing.")
+    return sentences
 
 
 def function_result(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes) -> FunctionResult:
@@ -194,8 +220,9 @@ def function_result(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes
                                                                                     scales[index]))
                  for index in INDICES}
     check_result(values, intervals)
-    review = [_unmapped_sentence(volume) for volume in
-              (unmapped_volumes(ed, es, estimate, rule.recalibration) if rule is not None else [])]
+    review = _flagged_sentences(metadata, ed, es) + [
+        _unmapped_sentence(volume) for volume in
+        (unmapped_volumes(ed, es, estimate, rule.recalibration) if rule is not None else [])]
     return FunctionResult(values, intervals, rule.level if rule is not None else LEVEL, absent, estimate,
                           rule is not None and rule.recalibration is not None, ed, es, review=review)
 
