@@ -120,7 +120,9 @@ def check_function_of_ed_and_es_is_the_label_volumes_with_their_intervals(scene,
     ef = function["lv_ef_percent"]["value"]
     assert function_text(function).splitlines()[3] == (
         f"LV ejection fraction: {ef:.1f} % (90 % interval {ef - 5:.1f} to {ef + 5:.1f})")  # what the panel shows
-    assert function["review"] == []
+    assert function["review"] == []  # the tiny bundle has no quality model to flag with
+    assert function_text({**function, "review": ["Check the LV at ES."]}).splitlines()[-1] == \
+        "Review before signing: Check the LV at ES."  # what the panel shows of a review list
     assert json.loads((folder / "function.json").read_text()) == function
     page = (folder / "report.html").read_text()
     assert "LV ejection fraction" in page and "an ED and an ES volume" in page

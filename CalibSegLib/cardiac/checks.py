@@ -42,9 +42,10 @@ def check_distinct(images: Sequence[np.ndarray], names: Sequence[str]) -> None:
     volumes would give an EF of 0 that no heart has. ``names`` say what each image is, for the sentence."""
     seen: dict[bytes, int] = {}
     for position, image in enumerate(images):
-        array = np.ascontiguousarray(image)
-        # A digest per phase, not every pair compared: a cine of 30 phases is then 30 passes over its voxels.
-        digest = hashlib.blake2b(f"{array.dtype.str}{array.shape}".encode() + array.tobytes()).digest()
+        # Values, not bytes: the same voxels stored as int16 in one file and float32 in another are one image. A
+        # digest per phase, not every pair compared: a cine of 30 phases is then 30 passes over its voxels.
+        array = np.ascontiguousarray(image, dtype=np.float64)
+        digest = hashlib.blake2b(f"{array.shape}".encode() + array.tobytes()).digest()
         if digest in seen:
             first = names[seen[digest]]
             raise CardiacError(f"{first[:1].upper()}{first[1:]} and {names[position]} are the same image (equal "
