@@ -2,7 +2,7 @@
 the test patients.
 
     python -m scripts.function_review_mark --bundle acdc_ce_dice --data ../shared/data/acdc \
-        --record docs/records/function/acdc_ce_dice_review_mark.json
+        --record docs/records/function_review/acdc_ce_dice.json
 
 Out of fold, each of the bundle's members measures the patients it never saw (its ``ensemble.members[m].validation``)
 alone, under the bundle's temperature, post-processing, quality model (applied to that member, as it was fitted) and
