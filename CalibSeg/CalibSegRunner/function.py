@@ -28,7 +28,6 @@ and writes the files at once, removing them again if anything fails:
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from dataclasses import dataclass
@@ -178,9 +177,7 @@ class FunctionRunner:
     def publish(request: FunctionRequest, function: dict) -> FunctionOutputs:
         """Add the tables (and a cine's chart) to the scene of the phases' grid volume and write the files into the
         output folder; on any error remove what was added, write nothing, and re-raise."""
-        from CalibSegLib.io import OutputSet
-        from CalibSegLib.report import REPORT_NAME, write_function_report
-        from CalibSegLib.cardiac.command import FUNCTION_NAME
+        from CalibSegLib.cardiac.command import write_function_files
 
         phases = request.phases
         scene = phases.source_node.GetScene()
@@ -196,12 +193,8 @@ class FunctionRunner:
                 outputs.chart = _add_volume_chart(scene, f"{phases.name} volume curve", outputs.phase_table, columns,
                                                   function)
             if request.output_folder is not None:
-                with OutputSet() as files:
-                    outputs.json_path = request.output_folder / FUNCTION_NAME
-                    outputs.report_path = request.output_folder / REPORT_NAME
-                    files.stage(outputs.json_path).write_text(json.dumps(function, indent=2))
-                    write_function_report(files.stage(outputs.report_path), function, request.bundle_path.stem,
-                                          MODULE_LABEL, phases.name)
+                outputs.json_path, outputs.report_path = write_function_files(
+                    request.output_folder, function, request.bundle_path.stem, MODULE_LABEL, phases.name)
         return outputs
 
     def run(self, phases: Phases, bundlePath, device: str = "auto", outputFolder=None,

@@ -49,8 +49,7 @@ def check_distinct(images: Sequence[np.ndarray], names: Sequence[str]) -> None:
         if digest in seen:
             first = names[seen[digest]]
             raise CardiacError(f"{first[:1].upper()}{first[1:]} and {names[position]} are the same image (equal "
-                               "voxels), so "
-                               "no heart's contraction lies between them; give the end-diastolic and the "
+                               "voxels), so no heart's contraction lies between them; give the end-diastolic and the "
                                "end-systolic phase of one cine.")
         seen[digest] = position
 

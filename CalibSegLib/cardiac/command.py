@@ -23,9 +23,10 @@ exits with status 2, writing nothing (Ctrl-C: 130).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.cardiac.function import FunctionResult, PhaseImage, measure_cine, measure_function
@@ -33,11 +34,11 @@ from CalibSegLib.cardiac.indices import CardiacError
 from CalibSegLib.dicom import SinglePhaseError, read_cine_series, read_dicom_folder
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import (ImageDimensionError, OutputSet, check_output_file, check_output_folder, os_error_sentence,
-                           read_image, write_json_atomic)
+                           read_image)
 from CalibSegLib.pretrained import bundle_label, pretrained_models, resolve_bundle_path
 from CalibSegLib.report import REPORT_NAME, write_function_report
 
-__all__ = ["FUNCTION_NAME", "read_phase", "read_cine", "run", "main"]
+__all__ = ["FUNCTION_NAME", "read_phase", "read_cine", "write_function_files", "run", "main"]
 
 FUNCTION_NAME = "function.json"
 
@@ -82,20 +83,27 @@ def read_cine(path: Path) -> tuple[list[PhaseImage], list[float] | None]:
     return [(volume, cine.geometry) for volume in cine.volumes], cine.trigger_times_ms
 
 
+def write_function_files(folder: Path, function: Mapping[str, Any], bundle_name: str, made_by: str, case_name: str,
+                         report: bool = True) -> tuple[Path, Path | None]:
+    """``function.json`` (the ``function`` dictionary) and, with ``report``, ``report.html`` into ``folder`` as one
+    set: both replace what ``folder`` held, or neither does (:class:`~CalibSegLib.io.OutputSet`). The command and
+    the Slicer section both write through it. Returns the two paths (None for no report)."""
+    with OutputSet() as files:
+        files.stage(folder / FUNCTION_NAME).write_text(json.dumps(function, indent=2, allow_nan=True))
+        if report:
+            write_function_report(files.stage(folder / REPORT_NAME), function, bundle_name, made_by, case_name)
+    return folder / FUNCTION_NAME, folder / REPORT_NAME if report else None
+
+
 def _write_outputs(out: Path, result: FunctionResult, arguments: argparse.Namespace) -> Path:
-    """``function.json`` and, with ``--report``, ``report.html``: both replace what ``out`` held, or neither does."""
+    """The command's files (:func:`write_function_files`); a failed write is one sentence naming ``out``."""
     source = arguments.cine if arguments.cine is not None else arguments.ed
-    payload = result.to_json()
     try:
-        with OutputSet() as outputs:
-            write_json_atomic(outputs.stage(out / FUNCTION_NAME), payload)
-            if arguments.report:
-                write_function_report(outputs.stage(out / REPORT_NAME), payload, bundle_label(arguments.bundle),
-                                      "calibseg-function", source.name)
+        return write_function_files(out, result.to_json(), bundle_label(arguments.bundle), "calibseg-function",
+                                    source.name, arguments.report)[0]
     except OSError as error:
         raise OSError(f"Cannot write the results into {out} ({os_error_sentence(error).rstrip('.')}); nothing there "
                       "was changed, so free some space or choose another --out-dir.") from None
-    return out / FUNCTION_NAME
 
 
 def run(arguments: argparse.Namespace) -> tuple[FunctionResult, Path]:

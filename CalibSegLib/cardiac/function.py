@@ -275,8 +275,7 @@ def measure_cine(predictor: Predictor, phases: Sequence[PhaseImage], trigger_tim
     if len(phases) < 2:
         raise CardiacError(f"The cine holds {len(phases)} phase; a cine needs at least two time points to find ED "
                            "and ES in, so give the whole series or pass one phase each to --ed and --es.")
-    names = [f"phase {index}" for index in range(len(phases))]
-    _check_geometry(phases, names)
+    _check_geometry(phases, [f"phase {index}" for index in range(len(phases))])
     phase_order(len(phases), trigger_times_ms)  # its sentence before any phase is segmented
     check_distinct([image for image, _ in phases], [f"phase {index} of the cine" for index in range(len(phases))])
     rule, _ = stored_rule(predictor.metadata)

@@ -107,6 +107,12 @@ Recalibration = dict[str, tuple[float, float]]
 """Per volume of :data:`VOLUMES` the ``(intercept, slope)`` of the line mapping the estimate to the reference."""
 
 
+def _measured(ed: PhaseVolumes, es: PhaseVolumes, key: str) -> StructureVolume:
+    """The structure and phase a key of :data:`VOLUMES` names (``rv_es``: the RV at ES)."""
+    structure, phase = key.rsplit("_", 1)
+    return (ed if phase == "ed" else es).structure(structure)
+
+
 def unmapped_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, recalibration: Recalibration | None
                      ) -> list[str]:
     """The :data:`VOLUMES` of an ED/ES pair that ``recalibration``'s lines leave as measured: those a line would
@@ -114,13 +120,8 @@ def unmapped_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str, recalibr
     negative)."""
     if recalibration is None:
         return []
-    unmapped = []
-    for key in VOLUMES:
-        structure, phase = key.rsplit("_", 1)
-        intercept, slope = recalibration[key]
-        if intercept + slope * getattr((ed if phase == "ed" else es).structure(structure), estimate) <= 0:
-            unmapped.append(key)
-    return unmapped
+    return [key for key in VOLUMES if recalibration[key][0] + recalibration[key][1] * getattr(
+        _measured(ed, es, key), estimate) <= 0]
 
 
 def phase_pair_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str,
@@ -131,8 +132,7 @@ def phase_pair_volumes(ed: PhaseVolumes, es: PhaseVolumes, estimate: str,
     unmapped = unmapped_volumes(ed, es, estimate, recalibration)
     volumes, bands = {}, {}
     for key in VOLUMES:
-        structure, phase = key.rsplit("_", 1)
-        measured = (ed if phase == "ed" else es).structure(structure)
+        measured = _measured(ed, es, key)
         intercept, slope = recalibration[key] if recalibration is not None and key not in unmapped else (0.0, 1.0)
         volumes[key] = intercept + slope * getattr(measured, estimate)
         bands[key] = abs(slope) * BANDS[band](measured)
