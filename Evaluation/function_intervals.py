@@ -1,21 +1,23 @@
 """Fit the interval rule of cardiac function on out-of-fold predictions, and measure it on the test patients.
 
-    nice -n 5 python -m Evaluation.function_intervals --bundle acdc_ce_dice --cache runs/function/acdc_ce_dice
-    flock /tmp/pretrained.lock python -m Evaluation.function_intervals --bundle acdc_ce_dice \
-        --cache runs/function/acdc_ce_dice --no-collect --record docs/records/function/acdc_ce_dice.json \
-        --write-bundle
+    calibseg-store --bundle acdc_crac --store ../store            # the networks, once (resumable)
+    python -m Evaluation.function_intervals --bundle acdc_crac --store ../store \
+        --record docs/records/function/acdc_crac.json              # seconds: fit, measure, record
+    calibseg-fit --bundle acdc_crac --store ../store --sections function_intervals --out PATH   # into a bundle
 
-The first predicts (resumable), the second fits, measures, writes the record and stores the rule in the bundle
-(``function_intervals``); one command with ``--record`` does both.
+The fit reads the store (:mod:`CalibSegLib.store`); ``--cache`` reads (and fills) this module's own older
+per-volume collection instead, which holds the same volumes. The rule goes into a bundle through ``calibseg-fit``,
+the one rewrite of a bundle's fitted sections.
 
-1. **Collect** (resumable: one small JSON per volume under ``--cache``). Every cross-validation patient's ED and
-   ES volumes, each predicted by the one member of the ensemble that never saw it (the bundle's
-   ``ensemble.members[k].validation``): each structure's volume from hard labels and from probability sums, and
-   its spread Σ p (1 − p) (:mod:`CalibSegLib.cardiac.indices`). Every test patient's volumes predicted by each
-   member and by the ensemble (the mean of the members' probabilities, its argmax post-processed: what the
-   shipped bundle gives). The reference volumes come from the labels. A sub-ensemble (``python -m
-   Training.sub_ensemble``) keeps the rule of the ensemble it was selected from, fitted on that ensemble's five
-   fold networks: give it a copy of that ensemble's ``--cache`` and only its test volumes are predicted anew.
+1. **Collect** (the store's records, or with ``--cache`` one small JSON per volume there, resumable). Every
+   cross-validation patient's ED and ES volumes, each predicted by the one member of the ensemble that never saw
+   it (the bundle's ``ensemble.members[k].validation``): each structure's volume from hard labels and from
+   probability sums, and its spread Σ p (1 − p) (:mod:`CalibSegLib.cardiac.indices`). Every test patient's
+   volumes predicted by each member and by the ensemble (the mean of the members' probabilities, its argmax
+   post-processed: what the shipped bundle gives). The reference volumes come from the labels. A sub-ensemble
+   (``python -m Training.sub_ensemble``) keeps the rule of the ensemble it was selected from, fitted on that
+   ensemble's five fold networks: give it that ensemble's store (or a copy of its ``--cache``) and only its test
+   volumes are predicted anew.
 2. **Fit** (:func:`CalibSegLib.cardiac.intervals.fit_rule`) on the out-of-fold patients; the choice of point
    estimate, scale and recalibration is made there, by the smallest sum of the LV and RV EF intervals' median
    widths when each patient is judged by the rule fitted on the others (leave-one-patient-out). The scales that
@@ -32,7 +34,6 @@ ACDC's HDF5 files carry no spacing: every volume here is in mL under the assumed
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import math
@@ -44,7 +45,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from CalibSegLib.bundle import Bundle, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.cardiac.indices import (STRUCTURES, CardiacClasses, PhaseVolumes, ProbabilityTally,
                                          cardiac_classes, label_volumes_ml, phase_volumes, voxel_volume_ml)
 from CalibSegLib.cardiac.intervals import (DICE_SCALES, ESTIMATES, INDICES, RECALIBRATIONS, SCALES, IntervalRule,
@@ -56,6 +57,7 @@ from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality.fitting import Observation, held_out_predictions
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
+from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreRecord, read_records
 from Datasets.acdc import ACDC_SPACING
 from Datasets.dataset_names import data_folder
 from Datasets.errors import DataError
@@ -64,7 +66,8 @@ from Datasets.loading import Case, load_cases
 from Datasets.splits import select_patients
 from Evaluation.bootstrap import group_draws, mean_interval
 
-__all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "attach_predicted_dice", "PatientVolumes",
+__all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "attach_predicted_dice", "attach_observed_dice",
+           "stored_collection", "stored_observations", "stored_records", "PatientVolumes",
            "patient_volumes", "leave_one_out", "summarise", "fit_and_measure", "markdown_table", "models_table",
            "main"]
 
@@ -154,6 +157,56 @@ def read_collected(cache: Path, weights_sha256: str, out_of_fold_weights_sha256:
     return [record for record in records if record.get("weights_sha256") == wanted.get(record.get("side"))]
 
 
+def stored_collection(records: Sequence[StoreRecord]) -> list[dict[str, Any]]:
+    """The store's records (:mod:`CalibSegLib.store`, written by ``calibseg-store``) as :func:`collect_volumes`'
+    per-volume records, so that the fit reads a store as it reads a collection."""
+    collected: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records:
+        if record.volumes is None:
+            raise DataError(f"The store's record of {record.case} holds no cardiac volumes: its bundle has no "
+                            "cardiac structures to fit function intervals for.")
+        side = "oof" if record.role == OUT_OF_FOLD else "test"
+        entry = collected.setdefault((side, record.case), {
+            "case": record.case, "patient": record.patient, "side": side, "weights_sha256": record.weights_sha256,
+            "reference": record.reference_ml, "members": {}})
+        if record.member == ENSEMBLE:
+            entry["ensemble"] = record.volumes
+        else:
+            entry["members"][str(record.member)] = record.volumes
+    return [collected[key] for key in sorted(collected, key=lambda key: f"{key[0]}_{key[1]}.json")]
+
+
+def stored_observations(records: Sequence[StoreRecord], role: str) -> list[dict[str, Any]]:
+    """The members' quality observations of ``role`` among the store's records, as :func:`attach_observed_dice`
+    reads them."""
+    return [{"case": record.case, "patient": record.patient, "member": record.member, "features": record.features,
+             "dice": record.dice} for record in records if record.role == role and record.member != ENSEMBLE]
+
+
+def stored_records(bundle: Bundle, store: Path, predicted_dice: bool = False) -> list[dict[str, Any]]:
+    """The bundle's out-of-fold and test volumes from ``store`` as collected records (:func:`stored_collection`),
+    with (``predicted_dice``) each prediction's predicted Dice from the store's observations of the same
+    predictions (:func:`attach_observed_dice`). A sub-ensemble's out-of-fold records are those of the ensemble
+    it keeps members of.
+
+    Raises:
+        StoreError: the store holds no record of the bundle's weights.
+    """
+    metadata = bundle.metadata
+    stored = read_records(store, metadata.weights_sha256)
+    if metadata.out_of_fold_weights_sha256 != metadata.weights_sha256:
+        stored = [record for record in stored if record.role != OUT_OF_FOLD] + [
+            record for record in read_records(store, metadata.out_of_fold_weights_sha256)
+            if record.role == OUT_OF_FOLD]
+    records = stored_collection(stored)
+    if not predicted_dice:
+        return records
+    kept = metadata.selected_from.get("members")  # attach_observed_dice numbers test members as the ensemble kept
+    tested = [{**item, "member": kept[item["member"]] if kept else item["member"]}
+              for item in stored_observations(stored, TEST)]
+    return attach_observed_dice(records, stored_observations(stored, OUT_OF_FOLD), tested, bundle, str(store))
+
+
 def _read_observations(folder: Path) -> list[dict[str, Any]]:
     if not folder.is_dir():
         raise DataError(f"{folder} is no folder of quality observations; write it with python -m "
@@ -169,9 +222,17 @@ def _structure_dice(dice: np.ndarray, classes: CardiacClasses) -> dict[str, floa
 
 def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path, bundle: Bundle
                           ) -> list[dict[str, Any]]:
+    """:func:`attach_observed_dice` with the observations of a folder ``observations`` (``out_of_fold/`` and
+    ``test/``, ``<case>.member<m>.json``, as ``scripts.ensemble_quality_pass`` writes them)."""
+    return attach_observed_dice(records, _read_observations(observations / "out_of_fold"),
+                                _read_observations(observations / "test"), bundle, str(observations))
+
+
+def attach_observed_dice(records: Sequence[dict[str, Any]], fitted: Sequence[dict[str, Any]],
+                         tested: Sequence[dict[str, Any]], bundle: Bundle, source: str) -> list[dict[str, Any]]:
     """``records`` with each prediction's structures given ``predicted_dice``, from the quality observations of the
-    same networks' predictions (``observations/out_of_fold`` and ``observations/test``, ``<case>.member<m>.json``
-    with ``features`` and measured ``dice``, as ``scripts.ensemble_quality_pass`` writes them).
+    same networks' predictions: ``fitted`` out of fold, ``tested`` on the test volumes, each ``{"case", "patient",
+    "member", "features", "dice"}`` (read from ``source``).
 
     Out of fold each volume's predicted Dice comes from the quality model fitted without its patient
     (:func:`~CalibSegLib.quality.fitting.held_out_predictions`): the bundle's own model was fitted on these very
@@ -191,10 +252,8 @@ def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path,
                         "Dice at inference is not the members' mean these observations give; fit without "
                         "--quality-observations.")
     classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
-    fitted = _read_observations(observations / "out_of_fold")
     held_out = held_out_predictions([Observation(item["patient"], item["features"], np.asarray(item["dice"]))
                                      for item in fitted], metadata.class_names) if fitted else np.empty((0, 0))
-    tested = _read_observations(observations / "test")
     applied = member_predicted_dice(model, [item["features"] for item in tested], metadata.class_names) \
         if tested else np.empty((0, 0))
     found = {("oof", item["case"], item["member"]): (item, dice) for item, dice in zip(fitted, held_out)}
@@ -208,7 +267,7 @@ def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path,
         for member, phase in record["members"].items():
             observed = kept[int(member)] if kept and record["side"] == "test" else int(member)
             if (record["side"], record["case"], observed) not in found:
-                raise DataError(f"{observations} holds no quality observation of {record['case']} by member "
+                raise DataError(f"{source} holds no quality observation of {record['case']} by member "
                                 f"{observed}; run scripts.ensemble_quality_pass for it first.")
             item, dice = found[(record["side"], record["case"], observed)]
             for structure in STRUCTURES:
@@ -411,14 +470,6 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
     return rule, measured
 
 
-def _rewrite_bundle(path: Path, rule: IntervalRule) -> Path:
-    """The bundle at ``path``, read again now (another tool may have rewritten it since), with ``rule`` as its
-    ``function_intervals`` and nothing else changed, written over its file (temporary name, then rename)."""
-    bundle = load_bundle(path)
-    metadata = dataclasses.replace(bundle.metadata, function_intervals=rule.to_dict())
-    return save_bundle(bundle.path, bundle.state_dict, metadata, half=bundle.metadata.weights_dtype == "float16")
-
-
 def _cell(entry: dict[str, float], percent: bool = False) -> str:
     """A value with its 95 % interval, ``12.3 (10.1–14.5)``; shares as percentages."""
     scale, unit = (100.0, " %") if percent else (1.0, "")
@@ -456,22 +507,25 @@ def models_table(records: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Collect (unless ``--no-collect``), fit and measure; write the record and, with ``--write-bundle``, the rule
-    into the bundle. Returns 0; bad input exits with one sentence."""
+    """Collect (unless ``--no-collect`` or ``--store``), fit and measure, and write the record (``calibseg-fit
+    --sections function_intervals`` writes the rule into the bundle). Returns 0; bad input exits with one sentence."""
     parser = argparse.ArgumentParser(prog="python -m Evaluation.function_intervals",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default="acdc_ce_dice", help="an ensemble bundle or a shipped model's name")
-    parser.add_argument("--cache", type=Path, required=True, help="folder of the per-volume records (resumed)")
+    sources = parser.add_mutually_exclusive_group(required=True)
+    sources.add_argument("--cache", type=Path, help="folder of the per-volume records (resumed)")
+    sources.add_argument("--store", type=Path,
+                         help="the store calibseg-store filled for the bundle: read, nothing is predicted")
     parser.add_argument("--record", type=Path, help="where to write the fit's record (JSON)")
-    parser.add_argument("--write-bundle", action="store_true",
-                        help="store the fitted rule in the bundle's function_intervals (run under flock when "
-                             "others may write it)")
     parser.add_argument("--no-collect", action="store_true",
                         help="fit on the volumes collected so far, predicting nothing")
     parser.add_argument("--quality-observations", type=Path, default=None,
                         help="folder of the same networks' quality observations (scripts.ensemble_quality_pass "
                              "--out): gives each prediction the quality model's predicted Dice, so the scales that "
                              "read it are candidates too")
+    parser.add_argument("--with-predicted-dice", action="store_true",
+                        help="with --store: the store's quality observations give each prediction its predicted "
+                             "Dice (as --quality-observations does)")
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--device", default="cpu")
     arguments = parser.parse_args(argv)
@@ -480,12 +534,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if bundle.metadata.ensemble is None:
             raise DataError(f"{arguments.bundle} is no cross-validation ensemble, so it has no out-of-fold "
                             "networks to fit the rule on.")
-        if not arguments.no_collect:
+        if arguments.cache is not None and not arguments.no_collect:
             collect_volumes(bundle, arguments.cache, arguments.data, arguments.device)
-        if arguments.record is None and not arguments.write_bundle:
+        if arguments.record is None:
             return 0
         metadata = bundle.metadata
-        records = read_collected(arguments.cache, metadata.weights_sha256, metadata.out_of_fold_weights_sha256)
+        if arguments.store is not None:
+            records = stored_records(bundle, arguments.store, arguments.with_predicted_dice)
+        else:
+            records = read_collected(arguments.cache, metadata.weights_sha256, metadata.out_of_fold_weights_sha256)
         if arguments.quality_observations is not None:
             records = attach_predicted_dice(records, arguments.quality_observations, bundle)
         if metadata.out_of_fold_weights_sha256 != metadata.weights_sha256 and not any(
@@ -513,8 +570,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "(leave-one-patient-out); test: the bundle's quality model on each member, the "
                                   "ensemble's the members' mean"}), **measured})
         print(f"record: {arguments.record}")
-    if arguments.write_bundle:
-        print(f"bundle: {_rewrite_bundle(bundle.path, rule)}")
     print(f"rule: {measured['out_of_fold']['chosen']} (volumes/scale/recalibration), fitted on "
           f"{rule.fitted_on['patients']} out-of-fold patients")
     if "test" in measured:

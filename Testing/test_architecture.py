@@ -143,14 +143,14 @@ def test_installed_packages_are_the_stages_and_import_nothing_else_of_the_reposi
     assert sorted(pattern.rstrip("*") for pattern in included) == sorted(STAGES)
     top_level = {path.name for path in ROOT.iterdir() if path.is_dir() and any(path.glob("*.py"))}
     not_installed = top_level - set(STAGES)
-    assert {"Testing", "benchmarks", "scripts"} <= not_installed
+    assert {"Testing", "benchmarks", "scripts", "studies"} <= not_installed
     leaking = [(module, target) for module, targets in _project_graph().items()
                if module.split(".")[0] in STAGES for target in targets if target.split(".")[0] in not_installed]
     assert leaking == []
 
 
 # What the project ships or runs from the repository: the installed stages, the Slicer module, benchmarks, scripts.
-SHIPPED_FOLDERS = (*STAGES, "CalibSeg", "benchmarks", "scripts")
+SHIPPED_FOLDERS = (*STAGES, "CalibSeg", "benchmarks", "scripts", "studies")
 TESTING_HELPERS = frozenset(path.stem for path in (ROOT / "Testing").glob("*.py"))  # chromium, tiny_bundles, ...
 
 
@@ -242,7 +242,7 @@ def test_every_import_of_the_project_names_what_the_module_defines():
     it broken until a user reaches that path (the GPU benchmark's Dice comparison did, after ``Training/`` was
     split). The stages, benchmarks and scripts are read, each ``from project.module import name`` checked."""
     modules = _modules()
-    files = {**modules, **{f"{folder}.{path.stem}": path for folder in ("benchmarks", "scripts")
+    files = {**modules, **{f"{folder}.{path.stem}": path for folder in ("benchmarks", "scripts", "studies")
                            for path in (ROOT / folder).glob("*.py")}}
     defined = {name: _top_level_names(path) for name, path in modules.items()}
     missing = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -86,12 +86,13 @@ def make_test_bundle(
 
 
 def make_test_ensemble(path: str | Path, size: int = 3, selected_from: dict[str, Any] | None = None,
-                       **overrides: Any) -> Path:
+                       validation: Sequence[Sequence[str]] | None = None, **overrides: Any) -> Path:
     """Write an ensemble of ``size`` tiny UNets (member m: the network of :func:`make_test_bundle`'s ``seed=m``) to
     ``path`` with the ``ensemble`` section ``calibseg-ensemble`` writes (member m: fold m, validation patient
-    ``p<m>``; its checksum a stand-in, no fold bundle exists) and ``selected_from`` (a sub-ensemble's origin) where
-    given; returns the path. ``overrides`` replace other :class:`BundleMetadata` fields."""
-    members = [{"fold": member, "validation": [f"p{member}"], "own_temperature": 1.0, "best_epoch": 1,
+    ``p<m>``, or ``validation[m]``; its checksum a stand-in, no fold bundle exists) and ``selected_from`` (a
+    sub-ensemble's origin) where given; returns the path. ``overrides`` replace other :class:`BundleMetadata` fields."""
+    validation = validation or [[f"p{member}"] for member in range(size)]
+    members = [{"fold": member, "validation": list(validation[member]), "own_temperature": 1.0, "best_epoch": 1,
                 "weights_sha256": f"{member:064x}"} for member in range(size)]
     ensemble = {"members": members, "temperature": "one, fitted on the out-of-fold predictions of all folds"}
     if selected_from is not None:

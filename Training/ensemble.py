@@ -72,8 +72,8 @@ from Training.out_of_fold import complete_out_of_fold
 from Training.records import BUNDLE_NAME, RUN_SUMMARY_NAME
 
 __all__ = ["ENSEMBLE_NAME", "ENSEMBLE_RECORD", "MEMBER_PREFIX", "FoldRun", "read_folds", "member_metadata",
-           "out_of_fold_choices", "out_of_fold_quality", "judging_patients", "member_patients", "member_cases",
-           "build_ensemble", "main"]
+           "out_of_fold_choices", "out_of_fold_quality", "quality_from_observations", "judging_patients",
+           "member_patients", "member_cases", "build_ensemble", "main"]
 
 ENSEMBLE_NAME = "ensemble.calibseg"  # in the cross-validation's folder by default
 ENSEMBLE_RECORD = "ensemble.json"  # beside the bundle
@@ -202,18 +202,15 @@ def _flag_record(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarr
             "false_flag_share": dict(zip(("value", "low", "high"), false_flags))}
 
 
-def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, device: str = "auto",
-                        batch_size: int = 16) -> tuple[QualityModel, dict[str, Any]]:
-    """The quality model of an ensemble described by ``metadata``: fitted on every fold network's out-of-fold
-    predictions under the ensemble's settings, its review threshold chosen by the review rule on held-out
-    predictions; with the record of the rule's table and the out-of-fold check (recall, false flags and
-    predicted-Dice error per structure, each with a patient-level interval).
+def quality_from_observations(observations: Sequence[Observation], class_names: Sequence[str], fold_networks: int
+                              ) -> tuple[QualityModel, dict[str, Any]]:
+    """The quality model and review rule of an ensemble fitted on its fold networks' out-of-fold ``observations``
+    (each volume by the member that never trained on it), and the record of the rule's table and the held-out
+    check (:func:`out_of_fold_quality`, which predicts them; ``calibseg-fit`` reads them from the store).
 
     Raises:
         QualityModelError: too few out-of-fold volumes show some structure.
     """
-    observations = _observations(folds, member_metadata(metadata), device, batch_size)
-    class_names = metadata.class_names
     predicted = held_out_predictions(observations, class_names)
     measured = np.array([item.dice for item in observations])
     patients = np.array([item.patient for item in observations])
@@ -225,15 +222,29 @@ def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, devi
         value, low, high = mean_interval(np.abs(predicted[defined, index] - measured[defined, index]),
                                          patients[defined])
         error[structure_key(name)] = {"mae": value, "low": low, "high": high, "volumes": int(defined.sum())}
-    record = {"fold_networks": len(folds), "volumes": len(observations), "patients": len(set(patients)),
+    record = {"fold_networks": fold_networks, "volumes": len(observations), "patients": len(set(patients)),
               "rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE, "target_recall": TARGET_RECALL},
               "table": table, "by_structure": rule["by_structure"],
               "held_out": _flag_record(predicted, measured, patients, rule, class_names[1:]), "held_out_mae": error}
     model = fit_from_observations(observations, class_names, review_below=rule["review_below"],
-                                  validation={"fold_networks": len(folds), "fold_patients": len(set(patients)),
+                                  validation={"fold_networks": fold_networks, "fold_patients": len(set(patients)),
                                               APPLIED_TO: MEMBERS},
                                   review_below_by_structure=rule["review_below_by_structure"])
     return model, record
+
+
+def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, device: str = "auto",
+                        batch_size: int = 16) -> tuple[QualityModel, dict[str, Any]]:
+    """The quality model of an ensemble described by ``metadata``: fitted on every fold network's out-of-fold
+    predictions under the ensemble's settings, its review threshold chosen by the review rule on held-out
+    predictions; with the record of the rule's table and the out-of-fold check (recall, false flags and
+    predicted-Dice error per structure, each with a patient-level interval).
+
+    Raises:
+        QualityModelError: too few out-of-fold volumes show some structure.
+    """
+    return quality_from_observations(_observations(folds, member_metadata(metadata), device, batch_size),
+                                     metadata.class_names, len(folds))
 
 
 def _ensemble_metadata(folds: Sequence[FoldRun], settings: BundleMetadata, choices: dict[str, Any]

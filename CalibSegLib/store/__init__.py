@@ -1,0 +1,17 @@
+"""The store: one record per (bundle weights, case, member) of what the post-hoc fits read, written once by one
+resumable pass (``calibseg-store``) and read by every fit (``calibseg-fit``) and study instead of running the
+networks again.
+
+- ``record.py``: :class:`StoreRecord`, the versioned stored schema (plain JSON, no pickle), validated on read.
+- ``files.py``: where a record lives (``<store>/<weights_sha256[:16]>/<case>.<member>.json``), writing it
+  atomically and reading a bundle's records back.
+
+The schema imports neither the bundle nor the predictor; the pass that fills the store sits above
+(:mod:`Training.store_pass`).
+"""
+
+from CalibSegLib.store.files import read_records, record_path, stored_keys, write_record
+from CalibSegLib.store.record import ENSEMBLE, OUT_OF_FOLD, ROLES, STORE_VERSION, TEST, StoreError, StoreRecord
+
+__all__ = ["STORE_VERSION", "OUT_OF_FOLD", "TEST", "ROLES", "ENSEMBLE", "StoreError", "StoreRecord", "record_path",
+           "write_record", "read_records", "stored_keys"]

@@ -1,0 +1,73 @@
+"""Where a store keeps its records, and reading a bundle's back.
+
+``<store>/<weights_sha256[:16]>/<case>.<member>.json``: one folder per bundle weights (a rewritten bundle with new
+weights gets a new folder, its old records stay for the weights they describe), one small JSON file per record,
+written under a temporary name and renamed, so an interrupted pass leaves whole records only and resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from CalibSegLib.io import write_json_atomic
+from CalibSegLib.store.record import StoreError, StoreRecord
+
+__all__ = ["record_path", "write_record", "read_records", "stored_keys"]
+
+_DIGEST_CHARACTERS = 16  # 64 bits of the SHA-256 name a folder; the records inside carry the whole digest
+
+
+def _folder(store: str | Path, weights_sha256: str) -> Path:
+    return Path(store) / weights_sha256[:_DIGEST_CHARACTERS]
+
+
+def record_path(store: str | Path, weights_sha256: str, case: str, member: int | str) -> Path:
+    """The file of the record of ``case`` by ``member`` of the bundle weights ``weights_sha256``."""
+    return _folder(store, weights_sha256) / f"{case}.{member}.json"
+
+
+def write_record(store: str | Path, record: StoreRecord) -> Path:
+    """Write ``record`` atomically to its file; returns the path."""
+    path = record_path(store, record.weights_sha256, record.case, record.member)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_json_atomic(path, record.to_dict())
+
+
+def _record_files(folder: Path) -> list[Path]:
+    """The finished record files of a folder (a pass's temporary files start with a dot)."""
+    return sorted(path for path in folder.glob("*.json") if not path.name.startswith(".")) if folder.is_dir() \
+        else []
+
+
+def read_records(store: str | Path, weights_sha256: str) -> list[StoreRecord]:
+    """Every record of the bundle weights ``weights_sha256``, sorted by case and member.
+
+    Raises:
+        StoreError: the store holds no record of these weights, or one cannot be read (one sentence).
+    """
+    folder = _folder(store, weights_sha256)
+    paths = _record_files(folder)
+    if not paths:
+        raise StoreError(f"{store} holds no record of the weights {weights_sha256[:12]}…; fill it with "
+                         f"calibseg-store --bundle <bundle> --store {store}.")
+    records = []
+    for path in paths:
+        try:
+            values = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise StoreError(f"{path} cannot be read as JSON ({error}); delete it and run calibseg-store again, "
+                             "which writes it anew.") from None
+        record = StoreRecord.from_dict(values, str(path))
+        if record.weights_sha256 != weights_sha256:
+            raise StoreError(f"{path} is a record of other weights ({record.weights_sha256[:12]}…); delete it and "
+                             "run calibseg-store again.")
+        records.append(record)
+    return sorted(records, key=lambda record: (record.case, str(record.member)))
+
+
+def stored_keys(store: str | Path, weights_sha256: str) -> set[tuple[str, str]]:
+    """``(case, member)`` (the member as its file names it) of every record file of these weights: what a resumed
+    pass skips."""
+    return {tuple(path.name[:-len(".json")].rsplit(".", 1))
+            for path in _record_files(_folder(store, weights_sha256))}

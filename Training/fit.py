@@ -1,0 +1,166 @@
+"""Refit a bundle's post-hoc sections from the store, predicting nothing.
+
+    calibseg-fit --bundle acdc_crac --store ../store [--sections quality_model function_intervals] [--out PATH]
+    calibseg-fit --bundle acdc_crac --store ../store --check      # refit and compare, write nothing
+
+Every fit is a pure function from the bundle's store records (:mod:`CalibSegLib.store`, filled once by
+``calibseg-store``) and its metadata to one section of ``bundle.json`` and the record of how it was chosen, listed
+in :data:`FITS`:
+
+- ``quality_model``: the quality model and its review rule (per-structure thresholds) from the out-of-fold
+  observations, each volume by the member that never trained on it (:func:`Training.ensemble.quality_from_observations`,
+  the function ``calibseg-ensemble`` fits with);
+- ``function_intervals``: the cardiac function interval rule from the out-of-fold volumes, chosen by
+  leave-one-patient-out widths and measured on the test patients
+  (:func:`Evaluation.function_intervals.fit_and_measure`); with ``--with-predicted-dice`` the scales that read the
+  members' predicted Dice are candidates too.
+
+What the store does not hold stays with the pass that needs the voxels: mirroring, temperature and the largest
+component are chosen by ``calibseg-ensemble`` on the members' logits, and every record is of a prediction under
+those settings (a new temperature changes every quality feature, so it means a new store). The input check's
+statistics read the training images and the members' encoder features (``python -m Training.fit_input_check``).
+
+The bundle is rewritten through :func:`Training.bundle_rewrite.rewrite_bundle` (default in place; a shipped model:
+``runs/<name>/<name>.calibseg``), the weights byte-identical; ``--check`` refits, prints the largest difference
+to the bundle's own sections and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
+from CalibSegLib.io import os_error_sentence
+from CalibSegLib.pretrained import resolve_bundle_path
+from CalibSegLib.quality import Observation
+from CalibSegLib.store import OUT_OF_FOLD, StoreRecord, read_records
+from Datasets.errors import DataError
+from Evaluation.function_intervals import fit_and_measure, stored_records
+from Training.bundle_rewrite import rewrite_bundle, rewrite_destination
+from Training.ensemble import quality_from_observations
+
+__all__ = ["FitInputs", "FITS", "fit_quality_model", "fit_function_intervals", "refit", "largest_difference",
+           "main"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FitInputs:
+    """What every fit reads: the bundle's metadata, its store records, and the function fit's one option."""
+
+    metadata: BundleMetadata
+    records: list[StoreRecord]
+    function_records: Callable[[], list[dict[str, Any]]]
+
+
+def _observations(inputs: FitInputs) -> list[Observation]:
+    """The out-of-fold members' observations, member by member (the order ``calibseg-ensemble`` predicts in)."""
+    out_of_fold = sorted((record for record in inputs.records if record.role == OUT_OF_FOLD),
+                         key=lambda record: (record.member, record.case))
+    return [Observation(record.patient, record.features, np.asarray(record.dice))
+            for record in out_of_fold]
+
+
+def fit_quality_model(inputs: FitInputs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``quality_model`` section and its record (the review rule's table, the held-out check)."""
+    observations = _observations(inputs)
+    if not observations:
+        raise DataError("The store holds no out-of-fold record of the bundle's weights (a sub-ensemble keeps the "
+                        "rule of the ensemble it was selected from); refit that ensemble.")
+    model, record = quality_from_observations(observations, inputs.metadata.class_names,
+                                              len(inputs.metadata.ensemble["members"]))
+    return model.to_dict(), record
+
+
+def fit_function_intervals(inputs: FitInputs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``function_intervals`` section and its record (the candidates' leave-one-out widths, the test check)."""
+    rule, measured = fit_and_measure(inputs.function_records())
+    return rule.to_dict(), measured
+
+
+# Section of bundle.json → its fit from the store. One table: calibseg-fit, its tests and docs read it.
+FITS: dict[str, Callable[[FitInputs], tuple[dict[str, Any], dict[str, Any]]]] = {
+    "quality_model": fit_quality_model,
+    "function_intervals": fit_function_intervals,
+}
+
+
+def refit(bundle_name: str | Path, store: Path, sections: Sequence[str] = tuple(FITS),
+          predicted_dice: bool = False) -> tuple[Any, dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The bundle, its refitted ``sections`` (name → section) and their records, from ``store``.
+
+    Raises:
+        BundleError, DataError, StoreError, QualityModelError: unreadable bundle or store, too few records.
+    """
+    unknown = [name for name in sections if name not in FITS]
+    if unknown:
+        raise KeyError(f"No fit of section {', '.join(unknown)}; choose from {', '.join(FITS)}.")
+    bundle = load_bundle(resolve_bundle_path(bundle_name))
+    if bundle.metadata.ensemble is None:
+        raise DataError(f"{bundle_name} is no cross-validation ensemble, so no store records are of it.")
+    inputs = FitInputs(bundle.metadata, read_records(store, bundle.metadata.weights_sha256),
+                       lambda: stored_records(bundle, store, predicted_dice))
+    fitted, records = {}, {}
+    for name in sections:
+        fitted[name], records[name] = FITS[name](inputs)
+    return bundle, fitted, records
+
+
+def largest_difference(stored: Any, refitted: Any) -> float:
+    """The largest absolute difference between two JSON values' numbers (inf where their shapes or texts differ)."""
+    if isinstance(stored, dict) and isinstance(refitted, dict):
+        if set(stored) != set(refitted):
+            return math.inf
+        return max((largest_difference(stored[key], refitted[key]) for key in stored), default=0.0)
+    if isinstance(stored, list) and isinstance(refitted, list):
+        if len(stored) != len(refitted):
+            return math.inf
+        return max((largest_difference(*pair) for pair in zip(stored, refitted)), default=0.0)
+    numbers = (int, float)
+    if isinstance(stored, numbers) and isinstance(refitted, numbers) and not isinstance(stored, bool):
+        if math.isnan(stored) and math.isnan(refitted):
+            return 0.0
+        return abs(float(stored) - float(refitted))
+    return 0.0 if stored == refitted else math.inf
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-fit`` command; returns 0. Bad input exits with one sentence, no traceback."""
+    parser = argparse.ArgumentParser(prog="calibseg-fit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", required=True, help="an ensemble bundle (.calibseg) or a shipped model's name")
+    parser.add_argument("--store", type=Path, required=True, help="the store calibseg-store filled for it")
+    parser.add_argument("--sections", nargs="+", choices=tuple(FITS), default=list(FITS))
+    parser.add_argument("--with-predicted-dice", action="store_true",
+                        help="function intervals: the scales that read the members' predicted Dice are candidates")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the bundle here (default: in place; a shipped model: runs/<name>/<name>.calibseg)")
+    parser.add_argument("--check", action="store_true",
+                        help="print how far each refitted section is from the bundle's own; write nothing")
+    arguments = parser.parse_args(argv)
+    try:
+        destination = None if arguments.check else rewrite_destination(resolve_bundle_path(arguments.bundle),
+                                                                         arguments.out)
+        bundle, fitted, _ = refit(arguments.bundle, arguments.store, arguments.sections,
+                                  arguments.with_predicted_dice)
+        stored = json.loads(bundle.metadata.to_json())
+        for name, section in fitted.items():
+            print(f"{name}: largest difference to the bundle's own {largest_difference(stored.get(name), section):.3g}")
+        if destination is not None:
+            print(f"bundle: {rewrite_bundle(bundle, dataclasses.replace(bundle.metadata, **fitted), destination)}")
+    except (BundleError, KeyError, ValueError) as error:  # DataError, StoreError, QualityModelError: ValueErrors
+        raise SystemExit(f"error: {error.args[0] if isinstance(error, KeyError) else error}") from None
+    except OSError as error:
+        raise SystemExit(f"error: {os_error_sentence(error)}") from None
+    except KeyboardInterrupt:  # the bundle is rewritten atomically, at the very end
+        raise SystemExit("interrupted: no bundle was written.") from None
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Fill the store: every out-of-fold and test case of an ensemble bundle predicted once by each member that the
+fits read it from, reduced to a :class:`CalibSegLib.store.StoreRecord` (resumable).
+
+    calibseg-store --bundle acdc_crac --store ../store [--data DIR] [--device auto] [--part out_of_fold|test|all]
+
+- ``out_of_fold``: each cross-validation patient's volumes predicted by the one member that never trained on it
+  (the bundle's ``ensemble.members[m].validation``), as that member alone under the ensemble's settings
+  (:func:`CalibSegLib.cardiac.members.member_predictors`): what the quality model, its review rule and the
+  function intervals are fitted on (:mod:`Training.fit`).
+- ``test``: each test patient's volumes by every member, and by the ensemble (the mean of the members'
+  probabilities, post-processed: what the shipped bundle gives): what the fits are measured on.
+
+A record already in the store for these weights is skipped, so an interrupted pass resumes where it stopped. The
+networks run once here; every fit and study reads the records afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from CalibSegLib.bundle import Bundle, BundleError, load_bundle
+from CalibSegLib.cardiac.indices import (CardiacClasses, CardiacError, ProbabilityTally, cardiac_classes,
+                                         label_volumes_ml, phase_volumes)
+from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
+from CalibSegLib.inference import Predictor
+from CalibSegLib.io import os_error_sentence
+from CalibSegLib.metrics import dice as dice_scores
+from CalibSegLib.pretrained import resolve_bundle_path
+from CalibSegLib.quality import structure_features
+from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreRecord, stored_keys, write_record
+from Datasets.dataset_names import data_folder
+from Datasets.errors import DataError
+from Datasets.layouts import CaseFile, find_cases
+from Datasets.loading import Case, load_cases
+from Datasets.splits import select_patients
+
+__all__ = ["PARTS", "fill_store", "main"]
+
+PARTS = (OUT_OF_FOLD, TEST, "all")
+
+
+def _classes(bundle: Bundle) -> CardiacClasses | None:
+    """The bundle's cardiac structures, or None for a bundle of other anatomy (its records hold no volumes)."""
+    try:
+        return cardiac_classes(bundle.metadata.class_names, bundle.metadata.class_terminology)
+    except CardiacError:
+        return None
+
+
+def _record(predictor: Predictor, case: Case, member: int, role: str, weights_sha256: str,
+            classes: CardiacClasses | None, keep: bool) -> tuple[StoreRecord, np.ndarray | None]:
+    """One member's prediction of ``case`` as a record, and (``keep``) its ``(C, z, y, x)`` probabilities."""
+    num_classes = predictor.num_classes
+    tally = ProbabilityTally(num_classes)
+    prediction = predictor.predict(case.image, case.spacing, probability_sink=tally, keep_probabilities=keep)
+    reference = np.asarray(case.label).astype(np.int64)
+    record = StoreRecord(
+        case.case_id, str(case.patient_id), member, role, weights_sha256,
+        [float(value) for value in dice_scores(prediction.labels, reference, num_classes)],
+        structure_features(prediction, num_classes, spacing=case.spacing),
+        None if classes is None else phase_volumes(prediction.labels, tally, case.spacing, classes).to_dict(),
+        None if classes is None else label_volumes_ml(case.label, case.spacing, classes))
+    return record, prediction.probabilities
+
+
+def _ensemble_record(bundle: Bundle, case: Case, members: Sequence[StoreRecord],
+                     probabilities: Sequence[np.ndarray], classes: CardiacClasses | None) -> StoreRecord:
+    """The ensemble's own prediction of a test ``case`` from its members' probabilities. Its quality features are
+    left empty (``None`` each): the ensemble's predicted Dice is the mean of its members' (quality/members.py)."""
+    mean, labels = ensemble_labels(probabilities, bundle)
+    num_classes = bundle.metadata.num_classes
+    reference = np.asarray(case.label).astype(np.int64)
+    return StoreRecord(
+        case.case_id, members[0].patient, ENSEMBLE, TEST, members[0].weights_sha256,
+        [float(value) for value in dice_scores(labels, reference, num_classes)], [None] * (num_classes - 1),
+        None if classes is None else phase_volumes(labels, ProbabilityTally(num_classes).add_volume(mean),
+                                                   case.spacing, classes).to_dict(),
+        members[0].reference_ml)
+
+
+def _tasks(bundle: Bundle, files: Sequence[CaseFile], part: str) -> Iterator[tuple[str, CaseFile, list[int]]]:
+    """``(role, case file, members)`` of every record to write: out of fold first (what the fits read)."""
+    metadata = bundle.metadata
+    if part in (OUT_OF_FOLD, "all") and metadata.out_of_fold_weights_sha256 == metadata.weights_sha256:
+        for index, member in enumerate(metadata.ensemble["members"]):
+            for case_file in select_patients(files, list(member["validation"])):
+                yield OUT_OF_FOLD, case_file, [index]
+    if part in (TEST, "all"):
+        for case_file in select_patients(files, list(metadata.data.get("test") or [])):
+            yield TEST, case_file, list(range(metadata.ensemble_size))
+
+
+def fill_store(bundle_name: str | Path, store: Path, data: str | Path | None = None, device: str = "auto",
+               part: str = "all", batch_size: int = 16, progress: Callable[[str], None] = print) -> int:
+    """Write every record of ``part`` not yet in ``store`` for the bundle's weights (module docstring); returns how
+    many were written.
+
+    Raises:
+        BundleError, DataError: no ensemble bundle, or its recorded patients cannot be found (one sentence each).
+    """
+    bundle = load_bundle(resolve_bundle_path(bundle_name))
+    metadata = bundle.metadata
+    if metadata.ensemble is None:
+        raise DataError(f"{bundle_name} is no cross-validation ensemble (calibseg-ensemble), so it has no "
+                        "out-of-fold members to fill a store from.")
+    files = find_cases(data_folder(metadata.data, data))
+    classes = _classes(bundle)
+    predictors = member_predictors(bundle, device=device, batch_size=batch_size)
+    done = stored_keys(store, metadata.weights_sha256)
+    written = 0
+    for role, case_file, members in _tasks(bundle, files, part):
+        wanted = [str(member) for member in members] + ([ENSEMBLE] if role == TEST else [])
+        if all((case_file.case_id, member) in done for member in wanted):
+            continue
+        case = load_cases([case_file], metadata.num_classes)[0]
+        records, probabilities = [], []
+        for member in members:
+            record, kept = _record(predictors[member], case, member, role, metadata.weights_sha256, classes,
+                                   keep=role == TEST)
+            records.append(record)
+            probabilities.append(kept)
+        if role == TEST:
+            records.append(_ensemble_record(bundle, case, records, probabilities, classes))
+        for record in records:
+            write_record(store, record)
+            written += 1
+        progress(f"{role} {case.case_id}: {len(records)} record(s)")
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``calibseg-store`` command; returns 0. Bad input exits with one sentence, no traceback."""
+    parser = argparse.ArgumentParser(prog="calibseg-store", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", required=True, help="an ensemble bundle (.calibseg) or a shipped model's name")
+    parser.add_argument("--store", type=Path, required=True, help="the store's folder (created; resumed)")
+    parser.add_argument("--part", choices=PARTS, default="all")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="data folder (default: found from the dataset the bundle records)")
+    parser.add_argument("--device", default="auto", help="where the networks run: auto, cpu, cuda, cuda:1")
+    parser.add_argument("--batch-size", type=int, default=16, help="slices per network pass")
+    arguments = parser.parse_args(argv)
+    try:
+        written = fill_store(arguments.bundle, arguments.store, arguments.data, arguments.device, arguments.part,
+                             arguments.batch_size)
+    except (BundleError, ValueError) as error:  # DataError is a ValueError
+        raise SystemExit(f"error: {error}") from None
+    except OSError as error:
+        raise SystemExit(f"error: {os_error_sentence(error)}") from None
+    except KeyboardInterrupt:  # every record is written whole; the next run resumes
+        raise SystemExit("interrupted: the records written so far are kept; run again to resume.") from None
+    print(f"{written} record(s) written to {arguments.store}")
+    return 0
+
+
+if __name__ == "__main__":
+    main()
