@@ -67,7 +67,7 @@ from Datasets.splits import select_patients
 from Evaluation.bootstrap import group_draws, mean_interval
 
 __all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "attach_predicted_dice", "attach_observed_dice",
-           "stored_collection", "stored_observations", "stored_records", "PatientVolumes",
+           "stored_collection", "stored_observations", "stored_records", "PatientVolumes", "interval_rows",
            "patient_volumes", "leave_one_out", "summarise", "fit_and_measure", "markdown_table", "models_table",
            "main"]
 
@@ -327,7 +327,7 @@ def _single(patient: PatientVolumes) -> tuple[PhaseVolumes, PhaseVolumes]:
     return phases
 
 
-def _interval_rows(rule: IntervalRule, phases: tuple[PhaseVolumes, PhaseVolumes], reference: dict[str, float]
+def interval_rows(rule: IntervalRule, phases: tuple[PhaseVolumes, PhaseVolumes], reference: dict[str, float]
                    ) -> dict[str, dict[str, float]]:
     """Per index the estimate's absolute error, whether the rule's interval covers the reference, and its width."""
     values, scales = rule.indices(*phases)
@@ -350,7 +350,7 @@ def leave_one_out(patients: Sequence[PatientVolumes], estimate: str, scale: str,
         others = [index for index in range(len(patients)) if index != held]
         rule = fit_rule([phases[index] for index in others], [references[index] for index in others], estimate,
                         scale, recalibrate=recalibrate)
-        rows.append(_interval_rows(rule, phases[held], references[held]))
+        rows.append(interval_rows(rule, phases[held], references[held]))
     return rows
 
 
@@ -460,7 +460,7 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
         if rule.recalibration is not None:
             rules[f"rule on the ensemble ({estimate} volumes, not recalibrated)"] = fit_rule(phases, references,
                                                                                             estimate, scale)
-        methods = {name: [_interval_rows(method, patient.ensemble, patient.reference) for patient in test]
+        methods = {name: [interval_rows(method, patient.ensemble, patient.reference) for patient in test]
                    for name, method in rules.items()}
         methods["rule per member, interval ends averaged"] = [_members_averaged(rule, patient) for patient in test]
         methods["members' min-max"] = [_members_min_max(rule, patient) for patient in test]

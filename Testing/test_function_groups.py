@@ -45,3 +45,26 @@ def test_the_documented_group_tables_are_the_recorded_ones(repo_root):
         record = json.loads(path.read_text())
         for part in ("out_of_fold", "test"):
             assert "\n".join(markdown_table(record[part], part)) in page
+
+
+def _patient(error: float, width: float, lv_flagged: bool) -> dict:
+    return {"error": error, "width": width, "lv_flagged": lv_flagged}
+
+
+def test_the_width_limit_is_the_widest_that_marks_nine_in_ten_of_the_patients_off():
+    from studies.function_review import mark_summary, wide_limit
+
+    off = [_patient(12.0, 20.0, True), *(_patient(-9.5, width, False) for width in (18.0, 16.0, 14.0, 12.0))]
+    within = [_patient(1.0, width, False) for width in (10.0, 13.0, 15.0, 17.0)]
+    rows = off + within
+    # the flag marks 1 of 5; widths ≥ 12 mark the other four, so 12 is the widest limit reaching 90 %
+    assert wide_limit(rows) == 12.0
+    assert wide_limit(within) == float("inf")  # no patient off: no limit needed
+    assert wide_limit([_patient(10.0, 5.0, True)]) == float("inf")  # the flag alone marks them
+    for row in rows:
+        row["marked"] = row["lv_flagged"] or row["width"] >= 15.0
+    summary = mark_summary(rows, "marked")
+    assert (summary["off_marked"]["marked"], summary["off_marked"]["of"]) == (3, 5)
+    assert (summary["within_marked"]["marked"], summary["within_marked"]["of"]) == (2, 4)
+    low, high = summary["off_marked"]["interval"]
+    assert low < 0.6 < high

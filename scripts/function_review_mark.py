@@ -45,7 +45,7 @@ from Datasets.acdc import ACDC_SPACING
 from Datasets.layouts import find_cases
 from Datasets.loading import load_cases
 
-__all__ = ["OFF_ABOVE", "WITHIN", "GROUPS", "MARKS", "measure_patients", "summarise", "main"]
+__all__ = ["OFF_ABOVE", "WITHIN", "GROUPS", "MARKS", "measure_patients", "marked_share", "summarise", "main"]
 
 OFF_ABOVE, WITHIN = 8.0, 3.0  # LV EF points: the patients the mark must catch, and those it should leave alone
 GROUPS = {"DCM": range(1, 21), "HCM": range(21, 41), "MINF": range(41, 61), "NOR": range(61, 81), "RV": range(81, 101)}
@@ -128,7 +128,7 @@ def measure_patients(bundle_path: Path, data: Path, test_patients: Sequence[str]
     return rows
 
 
-def _share(marked: int, count: int) -> dict[str, Any]:
+def marked_share(marked: int, count: int) -> dict[str, Any]:
     """``marked`` of ``count`` with its Clopper-Pearson 95 % interval."""
     low = float(stats.beta.ppf(0.025, marked, count - marked + 1)) if marked else 0.0
     high = float(stats.beta.ppf(0.975, marked + 1, count - marked)) if marked < count else 1.0
@@ -148,8 +148,8 @@ def _marks(rows: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
     within = [row for row, error in zip(rows, errors) if error <= WITHIN]
     measured = [error for error in errors if np.isfinite(error)]
     return {"patients": len(rows), "lv_ef_mae": float(np.mean(measured)) if measured else None,
-            "off_marked": _share(sum(map(marked, off)), len(off)),
-            "within_marked": _share(sum(map(marked, within)), len(within)), "marked": sum(map(marked, rows))}
+            "off_marked": marked_share(sum(map(marked, off)), len(off)),
+            "within_marked": marked_share(sum(map(marked, within)), len(within)), "marked": sum(map(marked, rows))}
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -13,18 +13,13 @@ patient-level 95 % bootstrap interval (:func:`Evaluation.function_intervals.summ
 
 from __future__ import annotations
 
-import argparse
 import datetime
-from pathlib import Path
 from typing import Any, Sequence
 
-from CalibSegLib.bundle import BundleError, load_bundle
-from CalibSegLib.cardiac.intervals import IntervalRule
 from CalibSegLib.io import write_json_atomic
-from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.splits.make_splits import GROUPS, group_of
-from Evaluation.function_intervals import (PatientVolumes, _interval_rows, leave_one_out, patient_volumes,
-                                           stored_records, summarise)
+from Evaluation.function_intervals import PatientVolumes, interval_rows, leave_one_out, patient_volumes, summarise
+from studies.store_study import function_study, study_arguments
 
 __all__ = ["INDICES", "group_rows", "group_summary", "markdown_table", "main"]
 
@@ -65,24 +60,13 @@ def markdown_table(summary: dict[str, Any], part: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints both parts' tables; writes the record with ``--record``. Returns 0; bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python -m studies.function_groups", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bundle", default="acdc_crac", help="an ensemble bundle or a shipped model's name")
-    parser.add_argument("--store", type=Path, required=True, help="the store calibseg-store filled for it")
-    parser.add_argument("--record", type=Path, default=None, help="where to write the record (JSON)")
-    arguments = parser.parse_args(argv)
-    try:
-        bundle = load_bundle(resolve_bundle_path(arguments.bundle))
-        if bundle.metadata.function_intervals is None:
-            raise BundleError(f"{arguments.bundle} carries no function interval rule to measure.")
-        rule = IntervalRule.from_dict(bundle.metadata.function_intervals)
-        records = stored_records(bundle, arguments.store)
-    except (BundleError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
+    arguments = study_arguments("python -m studies.function_groups", __doc__.split("\n\n")[0], argv)
+    bundle, rule, records = function_study(arguments)
     out_of_fold = patient_volumes(records, "oof")
     test = [patient for patient in patient_volumes(records, "test") if patient.ensemble is not None]
     parts = {"out_of_fold": (out_of_fold, leave_one_out(out_of_fold, rule.estimate, rule.scale,
                                                         rule.recalibration is not None)),
-             "test": (test, [_interval_rows(rule, patient.ensemble, patient.reference) for patient in test])}
+             "test": (test, [interval_rows(rule, patient.ensemble, patient.reference) for patient in test])}
     summaries = {part: group_summary(group_rows(patients, rows)) for part, (patients, rows) in parts.items() if rows}
     for part, summary in summaries.items():
         print("\n".join(markdown_table(summary, part)) + "\n")
