@@ -57,6 +57,7 @@ from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality.fitting import Observation, held_out_predictions
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
+from CalibSegLib.quality.model import QualityModel
 from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreRecord, read_records
 from Datasets.acdc import ACDC_SPACING
 from Datasets.dataset_names import data_folder
@@ -220,10 +221,25 @@ def _structure_dice(dice: np.ndarray, classes: CardiacClasses) -> dict[str, floa
     return {structure: float(np.nan_to_num(dice[classes.index(structure) - 1], nan=0.0)) for structure in STRUCTURES}
 
 
+def _member_quality_model(bundle: Bundle) -> QualityModel:
+    """The bundle's quality model, applied per member as observations of single members can serve it.
+
+    Raises:
+        DataError: it is missing or applied to the members' average (one sentence).
+    """
+    model = bundle.metadata.quality
+    if model is None or not model.per_member:
+        raise DataError("The bundle's quality model is absent or applied to the members' average, so its predicted "
+                        "Dice at inference is not the members' mean these observations give; fit without "
+                        "--quality-observations.")
+    return model
+
+
 def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path, bundle: Bundle
                           ) -> list[dict[str, Any]]:
     """:func:`attach_observed_dice` with the observations of a folder ``observations`` (``out_of_fold/`` and
     ``test/``, ``<case>.member<m>.json``, as ``scripts.ensemble_quality_pass`` writes them)."""
+    _member_quality_model(bundle)  # before the folders are read: a model they cannot serve is the first sentence
     return attach_observed_dice(records, _read_observations(observations / "out_of_fold"),
                                 _read_observations(observations / "test"), bundle, str(observations))
 
@@ -246,11 +262,7 @@ def attach_observed_dice(records: Sequence[dict[str, Any]], fitted: Sequence[dic
             or it is of another prediction than the record's (its label volume differs), one sentence each.
     """
     metadata = bundle.metadata
-    model = metadata.quality
-    if model is None or not model.per_member:
-        raise DataError("The bundle's quality model is absent or applied to the members' average, so its predicted "
-                        "Dice at inference is not the members' mean these observations give; fit without "
-                        "--quality-observations.")
+    model = _member_quality_model(bundle)
     classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
     held_out = held_out_predictions([Observation(item["patient"], item["features"], np.asarray(item["dice"]))
                                      for item in fitted], metadata.class_names) if fitted else np.empty((0, 0))

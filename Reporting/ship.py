@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle
 from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
 from Datasets.dataset_names import data_folder, recorded_dataset
@@ -44,6 +44,7 @@ from Evaluation.evaluate import evaluate_bundle
 from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.crossval import CROSSVAL_DIR
 from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, VARIANTS
+from Training.bundle_rewrite import rewrite_bundle
 from Training.ensemble import ENSEMBLE_NAME, ENSEMBLE_RECORD
 from Training.records import BUNDLE_NAME
 
@@ -117,7 +118,7 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
     out_dir.mkdir(parents=True, exist_ok=True)
     bundle_path, metrics_path = out_dir / f"{name}{BUNDLE_SUFFIX}", out_dir / f"{name}{METRICS_SUFFIX}"
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
-        staged = save_bundle(Path(staging) / bundle_path.name, bundle.state_dict, bundle.metadata, half=True)
+        staged = rewrite_bundle(bundle, bundle.metadata, Path(staging) / bundle_path.name, half=True)
         metrics = _shipped_metrics(load_bundle(staged), name, recorded_path(run_dir), cases, Path(staging), device)
         if out_of_fold is not None:
             metrics["out_of_fold"] = out_of_fold
@@ -158,7 +159,7 @@ def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = 
     source_run = previous.get("source_run", "")
     cases = _test_cases(replacement, data)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
-        staged = save_bundle(Path(staging) / bundle_path.name, replacement.state_dict, replacement.metadata, half=True)
+        staged = rewrite_bundle(replacement, replacement.metadata, Path(staging) / bundle_path.name, half=True)
         metrics = _shipped_metrics(load_bundle(staged), name, source_run, cases, Path(staging), device)
         if "out_of_fold" in previous:  # what the folds measured does not change with the metadata
             metrics["out_of_fold"] = previous["out_of_fold"]

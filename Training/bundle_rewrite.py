@@ -1,13 +1,15 @@
 """Rewriting a finished bundle's metadata: where the new file goes, the cases it records, the same weights.
 
-``calibseg-fit-quality`` and ``python -m Training.fit_input_check`` change only ``bundle.json``; both read the
-patients the bundle records and write the same weights bytes, in the same dtype, atomically.
+The one rewrite path of a finished bundle: ``calibseg-fit``, ``calibseg-fit-quality`` and ``python -m
+Training.fit_input_check`` change only ``bundle.json`` (the same weights bytes, in the same dtype, atomically);
+``python -m Training.sub_ensemble`` keeps some members, ``calibseg-ship`` casts to float16.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleMetadata, save_bundle
 from CalibSegLib.io import check_output_file
@@ -52,9 +54,13 @@ def recorded_cases(metadata: BundleMetadata, name: str, data: str | Path | None,
     return load_cases(select_patients(find_cases(data_folder(metadata.data, data)), patients), metadata.num_classes)
 
 
-def rewrite_bundle(bundle: Bundle, metadata: BundleMetadata, out: Path) -> Path:
-    """``bundle``'s weights with new ``metadata`` at ``out``, in the weights' own dtype (float16 stays float16)."""
-    return save_bundle(out, bundle.state_dict, metadata, half=bundle.metadata.weights_dtype == "float16")
+def rewrite_bundle(bundle: Bundle, metadata: BundleMetadata, out: Path, state: dict[str, Any] | None = None,
+                   half: bool | None = None) -> Path:
+    """``bundle``'s weights (or ``state``, some of them: a sub-ensemble's members) with new ``metadata`` at ``out``,
+    atomically, in the weights' own dtype (float16 stays float16) unless ``half`` says (shipping casts to float16).
+    Every rewrite of a bundle outside ``CalibSegLib.bundle`` goes through here."""
+    return save_bundle(out, bundle.state_dict if state is None else state, metadata,
+                       half=bundle.metadata.weights_dtype == "float16" if half is None else half)
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

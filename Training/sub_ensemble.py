@@ -26,10 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
+from CalibSegLib.bundle import BundleError, load_bundle
 from CalibSegLib.io import check_output_file, os_error_sentence
 from CalibSegLib.pretrained import resolve_bundle_path
-from Training.bundle_rewrite import add_data_arguments
+from Training.bundle_rewrite import add_data_arguments, rewrite_bundle
 from Training.ensemble import MEMBER_PREFIX
 from Training.fit_input_check import refit_input_check
 
@@ -78,8 +78,8 @@ def sub_ensemble(bundle: str | Path, members: Sequence[int], out: str | Path, da
                                   test_metrics={})
     # Staged under the ensemble's own name: the refit's refusals name the bundle whose patients it reads.
     with tempfile.TemporaryDirectory(prefix=f".{out.stem}-", dir=out.parent) as staging:
-        staged = save_bundle(Path(staging) / path.name, member_state(loaded.state_dict, members), smaller,
-                             half=metadata.weights_dtype == "float16")
+        staged = rewrite_bundle(loaded, smaller, Path(staging) / path.name,
+                                state=member_state(loaded.state_dict, members))
         return refit_input_check(staged, data, out, device, batch_size)
 
 
