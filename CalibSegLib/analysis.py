@@ -15,9 +15,10 @@ import numpy as np
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.evaluation import CaseEvaluation, case_metrics_row, evaluate_variants
 from CalibSegLib.features import feature_distance
-from CalibSegLib.inference import Prediction, Predictor
+from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import check_input
 from CalibSegLib.metrics.calibration import Reliability
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.quality import HOT_SPOT_LEVEL, quality_summary, with_predicted_dice
 
 __all__ = ["CaseAnalysis", "analyse_case", "analyse_variants"]

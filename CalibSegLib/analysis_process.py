@@ -59,8 +59,8 @@ def read_result(folder: str | Path) -> "CaseAnalysis":
     """The :class:`~CalibSegLib.analysis.CaseAnalysis` the child wrote into ``folder`` (``evaluation`` None: its
     numbers are in ``metrics`` and ``reliability``)."""
     from CalibSegLib.analysis import CaseAnalysis
-    from CalibSegLib.inference import Prediction
     from CalibSegLib.metrics.calibration import Reliability
+    from CalibSegLib.prediction import Prediction
 
     folder = Path(folder)
     result = json.loads((folder / RESULT_NAME).read_text())

@@ -19,9 +19,10 @@ import numpy as np
 
 import torch
 
-from CalibSegLib.inference import Prediction, Predictor
+from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import aurc, error_detection_auroc, hd95, segmentation_metrics
 from CalibSegLib.metrics.calibration import CalibrationStatistics, masked_probabilities
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.priors import inner_region_mask
 from CalibSegLib.quality import structure_key
 

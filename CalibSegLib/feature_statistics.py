@@ -31,7 +31,7 @@ import numpy as np
 
 __all__ = ["FALSE_ALARM_RATE", "MAX_COMPONENTS", "MAX_FEATURES", "MAX_MEMBERS", "COMBINATIONS",
            "FeatureStatisticsError", "FeatureStatistics", "MemberFeatureStatistics", "volume_vector",
-           "fit_feature_statistics", "pool_member_statistics", "conformal_threshold"]
+           "fit_feature_statistics", "pool_member_statistics", "fit_member_statistics", "conformal_threshold"]
 
 FALSE_ALARM_RATE = 0.05
 # Principal axes kept: chosen on acdc_ce_dice's validation copies (docs/input_check.md) among 4, 8, 16, 32.
@@ -326,3 +326,26 @@ def pool_member_statistics(members: Sequence[FeatureStatistics], unseen_distance
     return MemberFeatureStatistics(tuple(replace(member, threshold=threshold, false_alarm_rate=false_alarm_rate,
                                                  validation_volumes=len(pooled), validation_within=within)
                                          for member in members), combination)
+
+
+def fit_member_statistics(layers: Sequence[str], training: Sequence[Sequence[np.ndarray]],
+                          unseen: Sequence[Sequence[np.ndarray]]) -> MemberFeatureStatistics:
+    """An ensemble's members judged together from their features alone: member m's Gaussian
+    (:func:`fit_feature_statistics` at ``layers[m]``) from ``training[m]``, the ``(items, F)`` features of the volumes
+    it trained on; its distances of ``unseen[m]``, the volumes it never trained on, pooled into one threshold
+    (:func:`pool_member_statistics`). What :func:`CalibSegLib.features.fit_member_features` fits after reading the
+    features, and ``calibseg-fit`` from the store's vectors.
+
+    Raises:
+        FeatureStatisticsError: not one layer, training and unseen list per member, too few volumes, or features
+            that cannot be modelled (a phrase).
+    """
+    if not len(layers) == len(training) == len(unseen):
+        raise FeatureStatisticsError(f"the members' features need the training and unseen volumes of each of the "
+                                     f"{len(layers)} members, got {len(training)} and {len(unseen)}")
+    statistics, distances = [], []
+    for layer, trained, never in zip(layers, training, unseen):
+        gaussian = fit_feature_statistics(layer, trained, never)
+        statistics.append(gaussian)
+        distances.append([gaussian.distance(features) for features in never])
+    return pool_member_statistics(statistics, distances)

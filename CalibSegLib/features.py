@@ -42,7 +42,7 @@ from torch import nn
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.feature_statistics import (FeatureStatistics, FeatureStatisticsError, MemberFeatureStatistics,
-                                            fit_feature_statistics, pool_member_statistics)
+                                            fit_feature_statistics, fit_member_statistics)
 from CalibSegLib.networks import MemberNetworks
 from CalibSegLib.preprocessing import (Preprocessing, as_channels, network_grid_shape, normalize_channels,
                                        resample_slices, resample_volume, volume_grid_shape)
@@ -225,15 +225,12 @@ def fit_member_features(members: Sequence[nn.Module], metadata: "BundleMetadata"
     if len(training) != len(members) or len(unseen) != len(members):
         raise FeatureStatisticsError(f"the members' features need the training and unseen cases of each of the "
                                      f"{len(members)} members, got {len(training)} and {len(unseen)}")
-    statistics, distances = [], []
-    for member, trained, never in zip(members, training, unseen):
-        layer = bottleneck_layer(member, metadata.in_channels, metadata.sliding_window.patch_size)
-        held_out = _cases_features(member, layer, metadata, never, batch_size)
-        gaussian = fit_feature_statistics(layer, _cases_features(member, layer, metadata, trained, batch_size),
-                                          held_out)
-        statistics.append(gaussian)
-        distances.append([gaussian.distance(features) for features in held_out])
-    return pool_member_statistics(statistics, distances)
+    layers = [bottleneck_layer(member, metadata.in_channels, metadata.sliding_window.patch_size) for member in members]
+    return fit_member_statistics(
+        layers, [_cases_features(member, layer, metadata, trained, batch_size)
+                 for member, layer, trained in zip(members, layers, training)],
+        [_cases_features(member, layer, metadata, never, batch_size)
+         for member, layer, never in zip(members, layers, unseen)])
 
 
 def feature_distance(network: nn.Module, metadata: "BundleMetadata", image: np.ndarray,

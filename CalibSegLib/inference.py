@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -47,6 +46,7 @@ from torch import nn
 from CalibSegLib.bundle import Bundle, BundleMetadata, load_bundle
 from CalibSegLib.channels import input_names
 from CalibSegLib.device import resolve_device
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.preprocessing import (as_channels, channel_intensities, check_volume, in_plane_spacing,
                                        network_grid_shape, normalize_channels, resample_slices, resample_volume,
                                        scale_intensity, volume_grid_shape)
@@ -55,7 +55,6 @@ from CalibSegLib.temperature import apply_temperature
 
 __all__ = [
     "InferenceCancelled",
-    "Prediction",
     "Predictor",
     "ProbabilitySink",
     "confidence_maps",
@@ -72,36 +71,6 @@ ProbabilitySink = Callable[[slice, np.ndarray], None]
 
 class InferenceCancelled(Exception):
     """Raised by :meth:`Predictor.predict` when its ``cancel`` event was set."""
-
-
-@dataclass
-class Prediction:
-    """Outputs on the input's grid, all ``(z, y, x)`` like the input.
-
-    ``labels`` uint8 argmax; ``confidence`` float32 max probability in [1/C, 1];
-    ``entropy`` float32 softmax entropy divided by log C, in [0, 1];
-    ``probabilities`` ``(C, z, y, x)`` float32 when asked for, else None;
-    ``probability_sums`` ``(C,)`` float64 Σ over all voxels of each class's probability (the
-    voxel count each class is expected to cover), filled by :class:`Predictor`, None when unknown;
-    ``mirror_agreement`` ``(C,)`` float64 per class the mean over the mirrored passes of the Dice between the
-    pass's argmax and the averaged logits' argmax, on the network's grid before post-processing
-    (:class:`~CalibSegLib.sliding_window.MirrorAgreement`; NaN for a class no pass draws), None for a bundle
-    that does not mirror;
-    ``disagreement`` float32 the ensemble members' disagreement (mutual information normalised by log C, in
-    [0, ``entropy``]), None for a single network;
-    ``members``: an ensemble's members' own predictions (labels, confidence, entropy, probability sums, mirror
-    agreement, post-processed), each what that member alone under the bundle's settings gives, when kept
-    (:meth:`Predictor.predict_variants`), else None.
-    """
-
-    labels: np.ndarray
-    confidence: np.ndarray
-    entropy: np.ndarray
-    probabilities: np.ndarray | None = None
-    probability_sums: np.ndarray | None = None
-    mirror_agreement: np.ndarray | None = None
-    disagreement: np.ndarray | None = None
-    members: list["Prediction"] | None = None
 
 
 def member_logits(logits: torch.Tensor, members: int, dim: int = 1) -> tuple[torch.Tensor, ...]:

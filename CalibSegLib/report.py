@@ -41,6 +41,7 @@ from CalibSegLib import __version__
 from CalibSegLib.analysis import CaseAnalysis
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.input_check import input_check_lines
+from CalibSegLib.interval_rule import INDEX_LABELS, INDICES
 from CalibSegLib.io import atomic_output
 from CalibSegLib.quality import review_sentence, structure_key
 from CalibSegLib.slice_pictures import SlicePicture, case_pictures, hot_spot_colors
@@ -279,11 +280,9 @@ _LV_COLOR, _RV_COLOR = "#c62828", "#1565c0"
 
 def function_table_html(function: Mapping[str, Any]) -> str:
     """The indices of a ``function.json`` dictionary as an HTML table, in
-    :data:`~CalibSegLib.cardiac.intervals.INDICES`' order under their
-    :data:`~CalibSegLib.cardiac.intervals.INDEX_LABELS`: index, value, interval at the file's ``level`` and unit
+    :data:`~CalibSegLib.interval_rule.INDICES`' order under their
+    :data:`~CalibSegLib.interval_rule.INDEX_LABELS`: index, value, interval at the file's ``level`` and unit
     (``–`` where a value or an interval is null: an EF of an empty ventricle, a bundle without an interval rule)."""
-    from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES
-
     level = float(function["level"])
     rows = []
     for key in INDICES:

@@ -48,11 +48,11 @@ import numpy as np
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.cardiac.indices import (STRUCTURES, CardiacClasses, PhaseVolumes, ProbabilityTally,
                                          cardiac_classes, label_volumes_ml, phase_volumes, voxel_volume_ml)
-from CalibSegLib.cardiac.intervals import (DICE_SCALES, ESTIMATES, INDICES, RECALIBRATIONS, SCALES, IntervalRule,
-                                           fit_rule, index_values)
+from CalibSegLib.cardiac.intervals import RECALIBRATIONS, fit_rule, index_values, rule_indices
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
 from CalibSegLib.device import environment
 from CalibSegLib.inference import Predictor
+from CalibSegLib.interval_rule import DICE_SCALES, ESTIMATES, INDICES, SCALES, IntervalRule
 from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality.fitting import Observation, held_out_predictions
@@ -96,7 +96,7 @@ def _volume_order(bundle: Bundle, folder: Path, member_count: int, out_of_fold: 
     both sides, every fold alike: one test patient (every member), then (``out_of_fold``) one out-of-fold patient
     of each fold (its own member), and so on."""
     metadata = bundle.metadata
-    folds = [list(member["validation"]) if out_of_fold else [] for member in metadata.ensemble["members"]]
+    folds = [list(member.validation) if out_of_fold else [] for member in metadata.ensemble.members]
     tests = list(metadata.data["test"])
     for round_index in range(max(len(tests), *map(len, folds))):
         if round_index < len(tests):
@@ -202,16 +202,16 @@ def stored_records(bundle: Bundle, store: Path, predicted_dice: bool = False) ->
     records = stored_collection(stored)
     if not predicted_dice:
         return records
-    kept = metadata.selected_from.get("members")  # attach_observed_dice numbers test members as the ensemble kept
-    tested = [{**item, "member": kept[item["member"]] if kept else item["member"]}
+    # attach_observed_dice numbers test members as the ensemble they were kept of does
+    tested = [{**item, "member": metadata.out_of_fold_member(item["member"])}
               for item in stored_observations(stored, TEST)]
     return attach_observed_dice(records, stored_observations(stored, OUT_OF_FOLD), tested, bundle, str(store))
 
 
 def _read_observations(folder: Path) -> list[dict[str, Any]]:
     if not folder.is_dir():
-        raise DataError(f"{folder} is no folder of quality observations; write it with python -m "
-                        "scripts.ensemble_quality_pass <bundle> --part out_of_fold|test --out <its parent>.")
+        raise DataError(f"{folder} is no folder of quality observations; give the store instead (--store with "
+                        "--with-predicted-dice), which calibseg-store fills.")
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.member*.json"))]
 
 
@@ -238,7 +238,8 @@ def _member_quality_model(bundle: Bundle) -> QualityModel:
 def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path, bundle: Bundle
                           ) -> list[dict[str, Any]]:
     """:func:`attach_observed_dice` with the observations of a folder ``observations`` (``out_of_fold/`` and
-    ``test/``, ``<case>.member<m>.json``, as ``scripts.ensemble_quality_pass`` writes them)."""
+    ``test/``, ``<case>.member<m>.json``, as the former ``scripts.ensemble_quality_pass`` wrote them; the store
+    gives the same observations, :func:`stored_records`)."""
     _member_quality_model(bundle)  # before the folders are read: a model they cannot serve is the first sentence
     return attach_observed_dice(records, _read_observations(observations / "out_of_fold"),
                                 _read_observations(observations / "test"), bundle, str(observations))
@@ -255,7 +256,7 @@ def attach_observed_dice(records: Sequence[dict[str, Any]], fitted: Sequence[dic
     volumes, so its predictions there would be in-sample, slightly better than on a new patient. A test volume's
     come from the bundle's model applied to each member's features, the ensemble's being their mean (what the
     bundle shows at inference). A sub-ensemble reads the observations of the ensemble it keeps members of (its
-    test members by their number there, ``BundleMetadata.selected_from["members"]``).
+    test members by their number there, :meth:`CalibSegLib.bundle.BundleMetadata.out_of_fold_member`).
 
     Raises:
         DataError: the bundle's quality model is missing or not applied per member, an observation is missing,
@@ -271,16 +272,15 @@ def attach_observed_dice(records: Sequence[dict[str, Any]], fitted: Sequence[dic
     found = {("oof", item["case"], item["member"]): (item, dice) for item, dice in zip(fitted, held_out)}
     found.update({("test", item["case"], item["member"]): (item, dice) for item, dice in zip(tested, applied)})
     voxel = voxel_volume_ml(ACDC_SPACING)
-    kept = metadata.selected_from.get("members")
     attached = []
     for record in records:
         record = json.loads(json.dumps(record))
         per_member = []
         for member, phase in record["members"].items():
-            observed = kept[int(member)] if kept and record["side"] == "test" else int(member)
+            observed = metadata.out_of_fold_member(int(member)) if record["side"] == "test" else int(member)
             if (record["side"], record["case"], observed) not in found:
                 raise DataError(f"{source} holds no quality observation of {record['case']} by member "
-                                f"{observed}; run scripts.ensemble_quality_pass for it first.")
+                                f"{observed}; calibseg-store --bundle <bundle> --store <store> writes it.")
             item, dice = found[(record["side"], record["case"], observed)]
             for structure in STRUCTURES:
                 features = item["features"][classes.index(structure) - 1]
@@ -342,7 +342,7 @@ def _single(patient: PatientVolumes) -> tuple[PhaseVolumes, PhaseVolumes]:
 def interval_rows(rule: IntervalRule, phases: tuple[PhaseVolumes, PhaseVolumes], reference: dict[str, float]
                    ) -> dict[str, dict[str, float]]:
     """Per index the estimate's absolute error, whether the rule's interval covers the reference, and its width."""
-    values, scales = rule.indices(*phases)
+    values, scales = rule_indices(rule, *phases)
     rows = {}
     for index in INDICES:
         low, high = rule.interval(index, values[index], scales[index])
@@ -399,8 +399,8 @@ def summarise(rows: Sequence[dict[str, dict[str, float]]], indices: Sequence[str
 def _members_min_max(rule: IntervalRule, patient: PatientVolumes) -> dict[str, dict[str, float]]:
     """The naive interval: the members' smallest to largest value (read as ``rule`` reads them), around the
     ensemble's estimate."""
-    values = [rule.indices(*phases)[0] for phases in patient.members.values()]
-    ensemble = rule.indices(*patient.ensemble)[0]
+    values = [rule_indices(rule, *phases)[0] for phases in patient.members.values()]
+    ensemble = rule_indices(rule, *patient.ensemble)[0]
     rows = {}
     for index in INDICES:
         low, high = min(value[index] for value in values), max(value[index] for value in values)
@@ -413,9 +413,9 @@ def _members_averaged(rule: IntervalRule, patient: PatientVolumes) -> dict[str, 
     """The rule applied to each member as fitted (one network each), the members' interval ends averaged."""
     ends = []
     for phases in patient.members.values():
-        values, scales = rule.indices(*phases)
+        values, scales = rule_indices(rule, *phases)
         ends.append({index: rule.interval(index, values[index], scales[index]) for index in INDICES})
-    ensemble = rule.indices(*patient.ensemble)[0]
+    ensemble = rule_indices(rule, *patient.ensemble)[0]
     rows = {}
     for index in INDICES:
         low = float(np.mean([end[index][0] for end in ends]))
@@ -427,7 +427,7 @@ def _members_averaged(rule: IntervalRule, patient: PatientVolumes) -> dict[str, 
 
 def _ejection_row(rule: IntervalRule, patient: PatientVolumes) -> dict[str, Any]:
     """A test patient's LV EF: reference, the ensemble's value and the rule's interval."""
-    values, scales = rule.indices(*patient.ensemble)
+    values, scales = rule_indices(rule, *patient.ensemble)
     return {"patient": patient.patient, "reference": patient.reference["lv_ef_percent"],
             "value": values["lv_ef_percent"],
             "interval": list(rule.interval("lv_ef_percent", values["lv_ef_percent"], scales["lv_ef_percent"]))}
@@ -532,9 +532,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-collect", action="store_true",
                         help="fit on the volumes collected so far, predicting nothing")
     parser.add_argument("--quality-observations", type=Path, default=None,
-                        help="folder of the same networks' quality observations (scripts.ensemble_quality_pass "
-                             "--out): gives each prediction the quality model's predicted Dice, so the scales that "
-                             "read it are candidates too")
+                        help="folder of the same networks' quality observations (out_of_fold/, test/, as the "
+                             "former scripts.ensemble_quality_pass wrote them): gives each prediction the quality "
+                             "model's predicted Dice, so the scales that read it are candidates too")
     parser.add_argument("--with-predicted-dice", action="store_true",
                         help="with --store: the store's quality observations give each prediction its predicted "
                              "Dice (as --quality-observations does)")

@@ -21,7 +21,7 @@ acquires the slices one by one):
 beside the existing ones of :data:`Evaluation.quality_report.DEGRADATIONS` (contrast inversion, gamma 3,
 noise). :func:`at_pixel_spacing` is the other change an input brings without changing the anatomy:
 another in-plane pixel size (SimpleITK's resampling: the image linear and anti-aliased, the labels
-nearest-neighbour). ``scripts/input_check_table.py`` runs them all through a bundle, with uniform-noise
+nearest-neighbour). ``studies/input_check_table.py`` runs them all through a bundle, with uniform-noise
 volumes and CT-like abdomens.
 """
 

@@ -32,7 +32,7 @@ Records (each written by the tool that measured it):
   ``python -m benchmarks.<name> --record docs/records/benchmark_<name>.json``; each benchmark
   script formats its own table (``record_table``) and keeps it in its record, which is copied here;
 - ``input_check_<bundle>_<split>`` (docs/input_check.md): ``docs/records/input_check/<bundle>_<split>.json`` from
-  ``python -m scripts.input_check_table --bundle <bundle> --split <split> --record ...``, whose table is copied
+  ``python -m studies.input_check_table --bundle <bundle> --split <split> --record ...``, whose table is copied
   the same way.
 """
 
@@ -293,9 +293,9 @@ def _benchmark(name: str) -> Table:
 
 
 def _input_check(bundle: str, split: str) -> Table:
-    """A model's input-check table on a split's clean and shifted volumes (``scripts/input_check_table.py``)."""
+    """A model's input-check table on a split's clean and shifted volumes (``studies/input_check_table.py``)."""
     return _copied_table(f"docs/records/input_check/{bundle}_{split}.json",
-                         f"python -m scripts.input_check_table --bundle {bundle} --split {split}")
+                         f"python -m studies.input_check_table --bundle {bundle} --split {split}")
 
 
 TABLES: dict[str, Table] = {

@@ -151,8 +151,8 @@ def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = 
                          "new run with --runs instead.")
     origin, size = replacement.metadata.selected_from, shipped.metadata.ensemble_size
     # The checksum says which ensemble it came from, not that the member numbers it records are that ensemble's.
-    if origin.get("weights_sha256") == shipped.metadata.weights_sha256 and max(origin["members"]) >= size:
-        raise ValueError(f"{bundle} records keeping members {' '.join(map(str, origin['members']))} of the shipped "
+    if origin is not None and origin.weights_sha256 == shipped.metadata.weights_sha256 and max(origin.members) >= size:
+        raise ValueError(f"{bundle} records keeping members {' '.join(map(str, origin.members))} of the shipped "
                          f"{name}, which holds members 0 to {size - 1}; make it again with python -m "
                          f"Training.sub_ensemble {name}.")
     previous = json.loads(metrics_path.read_text())

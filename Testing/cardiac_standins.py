@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from CalibSegLib.inference import Prediction
+from CalibSegLib.prediction import Prediction
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from tiny_bundles import make_test_metadata
 

@@ -1,6 +1,7 @@
 """docs/architecture.md's claims about the code, checked on the code: the stages import one way, no module imports
-one that imports it back, the core imports no GUI or training-only library, nothing installed imports code
-that is not installed, and the Slicer extension ships only what the module and its self-test use.
+one that imports it back, the core's parts stand in floors, the core imports no GUI or training-only library,
+nothing installed imports code that is not installed, and the Slicer extension ships only what the module and its
+self-test use.
 ``importlib.import_module("name")`` and ``__import__("name")`` count as imports of that name; one whose name is
 computed at run time could hide any of these, so there is none."""
 
@@ -34,9 +35,9 @@ def _modules() -> dict[str, Path]:
     return modules
 
 
-def _imports(path: Path, package: str) -> list[tuple[str, ast.AST, bool]]:
-    """Every import in ``path`` as (dotted name, node, guarded: inside a try that catches ImportError), but those
-    for the type checker alone (under ``if TYPE_CHECKING:``), which never run."""
+def _imports(path: Path, package: str, for_the_type_checker: bool = False) -> list[tuple[str, ast.AST, bool]]:
+    """Every import in ``path`` as (dotted name, node, guarded: inside a try that catches ImportError); those for the
+    type checker alone (under ``if TYPE_CHECKING:``), which never run, only with ``for_the_type_checker``."""
     tree = ast.parse(path.read_text())
     typing_only = {id(child) for node in ast.walk(tree)
                    if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
@@ -49,7 +50,7 @@ def _imports(path: Path, package: str) -> list[tuple[str, ast.AST, bool]]:
             guarded_nodes |= {id(child) for statement in node.body for child in ast.walk(statement)}
     found = []
     for node in ast.walk(tree):
-        if id(node) in typing_only:
+        if id(node) in typing_only and not for_the_type_checker:
             continue
         if _is_dynamic_import(node):
             argument = node.args[0] if node.args else None
@@ -82,13 +83,14 @@ def _package(name: str, path: Path) -> str:
     return name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
 
 
-def _project_graph() -> dict[str, set[str]]:
-    """Module → the project modules it imports (anywhere in the file, functions included)."""
+def _project_graph(for_the_type_checker: bool = False) -> dict[str, set[str]]:
+    """Module → the project modules it imports (anywhere in the file, functions included; ``for_the_type_checker``:
+    those under ``if TYPE_CHECKING:`` too)."""
     modules = _modules()
     graph = {}
     for name, path in modules.items():
         targets = set()
-        for imported, _, _ in _imports(path, _package(name, path)):
+        for imported, _, _ in _imports(path, _package(name, path), for_the_type_checker):
             while imported and imported not in modules:  # "pkg.module.symbol" → "pkg.module"
                 imported = imported.rpartition(".")[0]
             if imported and imported != name:
@@ -123,6 +125,30 @@ def test_no_module_imports_one_that_imports_it_back():
     real = [cycle for cycle in cycles
             if not all(later.startswith(f"{cycle[0]}.") or cycle[0].startswith(f"{later}.") for later in cycle[1:])]
     assert real == []
+
+
+def _core_part(module: str) -> str:
+    """The part of the core ``module`` belongs to: its folder right under CalibSegLib (``CalibSegLib.bundle`` for
+    ``CalibSegLib.bundle.schema``), or the module itself beside those folders."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_the_cores_parts_stand_in_floors():
+    """docs/architecture.md, "The core's floors": each folder of CalibSegLib and each module beside them is one part,
+    and a part imports only parts on the floors below it. The imports for the type checker count here: an annotation
+    is a dependency of the design even where its import never runs. Floors are laid from the ground up, each part on
+    the first floor above everything it imports; what is left unplaced imports, however far round, a part that
+    imports it back."""
+    graph: dict[str, set[str]] = {}
+    for module, targets in _project_graph(for_the_type_checker=True).items():
+        if module.split(".")[0] == "CalibSegLib":
+            part = _core_part(module)
+            graph.setdefault(part, set()).update(_core_part(target) for target in targets
+                                                 if target.split(".")[0] == "CalibSegLib")
+    placed: set[str] = set()
+    while ground := {part for part, targets in graph.items() if part not in placed and targets - {part} <= placed}:
+        placed |= ground
+    assert sorted(set(graph) - placed) == []
 
 
 def test_the_core_imports_no_gui_data_or_training_only_library():
@@ -293,10 +319,10 @@ def test_the_extension_ships_only_what_the_module_and_its_self_test_use():
     assert unused == []
 
 
-@pytest.mark.parametrize("broken", ["upward", "circle", "unused"])
+@pytest.mark.parametrize("broken", ["upward", "circle", "core part upward", "unused"])
 def test_the_checks_fail_on_a_broken_graph(broken, monkeypatch):
-    """The graph checks can fail: an upward import, a circle and a testing module the package never imports are
-    found."""
+    """The graph checks can fail: an upward import, a circle, a part of the core importing one above it (for the type
+    checker alone, say) and a testing module the package never imports are found."""
     graph = _project_graph()
     if broken == "upward":
         graph["CalibSegLib.io"] = graph["CalibSegLib.io"] | {"Training.trainer"}
@@ -305,9 +331,12 @@ def test_the_checks_fail_on_a_broken_graph(broken, monkeypatch):
         graph["CalibSegLib.metrics.segmentation"] = graph["CalibSegLib.metrics.segmentation"] | {"CalibSegLib.io"}
         graph["CalibSegLib.io"] = graph["CalibSegLib.io"] | {"CalibSegLib.metrics.segmentation"}
         check = test_no_module_imports_one_that_imports_it_back
+    elif broken == "core part upward":  # the bundle reads quality's schema; quality naming the bundle runs back up
+        graph["CalibSegLib.quality.summary"] = graph["CalibSegLib.quality.summary"] | {"CalibSegLib.bundle"}
+        check = test_the_cores_parts_stand_in_floors
     else:
         graph[TESTING_PACKAGE] = graph[TESTING_PACKAGE] - {f"{TESTING_PACKAGE}.batch_checks"}
         check = test_the_extension_ships_only_what_the_module_and_its_self_test_use
-    monkeypatch.setattr(__import__(__name__), "_project_graph", lambda: graph)
+    monkeypatch.setattr(__import__(__name__), "_project_graph", lambda for_the_type_checker=False: graph)
     with pytest.raises(AssertionError):
         check()

@@ -16,13 +16,13 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from CalibSegLib.bundle import SCHEMA_VERSION, Bundle, BundleError, load_bundle, read_metadata, save_bundle
-from CalibSegLib.bundle.ensemble import Ensemble
+from CalibSegLib.bundle.ensemble import Ensemble, SelectedFrom
 from CalibSegLib.bundle.schema import SINGLE_NETWORK_SCHEMA_VERSION
 from CalibSegLib.inference import Predictor
 from CalibSegLib.networks import build_network
 from CalibSegLib.pretrained import pretrained_models
 from CalibSegLib.sliding_window import MAX_VOXELS_PER_PASS, SlidingWindow, windows_per_pass
-from tiny_bundles import TINY_UNET, make_test_bundle, make_test_ensemble, make_test_metadata
+from tiny_bundles import TINY_UNET, ensemble_section, make_test_bundle, make_test_ensemble, make_test_metadata
 
 
 class _RunsCodeWhenUnpickled:
@@ -371,17 +371,29 @@ def test_a_shipped_bundle_passes_the_ensemble_checks_and_rewrites_its_bundle_jso
     path = pretrained_models()[name]
     metadata = read_metadata(path)
     assert metadata.to_json().encode() == zipfile.ZipFile(path).read("bundle.json")
-    assert Ensemble.from_dict(metadata.ensemble, metadata.ensemble_size).to_dict() == metadata.ensemble
+    assert Ensemble.from_dict(metadata.ensemble.to_dict(), metadata.ensemble_size) == metadata.ensemble
 
 
 def test_a_sub_ensembles_origin_is_read_through_its_checked_form(tmp_path):
     five = load_bundle(make_test_ensemble(tmp_path / "five.calibseg", 5)).metadata
-    origin = {"bundle": "five.calibseg", "weights_sha256": five.weights_sha256, "members": [4, 0]}
+    origin = SelectedFrom("five.calibseg", five.weights_sha256, (4, 0))
     two = read_metadata(make_test_ensemble(tmp_path / "two.calibseg", 2, selected_from=origin))
     assert (two.selected_from, two.out_of_fold_weights_sha256) == (origin, five.weights_sha256)
-    assert (five.selected_from, five.out_of_fold_weights_sha256) == ({}, five.weights_sha256)
-    assert Ensemble.from_dict(two.ensemble, 2).to_dict() == two.ensemble
-    # metadata built in memory is checked when it is saved or read; its origin is checked when asked for
-    unchecked = make_test_metadata(ensemble={"selected_from": {**origin, "members": [4, 4]}})
+    assert (five.selected_from, five.out_of_fold_weights_sha256) == (None, five.weights_sha256)
+    assert ([two.out_of_fold_member(member) for member in range(2)], five.out_of_fold_member(3)) == ([4, 0], 3)
+    assert Ensemble.from_dict(two.ensemble.to_dict(), 2) == two.ensemble
+    # metadata built in memory is held to what a reader accepts: its section's stored form, read back
+    repeated = SelectedFrom("five.calibseg", five.weights_sha256, (4, 4))
     with pytest.raises(BundleError, match=r"^The bundle's ensemble is malformed \(selected_from's members must be"):
-        assert unchecked.out_of_fold_weights_sha256
+        make_test_metadata(ensemble_size=2, ensemble=ensemble_section(2, repeated)).validate()
+    with pytest.raises(BundleError, match=r"^The bundle's ensemble must be an Ensemble object\.$"):
+        make_test_metadata(ensemble_size=2, ensemble=ensemble_section(2).to_dict()).validate()
+
+
+def test_an_ensembles_members_know_their_training_patients_and_a_sub_ensemble_keeps_their_entries():
+    ensemble = ensemble_section(3, validation=[["a"], ["b", "c"], ["d"]])
+    assert [member.training_patients(["a", "b", "c", "d"]) for member in ensemble.members] == [
+        ["b", "c", "d"], ["a", "d"], ["a", "b", "c"]]
+    kept = ensemble.kept([2, 0], "three.calibseg", "f" * 64)
+    assert (kept.members, kept.temperature) == ((ensemble.members[2], ensemble.members[0]), ensemble.temperature)
+    assert kept.selected_from == SelectedFrom("three.calibseg", "f" * 64, (2, 0))

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from CalibSegLib.bundle import read_metadata
-from CalibSegLib.cardiac.intervals import INDICES, IntervalRule
+from CalibSegLib.bundle.ensemble import SelectedFrom
+from CalibSegLib.interval_rule import INDICES, IntervalRule
 from CalibSegLib.quality.fitting import Observation, fit_from_observations
 from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING
@@ -18,6 +19,7 @@ from Datasets.errors import DataError
 from Evaluation.function_intervals import (attach_predicted_dice, fit_and_measure, markdown_table, models_table,
                                            patient_volumes, read_collected)
 from cardiac_standins import cardiac_metadata
+from tiny_bundles import ensemble_section
 
 STRUCTURES = ("lv", "rv", "myocardium")
 
@@ -109,8 +111,8 @@ def test_the_documented_tables_are_the_recorded_ones(repo_root):
 
 
 def _observations(rng: np.random.Generator, records: list[dict], folder) -> None:
-    """Quality observations of the records' predictions (as scripts.ensemble_quality_pass writes them): features
-    whose voxels are the collected label volumes, and a Dice that falls with the entropy."""
+    """Quality observations of the records' predictions (in the layout the former scripts.ensemble_quality_pass
+    wrote): features whose voxels are the collected label volumes, and a Dice that falls with the entropy."""
     voxel = float(np.prod(ACDC_SPACING)) / 1000.0
     for record in records:
         side = "out_of_fold" if record["side"] == "oof" else "test"
@@ -156,9 +158,9 @@ def test_predicted_dice_is_held_out_out_of_fold_and_the_members_mean_on_test(tmp
         np.mean([model.structures["right ventricle"].predict(features[0]) for features in members]))
     assert {patient.patient for patient in patient_volumes(attached, "oof")} == {f"oof{n:03d}" for n in range(12)}
     # a sub-ensemble of members 4 and 1 reads their test observations under their numbers in the five
-    selected_from = {"bundle": "five.calibseg", "weights_sha256": "five", "members": [4, 1]}
-    sub = SimpleNamespace(metadata=cardiac_metadata(quality_model=model.to_dict(), ensemble={
-        "members": [{}, {}], "selected_from": selected_from}))
+    selected_from = SelectedFrom("five.calibseg", "five", (4, 1))
+    sub = SimpleNamespace(metadata=cardiac_metadata(quality_model=model.to_dict(), ensemble_size=2,
+                                                    ensemble=ensemble_section(2, selected_from)))
     renumbered = {**test, "members": {"0": test["members"]["4"], "1": test["members"]["1"]}}
     sub_test, = attach_predicted_dice([renumbered], tmp_path, sub)
     assert sub_test["members"]["0"]["rv"]["predicted_dice"] == pytest.approx(

@@ -14,9 +14,10 @@ from CalibSegLib.cardiac import command
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
 from CalibSegLib.cardiac.function import measure_function
 from CalibSegLib.cardiac.indices import cardiac_classes, label_volumes_ml
-from CalibSegLib.cardiac.intervals import INDICES, IntervalRule, index_values
+from CalibSegLib.cardiac.intervals import index_values
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
+from CalibSegLib.interval_rule import INDICES, IntervalRule
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_cine

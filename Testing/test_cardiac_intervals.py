@@ -10,8 +10,9 @@ import pytest
 
 from CalibSegLib.bundle import BundleError
 from CalibSegLib.cardiac.indices import PhaseVolumes, StructureVolume
-from CalibSegLib.cardiac.intervals import (INDICES, IntervalRule, IntervalRuleError, case_indices, index_values,
-                                           conformal_quantile, fit_rule, index_scales)
+from CalibSegLib.cardiac.intervals import (BANDS, case_indices, conformal_quantile, fit_rule, index_scales,
+                                           index_values, rule_indices)
+from CalibSegLib.interval_rule import INDICES, SCALES, IntervalRule, IntervalRuleError
 from cardiac_standins import cardiac_metadata
 
 
@@ -123,9 +124,9 @@ def test_recalibration_recovers_a_bias_and_keeps_coverage():
     covered = []
     for phases, reference in (patient() for _ in range(400)):
         for name, fitted in (("recalibrated", rule), ("plain", plain)):
-            values, scales = fitted.indices(*phases)
+            values, scales = rule_indices(fitted, *phases)
             errors[name].append(abs(values["rv_ef_percent"] - reference["rv_ef_percent"]))
-        values, scales = rule.indices(*phases)
+        values, scales = rule_indices(rule, *phases)
         low, high = rule.interval("lv_edv_ml", values["lv_edv_ml"], scales["lv_edv_ml"])
         covered.append(low <= reference["lv_edv_ml"] <= high)
     assert np.mean(errors["recalibrated"]) < 0.7 * np.mean(errors["plain"])
@@ -157,3 +158,9 @@ def test_the_dice_scales_propagate_the_quality_models_bands():
     rule = IntervalRule("hard", "spread_dice_geometric", dict.fromkeys(INDICES, 1.0))
     assert rule.needs_predicted_dice and IntervalRule.from_dict(rule.to_dict()) == rule
     assert not IntervalRule("hard", "spread", dict.fromkeys(INDICES, 1.0)).needs_predicted_dice
+
+
+def test_the_stored_rules_scales_are_the_bands_and_the_constant():
+    """The stored schema names the scales a rule may read (:mod:`CalibSegLib.interval_rule`, which imports no
+    application): each one but ``constant`` is a band the application computes."""
+    assert SCALES == (*BANDS, "constant")

@@ -14,6 +14,7 @@ import pytest
 from scipy.stats import friedmanchisquare, wilcoxon
 
 from CalibSegLib.bundle import load_bundle
+from CalibSegLib.bundle.ensemble import SelectedFrom
 from Datasets.errors import DataError
 from Datasets.splits import load_split
 from Datasets.splits.folds import SHIPPED_FOLDS, default_folds_for, fold_split, load_folds, make_folds
@@ -233,7 +234,7 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
     metadata = ensemble.metadata
     folds = [load_bundle(cross_validation / f"fold_{fold}" / "model.calibseg") for fold in range(5)]
     assert metadata.ensemble_size == 5 and metadata.schema_version == 3
-    assert [member["weights_sha256"] for member in metadata.ensemble["members"]] == \
+    assert [member.weights_sha256 for member in metadata.ensemble.members] == \
         [fold.metadata.weights_sha256 for fold in folds]
     assert sorted(metadata.data["train"]) == sorted(p for fold in folds for p in fold.metadata.data["val"])
     assert metadata.data["val"] == [] and metadata.data["test"] == folds[0].metadata.data["test"]
@@ -272,9 +273,8 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
     three_path = sub_ensemble(out, kept, tmp_path / "three.calibseg", sample_acdc_dir, "cpu")
     three = load_bundle(three_path)
     assert three.metadata.ensemble_size == 3 and three.metadata.test_metrics == {}
-    assert three.metadata.ensemble["members"] == [metadata.ensemble["members"][index] for index in kept]
-    assert three.metadata.ensemble["selected_from"] == {"bundle": "ensemble.calibseg",
-                                                        "weights_sha256": metadata.weights_sha256, "members": kept}
+    assert three.metadata.ensemble.members == tuple(metadata.ensemble.members[index] for index in kept)
+    assert three.metadata.selected_from == SelectedFrom("ensemble.calibseg", metadata.weights_sha256, tuple(kept))
     assert (three.metadata.quality_model, three.metadata.temperature, three.metadata.postprocessing) == (
         metadata.quality_model, metadata.temperature, metadata.postprocessing)
     smaller = Predictor(three, device="cpu").predict(case.image, case.spacing, keep_probabilities=True)
@@ -283,7 +283,7 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
     for member, index in zip(three_judges["members"], kept):  # each kept member's Gaussian, as before
         np.testing.assert_allclose(member["mean"], judges["members"][index]["mean"], rtol=1e-4)
     assert {member["validation_volumes"] for member in three_judges["members"]} == {
-        2 * sum(len(metadata.ensemble["members"][index]["validation"]) for index in kept)}  # the kept folds only
+        2 * sum(len(metadata.ensemble.members[index].validation) for index in kept)}  # the kept folds only
     with pytest.raises(SystemExit) as caught:
         sub_ensemble_cli.main([str(out), "--members", "1", "1", "--out", str(tmp_path / "twice.calibseg")])
     assert_one_sentence(str(caught.value.code), "^error: ", "--members must name at least two distinct members")

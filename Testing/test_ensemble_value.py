@@ -1,4 +1,4 @@
-"""scripts/ensemble_value.py: its helpers on tiny synthetic arrays, each against an independent computation (a
+"""studies/ensemble_value.py: its helpers on tiny synthetic arrays, each against an independent computation (a
 sub-ensemble's average and disagreement, the binned error scores and the AUROC read from them), and its refusals."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from CalibSegLib.metrics import error_detection_auroc
-from scripts.ensemble_value import SCORE_EDGES, histogram_auroc, main, score_histogram, subset_maps, subsets
+from studies.ensemble_value import SCORE_EDGES, histogram_auroc, main, score_histogram, subset_maps, subsets
 
 
 def _member_probabilities(members: int, shape: tuple[int, ...], seed: int) -> list[np.ndarray]:

@@ -14,6 +14,7 @@ from typing import Callable
 import pytest
 
 from CalibSegLib.bundle import read_metadata
+from CalibSegLib.bundle.ensemble import SelectedFrom
 from CalibSegLib.pretrained import resolve_bundle_path
 from Reporting import ship
 from Training import sub_ensemble
@@ -31,7 +32,7 @@ def ensembles(tmp_path_factory) -> dict[str, Path]:
     crac = read_metadata(resolve_bundle_path("acdc_crac"))
     five = make_test_ensemble(folder / "five.calibseg", 5, class_names=crac.class_names,
                               input_statistics=crac.input_statistics)
-    origin = {"bundle": five.name, "weights_sha256": read_metadata(five).weights_sha256, "members": [0, 1, 2]}
+    origin = SelectedFrom(five.name, read_metadata(five).weights_sha256, (0, 1, 2))
     return {"five": five, "three": make_test_ensemble(folder / "three.calibseg", 3, selected_from=origin)}
 
 

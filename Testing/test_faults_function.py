@@ -20,9 +20,9 @@ import SimpleITK as sitk
 from CalibSegLib.cardiac import command
 from CalibSegLib.cardiac.function import measure_cine
 from CalibSegLib.cardiac.indices import CardiacError
-from CalibSegLib.cardiac.intervals import INDICES, IntervalRule
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
+from CalibSegLib.interval_rule import INDICES, IntervalRule
 from CalibSegLib.pretrained import resolve_bundle_path
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_cine, write_series
@@ -146,8 +146,8 @@ BAD_QUALITY_OBSERVATIONS: dict[str, tuple[Callable[[Path], str], Callable[[Path]
         r"^The bundle's quality model is absent or applied to the members' average, so its predicted Dice"),
     "no folder of quality observations": (
         lambda folder: "acdc_ce_dice", lambda folder: folder / "absent",
-        r"^.*absent/out_of_fold is no folder of quality observations; write it with python -m "
-        r"scripts\.ensemble_quality_pass"),
+        r"^.*absent/out_of_fold is no folder of quality observations; give the store instead \(--store with "
+        r"--with-predicted-dice\)"),
 }
 
 

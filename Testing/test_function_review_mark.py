@@ -1,11 +1,11 @@
-"""scripts/function_review_mark.py's summary: the marked shares and their intervals, from rows made by hand."""
+"""studies/function_review_mark.py's summary: the marked shares and their intervals, from rows made by hand."""
 
 from __future__ import annotations
 
 import pytest
 from scipy import stats
 
-from scripts.function_review_mark import summarise
+from studies.function_review_mark import summarise
 
 
 def _row(part: str, patient: str, error: float | None, review: bool, flags: bool, refused: bool = False) -> dict:

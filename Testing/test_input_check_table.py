@@ -1,4 +1,4 @@
-"""scripts/input_check_table.py's record: one table row per kind in the split's order with the kinds still to measure
+"""studies/input_check_table.py's record: one table row per kind in the split's order with the kinds still to measure
 named, a record of other weights refused in one sentence, docs/input_check.md's block copied from the record, and an
 earlier record's predictions judged again by the bundle's feature statistics (``--reuse-predictions``)."""
 
@@ -14,8 +14,8 @@ import pytest
 from CalibSegLib.feature_statistics import FeatureStatistics, MemberFeatureStatistics
 from CalibSegLib.io import write_json_atomic
 from Reporting import readme_tables
-from scripts import input_check_table
-from scripts.input_check_table import (Outcome, features_only, input_kinds, make_record, read_record, reused_outcomes,
+from studies import input_check_table
+from studies.input_check_table import (Outcome, features_only, input_kinds, make_record, read_record, reused_outcomes,
                                        table)
 
 NAN = math.nan
@@ -67,7 +67,7 @@ def test_the_input_check_page_copies_the_recorded_table(tmp_path):
     new, rebuilt, _ = readme_tables.regenerate(text, tmp_path)
     assert rebuilt == ["input_check_acdc_crac_test"]
     assert "| contrast inversion | 2 | **1** | 1 | 1 | 0.300 (0.100) | 2: 1 unsuitable |" in new
-    assert re.search(r"`python -m scripts\.input_check_table --bundle acdc_crac --split test --record \.\.\.`: 5 "
+    assert re.search(r"`python -m studies\.input_check_table --bundle acdc_crac --split test --record \.\.\.`: 5 "
                      r"inputs, feature threshold 39\.5, 60 min on \d+ CPU cores, recorded \d{4}-\d\d-\d\d\.", new)
 
 

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from CalibSegLib.bundle import BundleError, load_bundle, save_bundle
-from CalibSegLib.inference import Prediction
 from CalibSegLib.quality import (
     FEATURES,
     HOT_SPOT_LEVEL,
@@ -33,6 +32,7 @@ from CalibSegLib.quality import (
     summary_columns,
     uncertain_slices,
 )
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.quality.model import MEAN_DISAGREEMENT
 from CalibSegLib.sliding_window import SlidingWindow
 from tiny_bundles import make_test_bundle, make_test_metadata

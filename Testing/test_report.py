@@ -228,7 +228,7 @@ def _function(cine: bool = False, trigger_times: bool = False) -> dict:
 
 
 def test_the_function_table_shows_every_index_with_its_interval():
-    from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES
+    from CalibSegLib.interval_rule import INDEX_LABELS, INDICES
     from CalibSegLib.report import function_table_html
 
     text = function_table_html(_function())

@@ -12,8 +12,8 @@ import pytest
 from CalibSegLib.bundle import load_bundle
 from CalibSegLib.cardiac.members import member_predictors
 from CalibSegLib.quality import Observation, observe_cases
-from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreError, StoreRecord, read_records, record_path, \
-    write_record
+from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreError, StoreRecord, input_record_path, \
+    read_input_records, read_records, record_path, write_record
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from Datasets.layouts import find_cases
 from Datasets.loading import load_cases
@@ -22,9 +22,10 @@ from Evaluation.function_intervals import (attach_predicted_dice, collect_volume
                                            stored_collection, stored_records)
 from Training.ensemble import quality_from_observations
 from Training.fit import FITS, FitInputs, largest_difference, main as fit_main, refit
+from Training.fit_input_check import refit_input_check
 from Training.store_pass import fill_store, main as store_main
 from test_cardiac_fit import _observations, _records
-from tiny_bundles import make_test_bundle, make_test_ensemble
+from tiny_bundles import ensemble_section, make_test_bundle, make_test_ensemble
 
 OUT_OF_FOLD_PATIENTS = (["patient013"], ["patient016"])
 TEST_PATIENTS = ["patient022"]
@@ -48,7 +49,8 @@ def test_the_pass_writes_one_record_per_out_of_fold_and_test_prediction(tiny_ens
     path, store, written = tiny_ensemble
     bundle = load_bundle(path)
     records = read_records(store, bundle.metadata.weights_sha256)
-    assert written == len(records) == 2 * 2 + 2 * 3  # two volumes each: one member out of fold; two + ensemble
+    assert len(records) == 2 * 2 + 2 * 3  # two volumes each: one member out of fold; two + ensemble
+    assert written == len(records) + len(read_input_records(store, bundle.metadata.weights_sha256)) == 10 + 6
     out_of_fold = {(record.patient, record.member) for record in records if record.role == OUT_OF_FOLD}
     assert out_of_fold == {("patient013", 0), ("patient016", 1)}
     tested = {record.member for record in records if record.role == TEST}
@@ -109,18 +111,19 @@ def test_each_fit_reads_the_store_as_its_function_reads_its_inputs(tmp_path):
     from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
 
     collected, records = _fixture_store(tmp_path, np.random.default_rng(3))
-    assert set(FITS) == {"quality_model", "function_intervals"}
+    assert set(FITS) == {"quality_model", "function_intervals", "input_statistics"}
     stored = read_records(tmp_path / "store", "abc")
     assert stored_collection(stored) == collected
     observations = [Observation(record.patient, record.features, np.asarray(record.dice))
                     for record in sorted(stored, key=lambda record: (str(record.member), record.case))
                     if record.role == OUT_OF_FOLD]
     model = fit_from_observations(observations, ACDC_CLASS_NAMES, validation={APPLIED_TO: MEMBERS})
-    metadata = cardiac_metadata(quality_model=model.to_dict(), ensemble={"members": [{}] * 5}, weights_sha256="abc")
+    metadata = cardiac_metadata(quality_model=model.to_dict(), ensemble_size=5, ensemble=ensemble_section(5),
+                                weights_sha256="abc")
     bundle = SimpleNamespace(metadata=metadata)
     with_dice = stored_records(bundle, tmp_path / "store", predicted_dice=True)
     assert with_dice == attach_predicted_dice(collected, tmp_path / "observations", bundle)
-    inputs = FitInputs(metadata, stored, lambda: with_dice)
+    inputs = FitInputs(metadata, lambda: stored, lambda: with_dice, lambda: [])
     section, _ = FITS["function_intervals"](inputs)
     assert section == fit_and_measure(with_dice)[0].to_dict()
     section, record = FITS["quality_model"](inputs)
@@ -157,3 +160,60 @@ def test_a_record_is_read_only_as_its_version_writes_it(tmp_path):
     path.write_text('{"version": 1, "case"')
     with pytest.raises(StoreError, match="cannot be read as JSON"):
         read_records(tmp_path, "abc")
+
+
+INPUT_FOLDS = (["patient013", "patient016", "patient022"], ["patient036", "patient041", "patient054"])
+
+
+@pytest.fixture(scope="module")
+def input_ensemble(tmp_path_factory, sample_acdc_dir):
+    """Two tiny members, each trained on three sample patients and never on the other three, one test patient;
+    the store's input records filled by calibseg-store --part inputs."""
+    folder = tmp_path_factory.mktemp("inputs")
+    labelled = [patient for fold in INPUT_FOLDS for patient in fold]
+    path = make_test_ensemble(folder / "tiny.calibseg", size=2, validation=INPUT_FOLDS,
+                              class_names=list(ACDC_CLASS_NAMES), class_colors=[(0, 0, 0)] * 4,
+                              class_terminology=ACDC_TERMINOLOGY,
+                              data={"dataset": "acdc", "train": labelled, "val": [], "test": ["patient068"]})
+    assert store_main(["--bundle", str(path), "--store", str(folder / "store"), "--data", str(sample_acdc_dir),
+                       "--device", "cpu", "--part", "inputs"]) == 0
+    return path, folder / "store"
+
+
+def test_the_input_statistics_refitted_from_the_store_are_those_the_networks_fit(input_ensemble, sample_acdc_dir,
+                                                                                  tmp_path):
+    """The input check's section from the store's records against Training.fit_input_check, which runs every
+    member's encoder over the cases itself: the same section, number for number."""
+    path, store = input_ensemble
+    weights = load_bundle(path).metadata.weights_sha256
+    records = read_input_records(store, weights)
+    assert [record.case[:10] for record in records] == sorted(
+        [patient for fold in INPUT_FOLDS for patient in fold for _ in range(2)] + ["patient068"] * 2)
+    assert all(len(record.encoders) == 2 for record in records)
+    _, fitted, fit_records = refit(path, store, ["input_statistics"])
+    direct = load_bundle(refit_input_check(path, sample_acdc_dir, tmp_path / "direct.calibseg", device="cpu"))
+    assert largest_difference(direct.metadata.input_statistics, fitted["input_statistics"]) == 0.0
+    assert fit_records["input_statistics"]["member_training_volumes"] == [6, 6]
+    assert fit_records["input_statistics"]["unseen_volumes"] == 12
+    assert fit_records["input_statistics"]["training_volumes"] == 6  # the first member's training volumes
+
+
+def test_input_records_are_read_only_whole_and_complete(input_ensemble, tmp_path):
+    path, store = input_ensemble
+    weights = load_bundle(path).metadata.weights_sha256
+    first = read_input_records(store, weights)[0]
+    copy = tmp_path / "store"
+    written = input_record_path(copy, weights, first.case)
+    written.parent.mkdir(parents=True)
+    values = first.to_dict()
+    for change, message in (({"version": 2}, "is store version 2"), ({"encoders": []}, "has no encoder vector"),
+                            ({"encoders": [{"layer": "a", "vector": [1.0]}, {"layer": "a", "vector": [1.0, 2.0]}]},
+                             "has no encoder vector of one length for each member"),
+                            ({"observation": {"quantiles": []}}, "has no image observation"),
+                            ({"weights_sha256": "other"}, "is a record of other weights")):
+        written.write_text(json.dumps({**values, **change}))
+        with pytest.raises(StoreError, match=message):
+            read_input_records(copy, weights)
+    written.write_text(json.dumps(values))
+    with pytest.raises(SystemExit, match="^error: The store's input records lack 5 of the bundle's training patients"):
+        fit_main(["--bundle", str(path), "--store", str(copy), "--sections", "input_statistics", "--check"])

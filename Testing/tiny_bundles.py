@@ -16,11 +16,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.bundle import BundleMetadata, save_bundle
+from CalibSegLib.bundle import BundleMetadata, Ensemble, EnsembleMember, save_bundle
+from CalibSegLib.bundle.ensemble import SelectedFrom
 from CalibSegLib.sliding_window import SlidingWindow
 from CalibSegLib.networks import build_network
 
-__all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle", "make_test_ensemble", "disc_case"]
+__all__ = ["TINY_UNET", "make_test_metadata", "make_test_bundle", "ensemble_section", "make_test_ensemble", "disc_case"]
 
 TINY_UNET: dict[str, Any] = {"channels": [4, 8], "strides": [2], "num_res_units": 0}
 
@@ -85,19 +86,24 @@ def make_test_bundle(
     return save_bundle(path, model, metadata, half=half)
 
 
-def make_test_ensemble(path: str | Path, size: int = 3, selected_from: dict[str, Any] | None = None,
+def ensemble_section(size: int, selected_from: SelectedFrom | None = None,
+                     validation: Sequence[Sequence[str]] | None = None) -> Ensemble:
+    """The ``ensemble`` section ``calibseg-ensemble`` writes for ``size`` networks (member m: fold m, validation
+    patient ``p<m>``, or ``validation[m]``; its checksum a stand-in, no fold bundle exists), with ``selected_from`` (a
+    sub-ensemble's origin) where given."""
+    validation = validation or [[f"p{member}"] for member in range(size)]
+    members = tuple(EnsembleMember(member, tuple(validation[member]), 1.0, 1, f"{member:064x}")
+                    for member in range(size))
+    return Ensemble(members, "one, fitted on the out-of-fold predictions of all folds", selected_from)
+
+
+def make_test_ensemble(path: str | Path, size: int = 3, selected_from: SelectedFrom | None = None,
                        validation: Sequence[Sequence[str]] | None = None, **overrides: Any) -> Path:
     """Write an ensemble of ``size`` tiny UNets (member m: the network of :func:`make_test_bundle`'s ``seed=m``) to
-    ``path`` with the ``ensemble`` section ``calibseg-ensemble`` writes (member m: fold m, validation patient
-    ``p<m>``, or ``validation[m]``; its checksum a stand-in, no fold bundle exists) and ``selected_from`` (a
-    sub-ensemble's origin) where given; returns the path. ``overrides`` replace other :class:`BundleMetadata` fields."""
-    validation = validation or [[f"p{member}"] for member in range(size)]
-    members = [{"fold": member, "validation": list(validation[member]), "own_temperature": 1.0, "best_epoch": 1,
-                "weights_sha256": f"{member:064x}"} for member in range(size)]
-    ensemble = {"members": members, "temperature": "one, fitted on the out-of-fold predictions of all folds"}
-    if selected_from is not None:
-        ensemble["selected_from"] = selected_from
-    metadata = make_test_metadata(ensemble_size=size, ensemble=ensemble, **overrides)
+    ``path`` with the ``ensemble`` section of :func:`ensemble_section`; returns the path. ``overrides`` replace other
+    :class:`BundleMetadata` fields."""
+    metadata = make_test_metadata(ensemble_size=size, ensemble=ensemble_section(size, selected_from, validation),
+                                  **overrides)
     state = {}
     for member in range(size):
         with torch.random.fork_rng(devices=[]):

@@ -48,7 +48,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from CalibSegLib.bundle import Bundle, BundleError, BundleMetadata, load_bundle, member_metadata, save_bundle
+from CalibSegLib.bundle import (Bundle, BundleError, BundleMetadata, Ensemble, EnsembleMember, load_bundle,
+                                member_metadata, save_bundle)
 from CalibSegLib.device import resolve_device
 from CalibSegLib.feature_statistics import FeatureStatisticsError
 from CalibSegLib.features import fit_member_features
@@ -72,6 +73,7 @@ from Training.out_of_fold import complete_out_of_fold
 from Training.records import BUNDLE_NAME, RUN_SUMMARY_NAME
 
 __all__ = ["ENSEMBLE_NAME", "ENSEMBLE_RECORD", "MEMBER_PREFIX", "FoldRun", "read_folds", "member_metadata",
+           "flag_counts", "flag_record",
            "out_of_fold_choices", "out_of_fold_quality", "quality_from_observations", "judging_patients",
            "member_patients", "member_cases", "build_ensemble", "main"]
 
@@ -184,22 +186,30 @@ def _observations(folds: Sequence[FoldRun], settings: BundleMetadata, device: st
                                              fold.cases)]
 
 
-def _flag_record(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray, rule: dict[str, Any],
-                 structure_names: Sequence[str]) -> dict[str, Any]:
-    """Recall among poor structures and false flags among good ones under the review ``rule``
-    (:func:`choose_review_rule`), with patient-level intervals, over ``(volumes, structures)`` arrays."""
-    by_structure = rule["review_below_by_structure"]
-    thresholds = np.array([by_structure.get(name, rule["review_below"]) for name in structure_names])
-    marked = flagged(predicted, thresholds[None, :])
+def flag_counts(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray, thresholds: np.ndarray
+                ) -> dict[str, Any]:
+    """Recall among poor structures and false flags among good ones, with patient-level intervals, over
+    ``(volumes, structures)`` arrays flagged at ``thresholds`` (broadcast against them: ``(structures,)``, or a
+    threshold per volume and structure where each volume's were chosen on other patients)."""
+    marked = flagged(predicted, thresholds)
     poor, good = measured < POOR_BELOW, measured > GOOD_ABOVE
     rows = np.repeat(patients, measured.shape[1])
     recall = ratio_interval((marked & poor).ravel(), poor.ravel(), rows)
     false_flags = ratio_interval((marked & good).ravel(), good.ravel(), rows)
-    return {"review_below": rule["review_below"], "review_below_by_structure": dict(by_structure),
-            "poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
+    return {"poor": int(poor.sum()), "poor_flagged": int((marked & poor).sum()),
             "recall": dict(zip(("value", "low", "high"), recall)), "good": int(good.sum()),
             "good_flagged": int((marked & good).sum()),
             "false_flag_share": dict(zip(("value", "low", "high"), false_flags))}
+
+
+def flag_record(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarray, rule: dict[str, Any],
+                structure_names: Sequence[str]) -> dict[str, Any]:
+    """:func:`flag_counts` under the review ``rule`` (:func:`choose_review_rule`'s ``review_below`` and
+    ``review_below_by_structure``), with the rule's thresholds."""
+    by_structure = rule["review_below_by_structure"]
+    thresholds = np.array([by_structure.get(name, rule["review_below"]) for name in structure_names])
+    return {"review_below": rule["review_below"], "review_below_by_structure": dict(by_structure),
+            **flag_counts(predicted, measured, patients, thresholds[None, :])}
 
 
 def quality_from_observations(observations: Sequence[Observation], class_names: Sequence[str], fold_networks: int
@@ -225,7 +235,7 @@ def quality_from_observations(observations: Sequence[Observation], class_names: 
     record = {"fold_networks": fold_networks, "volumes": len(observations), "patients": len(set(patients)),
               "rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE, "target_recall": TARGET_RECALL},
               "table": table, "by_structure": rule["by_structure"],
-              "held_out": _flag_record(predicted, measured, patients, rule, class_names[1:]), "held_out_mae": error}
+              "held_out": flag_record(predicted, measured, patients, rule, class_names[1:]), "held_out_mae": error}
     model = fit_from_observations(observations, class_names, review_below=rule["review_below"],
                                   validation={"fold_networks": fold_networks, "fold_patients": len(set(patients)),
                                               APPLIED_TO: MEMBERS},
@@ -247,6 +257,11 @@ def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, devi
                                      metadata.class_names, len(folds))
 
 
+def _own_temperature(temperature: float | Sequence[float]) -> float | tuple[float, ...]:
+    """A fold network's temperature as its ensemble member holds it: one number, or one per class as a tuple."""
+    return tuple(temperature) if isinstance(temperature, (list, tuple)) else temperature
+
+
 def _ensemble_metadata(folds: Sequence[FoldRun], settings: BundleMetadata, choices: dict[str, Any]
                        ) -> BundleMetadata:
     """The ensemble's metadata: the members' ``settings``, every fold's patients as its training patients (each
@@ -256,16 +271,16 @@ def _ensemble_metadata(folds: Sequence[FoldRun], settings: BundleMetadata, choic
                        for patient in fold.bundle.metadata.data.get(side) or []})
     data = {"dataset": first.data.get("dataset"), "split_file": first.data.get("split_file"), "train": labelled,
             "val": [], "test": list(first.data.get("test") or [])}
-    members = [{"fold": fold.fold, "validation": list(fold.bundle.metadata.data.get("val") or []),
-                "own_temperature": fold.bundle.metadata.temperature,
-                "best_epoch": fold.bundle.metadata.training.get("best_epoch"),
-                "weights_sha256": fold.bundle.metadata.weights_sha256} for fold in folds]
+    members = tuple(EnsembleMember(fold.fold, tuple(fold.bundle.metadata.data.get("val") or []),
+                                   _own_temperature(fold.bundle.metadata.temperature),
+                                   fold.bundle.metadata.training.get("best_epoch"), fold.bundle.metadata.weights_sha256)
+                    for fold in folds)
     return dataclasses.replace(
         settings, ensemble_size=len(folds), data=data, test_metrics={},
         training={**first.training, "folds": len(folds)},
         validation_metrics={"out_of_fold_dice": choices["out_of_fold_dice"],
                             "out_of_fold_foreground_ece": choices["out_of_fold_foreground_ece"], "choices": choices},
-        ensemble={"members": members, "temperature": "one, fitted on the out-of-fold predictions of all folds"})
+        ensemble=Ensemble(members, "one, fitted on the out-of-fold predictions of all folds"))
 
 
 def judging_patients(metadata: BundleMetadata) -> tuple[list[str], list[str]]:
@@ -273,15 +288,14 @@ def judging_patients(metadata: BundleMetadata) -> tuple[list[str], list[str]]:
     families), and the fold it never saw (a new patient is exchangeable with those, not with patients the ensemble
     trained on). A bundle judged through its first member alone (``features``, before ``member_features``) took its
     feature Gaussian and distance threshold from these too."""
-    unseen = list(metadata.ensemble["members"][0]["validation"])
-    return [patient for patient in metadata.data["train"] if patient not in unseen], unseen
+    return member_patients(metadata)[0]
 
 
 def member_patients(metadata: BundleMetadata) -> list[tuple[list[str], list[str]]]:
     """Per member of an ensemble bundle, the patients it trained on and the fold it never saw: its feature Gaussian
     comes from the first, its distances of the second set the pooled threshold."""
-    return [([patient for patient in metadata.data["train"] if patient not in member["validation"]],
-             list(member["validation"])) for member in metadata.ensemble["members"]]
+    return [(member.training_patients(metadata.data["train"]), list(member.validation))
+            for member in metadata.ensemble.members]
 
 
 def member_cases(metadata: BundleMetadata, cases: Sequence[Case]) -> tuple[list[list[Case]], list[list[Case]]]:

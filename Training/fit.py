@@ -13,12 +13,15 @@ in :data:`FITS`:
 - ``function_intervals``: the cardiac function interval rule from the out-of-fold volumes, chosen by
   leave-one-patient-out widths and measured on the test patients
   (:func:`Evaluation.function_intervals.fit_and_measure`); with ``--with-predicted-dice`` the scales that read the
-  members' predicted Dice are candidates too.
+  members' predicted Dice are candidates too;
+- ``input_statistics``: the input check's training ranges from the first member's training volumes
+  (:func:`Training.ensemble.judging_patients`) and every member's feature Gaussian from the volumes it trained on,
+  one distance threshold pooled over the volumes each never saw (:func:`Training.ensemble.member_patients`), from the
+  store's input records (what ``python -m Training.fit_input_check`` fits after running the encoders).
 
 What the store does not hold stays with the pass that needs the voxels: mirroring, temperature and the largest
 component are chosen by ``calibseg-ensemble`` on the members' logits, and every record is of a prediction under
-those settings (a new temperature changes every quality feature, so it means a new store). The input check's
-statistics read the training images and the members' encoder features (``python -m Training.fit_input_check``).
+those settings (a new temperature changes every quality feature, so it means a new store).
 
 The bundle is rewritten through :func:`Training.bundle_rewrite.rewrite_bundle` (default in place; a shipped model:
 ``runs/<name>/<name>.calibseg``), the weights byte-identical; ``--check`` refits, prints the largest difference
@@ -37,31 +40,36 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from CalibSegLib.bundle import BundleError, BundleMetadata, load_bundle
+from CalibSegLib.feature_statistics import fit_member_statistics
+from CalibSegLib import input_check
 from CalibSegLib.io import os_error_sentence
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import Observation
-from CalibSegLib.store import OUT_OF_FOLD, StoreRecord, read_records
+from CalibSegLib.store import OUT_OF_FOLD, InputRecord, StoreRecord, read_input_records, read_records
 from Datasets.errors import DataError
 from Evaluation.function_intervals import fit_and_measure, stored_records
 from Training.bundle_rewrite import rewrite_bundle, rewrite_destination
-from Training.ensemble import quality_from_observations
+from Training.ensemble import judging_patients, member_patients, quality_from_observations
 
-__all__ = ["FitInputs", "FITS", "fit_quality_model", "fit_function_intervals", "refit", "largest_difference",
-           "main"]
+__all__ = ["FitInputs", "FITS", "out_of_fold_observations", "fit_quality_model", "fit_function_intervals",
+           "fit_input_statistics", "refit", "largest_difference", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
 class FitInputs:
-    """What every fit reads: the bundle's metadata, its store records, and the function fit's one option."""
+    """What every fit reads, each part read from the store when a fit asks for it: the bundle's metadata, its
+    prediction records, the function fit's volumes (with its one option) and the input records."""
 
     metadata: BundleMetadata
-    records: list[StoreRecord]
+    records: Callable[[], list[StoreRecord]]
     function_records: Callable[[], list[dict[str, Any]]]
+    input_records: Callable[[], list[InputRecord]]
 
 
-def _observations(inputs: FitInputs) -> list[Observation]:
-    """The out-of-fold members' observations, member by member (the order ``calibseg-ensemble`` predicts in)."""
-    out_of_fold = sorted((record for record in inputs.records if record.role == OUT_OF_FOLD),
+def out_of_fold_observations(records: Sequence[StoreRecord]) -> list[Observation]:
+    """The out-of-fold records as the quality fit's observations, member by member (the order ``calibseg-ensemble``
+    predicts in, so the fit sums them in the same order)."""
+    out_of_fold = sorted((record for record in records if record.role == OUT_OF_FOLD),
                          key=lambda record: (record.member, record.case))
     return [Observation(record.patient, record.features, np.asarray(record.dice))
             for record in out_of_fold]
@@ -69,12 +77,12 @@ def _observations(inputs: FitInputs) -> list[Observation]:
 
 def fit_quality_model(inputs: FitInputs) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``quality_model`` section and its record (the review rule's table, the held-out check)."""
-    observations = _observations(inputs)
+    observations = out_of_fold_observations(inputs.records())
     if not observations:
         raise DataError("The store holds no out-of-fold record of the bundle's weights (a sub-ensemble keeps the "
                         "rule of the ensemble it was selected from); refit that ensemble.")
     model, record = quality_from_observations(observations, inputs.metadata.class_names,
-                                              len(inputs.metadata.ensemble["members"]))
+                                              len(inputs.metadata.ensemble.members))
     return model.to_dict(), record
 
 
@@ -84,10 +92,41 @@ def fit_function_intervals(inputs: FitInputs) -> tuple[dict[str, Any], dict[str,
     return rule.to_dict(), measured
 
 
+def fit_input_statistics(inputs: FitInputs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``input_statistics`` section (module docstring) and its record (volumes per member, the threshold).
+
+    Raises:
+        DataError: the store's input records lack a patient the bundle trained on (one sentence).
+        InputStatisticsError, FeatureStatisticsError: too few volumes, features that cannot be modelled.
+    """
+    records = inputs.input_records()
+    stored = {record.patient for record in records}
+    missing = sorted(set(inputs.metadata.data.get("train") or []) - stored)
+    if missing:
+        raise DataError(f"The store's input records lack {len(missing)} of the bundle's training patients (first: "
+                        f"{missing[0]}); complete them with calibseg-store --part inputs.")
+    first_trained, _ = judging_patients(inputs.metadata)
+    statistics = input_check.fit_input_statistics(
+        [record.observation for record in records if record.patient in first_trained], input_check.THRESHOLDS)
+    split = member_patients(inputs.metadata)
+
+    def vectors(member: int, patients: list[str]) -> list[np.ndarray]:
+        return [record.encoders[member].vector[None] for record in records if record.patient in patients]
+
+    features = fit_member_statistics([records[0].encoders[member].layer for member in range(len(split))],
+                                     [vectors(member, trained) for member, (trained, _) in enumerate(split)],
+                                     [vectors(member, unseen) for member, (_, unseen) in enumerate(split)])
+    record = {"training_volumes": statistics.volumes,
+              "member_training_volumes": [member.training_volumes for member in features.members],
+              "unseen_volumes": features.members[0].validation_volumes, "threshold": features.threshold}
+    return input_check.with_features(statistics, features).to_dict(), record
+
+
 # Section of bundle.json → its fit from the store. One table: calibseg-fit, its tests and docs read it.
 FITS: dict[str, Callable[[FitInputs], tuple[dict[str, Any], dict[str, Any]]]] = {
     "quality_model": fit_quality_model,
     "function_intervals": fit_function_intervals,
+    "input_statistics": fit_input_statistics,
 }
 
 
@@ -104,8 +143,9 @@ def refit(bundle_name: str | Path, store: Path, sections: Sequence[str] = tuple(
     bundle = load_bundle(resolve_bundle_path(bundle_name))
     if bundle.metadata.ensemble is None:
         raise DataError(f"{bundle_name} is no cross-validation ensemble, so no store records are of it.")
-    inputs = FitInputs(bundle.metadata, read_records(store, bundle.metadata.weights_sha256),
-                       lambda: stored_records(bundle, store, predicted_dice))
+    inputs = FitInputs(bundle.metadata, lambda: read_records(store, bundle.metadata.weights_sha256),
+                       lambda: stored_records(bundle, store, predicted_dice),
+                       lambda: read_input_records(store, bundle.metadata.weights_sha256))
     fitted, records = {}, {}
     for name in sections:
         fitted[name], records[name] = FITS[name](inputs)

@@ -61,7 +61,7 @@ def refit_bundle(bundle: str | Path, data: str | Path | None = None, out: str | 
             model ``runs/<name>/<name>.calibseg``).
         fold_bundles: fold networks (see :func:`fold_observations`).
         review_below: the review threshold on the predicted Dice (chosen on out-of-fold patients by
-            ``scripts/review_rule_table.py``; docs/results.md, "The review rule").
+            ``studies/review_rule_table.py``; docs/results.md, "The review rule").
 
     Returns:
         The written bundle's path and the fitted model.
@@ -99,7 +99,8 @@ def refit_from_folds(bundle: str | Path, cross_validation: str | Path, data: str
     out = rewrite_destination(path, out)
     loaded = load_bundle(path)
     folds = read_folds(cross_validation, data)
-    members = [member.get("weights_sha256") for member in (loaded.metadata.ensemble or {}).get("members", [])]
+    ensemble = loaded.metadata.ensemble
+    members = [] if ensemble is None else [member.weights_sha256 for member in ensemble.members]
     if members != [fold.bundle.metadata.weights_sha256 for fold in folds]:
         raise DataError(f"The folds of {cross_validation} are not the members of {path.name}; pass the "
                         "cross-validation folder its ensemble was built from.")
@@ -110,7 +111,7 @@ def refit_from_folds(bundle: str | Path, cross_validation: str | Path, data: str
 def set_review_below(bundle: str | Path, review_below: float,
                      out: str | Path | None = None) -> tuple[Path, QualityModel]:
     """Keep ``bundle``'s fitted quality model and change only its review threshold (e.g. to the one
-    ``scripts/review_rule_table.py`` chose on out-of-fold patients), then one for every structure (any per-structure
+    ``studies/review_rule_table.py`` chose on out-of-fold patients), then one for every structure (any per-structure
     thresholds dropped); written as :func:`refit_bundle` writes.
 
     Raises:
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "runs/<name>/<name>.calibseg)")
     parser.add_argument("--review-below", type=float, default=REVIEW_BELOW,
                         help=f"flag structures whose predicted Dice is below this, one threshold for all "
-                             f"(default {REVIEW_BELOW}; scripts/review_rule_table.py chooses it on out-of-fold "
+                             f"(default {REVIEW_BELOW}; studies/review_rule_table.py chooses it on out-of-fold "
                              "patients)")
     parser.add_argument("--keep-fit", action="store_true",
                         help="keep the bundle's fitted model and only set --review-below (no data needed)")

@@ -1,7 +1,8 @@
 """Fill the store: every out-of-fold and test case of an ensemble bundle predicted once by each member that the
 fits read it from, reduced to a :class:`CalibSegLib.store.StoreRecord` (resumable).
 
-    calibseg-store --bundle acdc_crac --store ../store [--data DIR] [--device auto] [--part out_of_fold|test|all]
+    calibseg-store --bundle acdc_crac --store ../store [--data DIR] [--device auto]
+        [--part out_of_fold|test|inputs|all]
 
 - ``out_of_fold``: each cross-validation patient's volumes predicted by the one member that never trained on it
   (the bundle's ``ensemble.members[m].validation``), as that member alone under the ensemble's settings
@@ -9,6 +10,10 @@ fits read it from, reduced to a :class:`CalibSegLib.store.StoreRecord` (resumabl
   function intervals are fitted on (:mod:`Training.fit`).
 - ``test``: each test patient's volumes by every member, and by the ensemble (the mean of the members'
   probabilities, post-processed: what the shipped bundle gives): what the fits are measured on.
+- ``inputs``: each labelled and test case's image statistics against its reference and every member's encoder
+  vector (:class:`CalibSegLib.store.InputRecord`; the encoder alone runs, no segmentation): what the input check's
+  statistics are fitted on (a member's Gaussian from the patients it trained on, the threshold from those it never
+  saw).
 
 A record already in the store for these weights is skipped, so an interrupted pass resumes where it stopped. The
 networks run once here; every fit and study reads the records afterwards.
@@ -26,21 +31,27 @@ from CalibSegLib.bundle import Bundle, BundleError, load_bundle
 from CalibSegLib.cardiac.indices import (CardiacClasses, CardiacError, ProbabilityTally, cardiac_classes,
                                          label_volumes_ml, phase_volumes)
 from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
+from CalibSegLib.device import resolve_device
+from CalibSegLib.feature_statistics import volume_vector
+from CalibSegLib.features import bottleneck_layer, volume_features
 from CalibSegLib.inference import Predictor
+from CalibSegLib.input_check import observe_volume
 from CalibSegLib.io import os_error_sentence
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import structure_features
-from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreRecord, stored_keys, write_record
+from CalibSegLib.store import (ENSEMBLE, OUT_OF_FOLD, TEST, InputRecord, MemberEncoding, StoreRecord,
+                               stored_input_cases, stored_keys, write_input_record, write_record)
 from Datasets.dataset_names import data_folder
 from Datasets.errors import DataError
 from Datasets.layouts import CaseFile, find_cases
 from Datasets.loading import Case, load_cases
 from Datasets.splits import select_patients
 
-__all__ = ["PARTS", "fill_store", "main"]
+__all__ = ["INPUTS", "PARTS", "fill_store", "fill_inputs", "main"]
 
-PARTS = (OUT_OF_FOLD, TEST, "all")
+INPUTS = "inputs"
+PARTS = (OUT_OF_FOLD, TEST, INPUTS, "all")
 
 
 def _classes(bundle: Bundle) -> CardiacClasses | None:
@@ -86,12 +97,54 @@ def _tasks(bundle: Bundle, files: Sequence[CaseFile], part: str) -> Iterator[tup
     """``(role, case file, members)`` of every record to write: out of fold first (what the fits read)."""
     metadata = bundle.metadata
     if part in (OUT_OF_FOLD, "all") and metadata.out_of_fold_weights_sha256 == metadata.weights_sha256:
-        for index, member in enumerate(metadata.ensemble["members"]):
-            for case_file in select_patients(files, list(member["validation"])):
+        for index, member in enumerate(metadata.ensemble.members):
+            for case_file in select_patients(files, list(member.validation)):
                 yield OUT_OF_FOLD, case_file, [index]
     if part in (TEST, "all"):
         for case_file in select_patients(files, list(metadata.data.get("test") or [])):
             yield TEST, case_file, list(range(metadata.ensemble_size))
+
+
+def _ensemble_bundle(bundle_name: str | Path) -> Bundle:
+    """The ensemble bundle ``bundle_name`` names.
+
+    Raises:
+        BundleError, DataError: unreadable, or no cross-validation ensemble (one sentence).
+    """
+    bundle = load_bundle(resolve_bundle_path(bundle_name))
+    if bundle.metadata.ensemble is None:
+        raise DataError(f"{bundle_name} is no cross-validation ensemble (calibseg-ensemble), so it has no "
+                        "out-of-fold members to fill a store from.")
+    return bundle
+
+
+def fill_inputs(bundle: Bundle, store: Path, files: Sequence[CaseFile], device: str = "auto", batch_size: int = 16,
+                progress: Callable[[str], None] = print) -> int:
+    """Write the :class:`~CalibSegLib.store.InputRecord` of every labelled and test case of ``bundle`` not yet in
+    ``store``: the image observed with its reference under the bundle's preprocessing, and each member's encoder
+    vector at its own bottleneck (as :func:`CalibSegLib.features.fit_member_features` reads them); how many."""
+    metadata = bundle.metadata
+    done = stored_input_cases(store, metadata.weights_sha256)
+    wanted = [case_file for case_file in select_patients(files, list(metadata.data.get("train") or [])
+                                                         + list(metadata.data.get("test") or []))
+              if case_file.case_id not in done]
+    if not wanted:
+        return 0
+    network = bundle.build_model().to(resolve_device(device))
+    members = list(network.members)
+    window = metadata.sliding_window
+    layers = [bottleneck_layer(member, metadata.in_channels, window.patch_size) for member in members]
+    for case_file in wanted:
+        case = load_cases([case_file], metadata.num_classes)[0]
+        observation = observe_volume(case.image, case.spacing, case.label, metadata.class_names,
+                                     metadata.preprocessing)
+        encoders = tuple(MemberEncoding(layer, volume_vector(volume_features(
+            member, layer, case.image, case.spacing, metadata.preprocessing, window, batch_size)))
+            for member, layer in zip(members, layers))
+        write_input_record(store, InputRecord(case.case_id, str(case.patient_id), metadata.weights_sha256,
+                                              observation, encoders))
+        progress(f"{INPUTS} {case.case_id}: {len(encoders)} member(s)")
+    return len(wanted)
 
 
 def fill_store(bundle_name: str | Path, store: Path, data: str | Path | None = None, device: str = "auto",
@@ -102,12 +155,19 @@ def fill_store(bundle_name: str | Path, store: Path, data: str | Path | None = N
     Raises:
         BundleError, DataError: no ensemble bundle, or its recorded patients cannot be found (one sentence each).
     """
-    bundle = load_bundle(resolve_bundle_path(bundle_name))
+    bundle = _ensemble_bundle(bundle_name)
     metadata = bundle.metadata
-    if metadata.ensemble is None:
-        raise DataError(f"{bundle_name} is no cross-validation ensemble (calibseg-ensemble), so it has no "
-                        "out-of-fold members to fill a store from.")
     files = find_cases(data_folder(metadata.data, data))
+    written = 0 if part == INPUTS else _fill_predictions(bundle, store, files, device, part, batch_size, progress)
+    if part in (INPUTS, "all"):
+        written += fill_inputs(bundle, store, files, device, batch_size, progress)
+    return written
+
+
+def _fill_predictions(bundle: Bundle, store: Path, files: Sequence[CaseFile], device: str, part: str,
+                      batch_size: int, progress: Callable[[str], None]) -> int:
+    """Write every prediction record of ``part`` (out of fold, test or both) not yet in ``store``; how many."""
+    metadata = bundle.metadata
     classes = _classes(bundle)
     predictors = member_predictors(bundle, device=device, batch_size=batch_size)
     done = stored_keys(store, metadata.weights_sha256)

@@ -13,7 +13,8 @@ order given. What depends on which members there are is fitted again: the input 
 patients, each kept member's feature Gaussian as before, the distance threshold pooled over the kept members'
 out-of-fold volumes only, their majority deciding). The test metrics are cleared: ``calibseg-evaluate`` measures
 the new file, or ``calibseg-ship --rerecord <name> --bundle <file>`` ships it in place of the shipped ensemble it came
-from and records its metrics. ``ensemble["selected_from"]`` records the bundle, its weights and the members kept.
+from and records its metrics. The ensemble section's ``selected_from`` records the bundle, its weights and the
+members kept (:meth:`CalibSegLib.bundle.Ensemble.kept`).
 
 Written atomically (a temporary folder beside ``--out``, then the input check's rewrite to ``--out``).
 """
@@ -71,11 +72,9 @@ def sub_ensemble(bundle: str | Path, members: Sequence[int], out: str | Path, da
     if len(members) < 2 or len(set(members)) != len(members) or not all(0 <= index < size for index in members):
         raise ValueError(f"--members must name at least two distinct members of {path.name}, numbered 0 to "
                          f"{size - 1}; got {' '.join(map(str, members))}.")
-    ensemble = {**metadata.ensemble, "members": [metadata.ensemble["members"][index] for index in members],
-                "selected_from": {"bundle": path.name, "weights_sha256": metadata.weights_sha256,
-                                  "members": list(members)}}
-    smaller = dataclasses.replace(metadata, ensemble_size=len(members), ensemble=ensemble, input_statistics=None,
-                                  test_metrics={})
+    smaller = dataclasses.replace(metadata, ensemble_size=len(members),
+                                  ensemble=metadata.ensemble.kept(members, path.name, metadata.weights_sha256),
+                                  input_statistics=None, test_metrics={})
     # Staged under the ensemble's own name: the refit's refusals name the bundle whose patients it reads.
     with tempfile.TemporaryDirectory(prefix=f".{out.stem}-", dir=out.parent) as staging:
         staged = rewrite_bundle(loaded, smaller, Path(staging) / path.name,

@@ -39,8 +39,9 @@ from benchmarks.record import caption, make_record, publish
 
 from CalibSegLib.bundle import Bundle, BundleMetadata
 from CalibSegLib.device import resolve_device
-from CalibSegLib.inference import Prediction, Predictor, confidence_maps
+from CalibSegLib.inference import Predictor, confidence_maps
 from CalibSegLib.networks import build_network
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.preprocessing import (Preprocessing, in_plane_spacing, network_grid_shape, normalize_intensity,
                                        resample_slices)
 from CalibSegLib.sliding_window import SlidingWindow

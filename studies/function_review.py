@@ -14,7 +14,7 @@ interval. Three marks:
   width at which at least 90 % of the out-of-fold patients off by more than 8 points are marked.
 
 Each mark's share among patients off by more than 8 points and among those within 3, with Clopper-Pearson 95 %
-intervals (:func:`scripts.function_review_mark.marked_share`).
+intervals (:func:`studies.function_review_mark.marked_share`).
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from typing import Any, Sequence
 
 from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.cardiac.indices import STRUCTURES, PhaseVolumes, cardiac_classes
-from CalibSegLib.cardiac.intervals import IntervalRule
+from CalibSegLib.cardiac.intervals import rule_indices
+from CalibSegLib.interval_rule import IntervalRule
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.quality.review_rule import flagged
 from Datasets.splits.make_splits import group_of
 from Evaluation.function_intervals import patient_volumes
-from scripts.function_review_mark import OFF_ABOVE, WITHIN, marked_share
+from studies.function_review_mark import OFF_ABOVE, WITHIN, marked_share
 from studies.store_study import function_study, study_arguments
 
 __all__ = ["TARGET_RECALL", "patient_row", "wide_limit", "mark_summary", "main"]
@@ -49,7 +50,7 @@ def _flagged(metadata: BundleMetadata, phases: tuple[PhaseVolumes, PhaseVolumes]
 def patient_row(metadata: BundleMetadata, rule: IntervalRule, patient: str, reference: dict[str, float],
                 phases: tuple[PhaseVolumes, PhaseVolumes], part: str) -> dict[str, Any]:
     """One patient's LV EF error and interval width under ``rule``, and whether the LV or any structure is flagged."""
-    values, scales = rule.indices(*phases)
+    values, scales = rule_indices(rule, *phases)
     low, high = rule.interval("lv_ef_percent", values["lv_ef_percent"], scales["lv_ef_percent"])
     return {"patient": patient, "group": group_of(patient), "part": part,
             "error": values["lv_ef_percent"] - reference["lv_ef_percent"], "width": high - low,

@@ -1,17 +1,27 @@
-"""What every study of the function rule starts from: its command line and the bundle's rule and store records."""
+"""What every study of a shipped model's fitted rules starts from: its command line, the bundle with the rule it
+studies, and the bundle's store records (the function rule's as collected volumes, the quality model's as the
+out-of-fold volumes with their held-out predicted Dice)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from CalibSegLib.bundle import Bundle, BundleError, load_bundle
-from CalibSegLib.cardiac.intervals import IntervalRule
-from CalibSegLib.pretrained import resolve_bundle_path
-from Evaluation.function_intervals import stored_records
+import numpy as np
 
-__all__ = ["study_arguments", "function_study"]
+from CalibSegLib.bundle import Bundle, BundleError, load_bundle
+from CalibSegLib.interval_rule import IntervalRule
+from CalibSegLib.io import write_json_atomic
+from CalibSegLib.pretrained import resolve_bundle_path
+from CalibSegLib.quality import Observation, held_out_predictions
+from CalibSegLib.store import OUT_OF_FOLD, StoreRecord, read_records, stored_keys
+from Evaluation.function_intervals import stored_records
+from Training.fit import out_of_fold_observations
+
+__all__ = ["study_arguments", "function_study", "quality_study", "HeldOut", "held_out", "held_out_study",
+           "flag_cells", "report_study"]
 
 
 def study_arguments(prog: str, description: str, argv: Sequence[str] | None) -> argparse.Namespace:
@@ -37,3 +47,84 @@ def function_study(arguments: argparse.Namespace, predicted_dice: bool = False
                 stored_records(bundle, arguments.store, predicted_dice))
     except (BundleError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
+
+
+def quality_study(arguments: argparse.Namespace) -> tuple[Bundle, list[StoreRecord]]:
+    """The ensemble bundle with its quality model and its store records; a sub-ensemble's out-of-fold records are
+    those of the ensemble it keeps members of (its quality model was fitted on them), where the store holds them.
+    A bundle without a quality model or a store without its records exits with one sentence."""
+    try:
+        bundle = load_bundle(resolve_bundle_path(arguments.bundle))
+        metadata = bundle.metadata
+        if metadata.ensemble is None or metadata.quality is None:
+            raise BundleError(f"{arguments.bundle} is no cross-validation ensemble with a quality model to study.")
+        records = read_records(arguments.store, metadata.weights_sha256)
+        fitted_on = metadata.out_of_fold_weights_sha256
+        if fitted_on != metadata.weights_sha256 and stored_keys(arguments.store, fitted_on):
+            records += [record for record in read_records(arguments.store, fitted_on) if record.role == OUT_OF_FOLD]
+        return bundle, records
+    except (BundleError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """The out-of-fold volumes as the quality fit reads them (each predicted by the member that never trained on its
+    patient; ``fold_networks``: how many members predicted them) and what a review rule is judged on there: each
+    volume's predicted Dice from a fit without its patient (``(volumes, structures)``, NaN where drawn nowhere), its
+    measured Dice and its patient."""
+
+    observations: list[Observation]
+    fold_networks: int
+    predicted: np.ndarray
+    measured: np.ndarray
+    patients: np.ndarray
+
+
+def held_out(records: Sequence[StoreRecord], class_names: Sequence[str]) -> HeldOut | None:
+    """The store's out-of-fold records as :class:`HeldOut` (None: the store holds none of them).
+
+    Raises:
+        QualityModelError: too few of them show some structure to fit on (one sentence).
+    """
+    observations = out_of_fold_observations(records)
+    if not observations:
+        return None
+    return HeldOut(observations, len({record.member for record in records if record.role == OUT_OF_FOLD}),
+                   held_out_predictions(observations, class_names),
+                   np.array([item.dice for item in observations]),
+                   np.array([item.patient for item in observations]))
+
+
+def held_out_study(arguments: argparse.Namespace) -> tuple[Bundle, list[StoreRecord], HeldOut]:
+    """:func:`quality_study` with its out-of-fold volumes as :class:`HeldOut`; a store without them, or with too
+    few showing some structure, exits with one sentence."""
+    bundle, records = quality_study(arguments)
+    try:
+        held = held_out(records, bundle.metadata.class_names)
+    except ValueError as error:  # QualityModelError: too few out-of-fold volumes show a structure
+        raise SystemExit(f"error: {error}") from None
+    if held is None:
+        raise SystemExit(f"error: {arguments.store} holds no out-of-fold record of {arguments.bundle}'s quality fit; "
+                         f"fill it with calibseg-store --bundle <the ensemble it was fitted on> --store "
+                         f"{arguments.store} --part out_of_fold.")
+    return bundle, records, held
+
+
+def flag_cells(counts: dict[str, Any], false_flag_digits: int = 0) -> str:
+    """Two Markdown cells of :func:`Training.ensemble.flag_counts`: poor flagged / poor (recall [95 %]), good flagged
+    / good (false-flag share [95 %], to ``false_flag_digits`` decimals of a percent)."""
+    recall, false_flags = counts["recall"], counts["false_flag_share"]
+    share = f".{false_flag_digits}%"
+    return (f"{counts['poor_flagged']} / {counts['poor']} ({recall['value']:.0%} [{recall['low']:.0%}, "
+            f"{recall['high']:.0%}]) | {counts['good_flagged']} / {counts['good']} ({false_flags['value']:{share}} "
+            f"[{false_flags['low']:{share}}, {false_flags['high']:{share}}])")
+
+
+def report_study(lines: Sequence[str], result: dict[str, Any], record: Path | None) -> int:
+    """Print a study's table ``lines`` and, where ``record`` is given, write ``result`` there (atomically); 0."""
+    print("\n".join(lines))
+    if record is not None:
+        write_json_atomic(record, result)
+        print(f"record: {record}")
+    return 0

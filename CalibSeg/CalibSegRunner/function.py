@@ -68,11 +68,11 @@ class FunctionOutputs:
 
 
 def function_columns(function: dict) -> dict[str, list]:
-    """Columns of the function table, one row per index of :data:`CalibSegLib.cardiac.intervals.INDICES`: ``Index``
-    (its :data:`~CalibSegLib.cardiac.intervals.INDEX_LABELS` name), ``Value``, ``Interval low``, ``Interval high``
+    """Columns of the function table, one row per index of :data:`CalibSegLib.interval_rule.INDICES`: ``Index``
+    (its :data:`~CalibSegLib.interval_rule.INDEX_LABELS` name), ``Value``, ``Interval low``, ``Interval high``
     (at the file's level) and ``Unit``; NaN where the file has null (an undefined EF, a bundle without an interval
     rule)."""
-    from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES
+    from CalibSegLib.interval_rule import INDEX_LABELS, INDICES
 
     def number(value) -> float:
         return math.nan if value is None else float(value)

@@ -125,7 +125,7 @@ def cardiac_terminology() -> dict:
 def hand_made_interval_rule(half_width: float = 5.0) -> dict:
     """A hand-made interval rule of cardiac function: every index's interval is its label-voxel value ± ``half_width``
     (a constant scale of 1 times a score quantile of ``half_width``)."""
-    from CalibSegLib.cardiac.intervals import INDICES, IntervalRule
+    from CalibSegLib.interval_rule import INDICES, IntervalRule
 
     return IntervalRule("hard", "constant", {index: half_width for index in INDICES}).to_dict()
 

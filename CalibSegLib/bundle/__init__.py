@@ -19,18 +19,18 @@ torch's meta device, weights streamed in pieces) before spending it, and refuses
 holding NaN or infinite values.
 
 The parts: ``schema.py`` is ``bundle.json`` (:class:`BundleMetadata`, its sections and checks,
-parsed and validated once on load), ``ensemble.py`` its ``ensemble`` section (:class:`Ensemble`: where an ensemble's
-members came from); ``archive.py`` is the zip file (:func:`save_bundle`,
+parsed and validated once on load), ``ensemble.py`` its ``ensemble`` section (:class:`Ensemble` of
+:class:`EnsembleMember`: where an ensemble's members came from); ``archive.py`` is the zip file (:func:`save_bundle`,
 :func:`load_bundle`, :func:`read_metadata` without the weights, the resource limits and the streamed, hashed weights);
 ``model.py`` is a bundle in memory (:class:`Bundle`) and the network it declares, sized before it is built.
 """
 
 from CalibSegLib import BUNDLE_SUFFIX
 from CalibSegLib.bundle.archive import WEIGHTS_MEMBER, load_bundle, read_metadata, save_bundle
-from CalibSegLib.bundle.ensemble import Ensemble
+from CalibSegLib.bundle.ensemble import Ensemble, EnsembleMember
 from CalibSegLib.bundle.model import Bundle
 from CalibSegLib.bundle.schema import (METADATA_MEMBER, SCHEMA_VERSION, BundleError, BundleMetadata,
                                       member_metadata)
 
 __all__ = ["SCHEMA_VERSION", "BUNDLE_SUFFIX", "METADATA_MEMBER", "WEIGHTS_MEMBER", "BundleError", "BundleMetadata",
-           "member_metadata", "Ensemble", "Bundle", "save_bundle", "load_bundle", "read_metadata"]
+           "member_metadata", "Ensemble", "EnsembleMember", "Bundle", "save_bundle", "load_bundle", "read_metadata"]

@@ -2,10 +2,12 @@
 
 :class:`Ensemble` is what ``calibseg-ensemble`` (:mod:`Training.ensemble`) writes: one :class:`EnsembleMember` per
 network (its fold, that fold's validation patients, its own temperature, best epoch and weights' checksum) and how the
-ensemble's one temperature was fitted; ``python -m Training.sub_ensemble`` keeps some members and adds
-:class:`SelectedFrom`, the ensemble they were kept of. The section is untrusted input read by several tools by key:
-:meth:`Ensemble.from_dict` checks its whole shape first and raises :class:`EnsembleError` with a phrase naming the
-field, which :class:`~CalibSegLib.bundle.BundleMetadata` makes one :class:`~CalibSegLib.bundle.BundleError` sentence.
+ensemble's one temperature was fitted; ``python -m Training.sub_ensemble`` keeps some members (:meth:`Ensemble.kept`)
+and adds :class:`SelectedFrom`, the ensemble they were kept of. :class:`~CalibSegLib.bundle.BundleMetadata` holds the
+section as these frozen objects, so the tools read it by attribute, with the facts they share derived here (a member's
+training patients, a sub-ensemble's section). The stored section is untrusted input:
+:meth:`Ensemble.from_dict` checks its whole shape and raises :class:`EnsembleError` with a phrase naming the field,
+which :class:`~CalibSegLib.bundle.BundleMetadata` makes one :class:`~CalibSegLib.bundle.BundleError` sentence.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, Sequence
 
 __all__ = ["MAX_ENSEMBLE_SIZE", "EnsembleError", "EnsembleMember", "SelectedFrom", "Ensemble"]
 
@@ -93,6 +95,11 @@ class EnsembleMember:
         return cls(values["fold"], tuple(validation),
                    tuple(temperature) if isinstance(temperature, list) else temperature, best_epoch,
                    values["weights_sha256"])
+
+    def training_patients(self, labelled: Sequence[str]) -> list[str]:
+        """The patients this member trained on: the ensemble's ``labelled`` ones (its ``data["train"]``: every
+        fold's patients) but those of its own fold, in their order."""
+        return [patient for patient in labelled if patient not in self.validation]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON for ``bundle.json``, as :meth:`from_dict` read it."""
@@ -174,6 +181,13 @@ class Ensemble:
                 raise EnsembleError(f"selected_from names {len(selected_from.members)} members for "
                                     f"{ensemble_size} networks (its ensemble_size), not one for each")
         return cls(members, values["temperature"], selected_from)
+
+    def kept(self, members: Sequence[int], bundle: str, weights_sha256: str) -> "Ensemble":
+        """The section of a sub-ensemble of this one, the bundle ``bundle`` whose weights are ``weights_sha256``:
+        the entries of ``members`` (numbers of this ensemble's members, in the order kept), the same temperature's
+        description, and ``selected_from`` naming them there."""
+        return Ensemble(tuple(self.members[index] for index in members), self.temperature,
+                        SelectedFrom(bundle, weights_sha256, tuple(members)))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON for ``bundle.json``, as :meth:`from_dict` read it (no ``selected_from`` where None)."""

@@ -20,8 +20,8 @@ import torch
 
 from CalibSegLib import __version__
 from CalibSegLib.bundle.ensemble import MAX_ENSEMBLE_SIZE, Ensemble, EnsembleError, SelectedFrom
-from CalibSegLib.cardiac.intervals import IntervalRule, IntervalRuleError
 from CalibSegLib.input_check.statistics import InputStatistics, InputStatisticsError
+from CalibSegLib.interval_rule import IntervalRule, IntervalRuleError
 from CalibSegLib.postprocessing import Postprocessing
 from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality.model import MIRROR_AGREEMENT, QualityModel, QualityModelError, structure_key
@@ -61,6 +61,25 @@ def _malformed_ensemble(error: EnsembleError) -> BundleError:
                        "python -m Training.sub_ensemble.")
 
 
+def _check_ensemble_size(ensemble_size: Any) -> None:
+    """``ensemble_size`` is a whole number of networks one bundle may hold; :class:`BundleError` otherwise."""
+    if not is_int(ensemble_size):
+        raise BundleError(f"The bundle's ensemble_size must be an integer, got {ensemble_size!r}.")
+    if not 1 <= ensemble_size <= MAX_ENSEMBLE_SIZE:
+        raise BundleError(f"The bundle declares ensemble_size={ensemble_size}; an ensemble holds 1 to "
+                          f"{MAX_ENSEMBLE_SIZE} networks.")
+
+
+def _read_ensemble(values: Any, ensemble_size: Any) -> Ensemble:
+    """The stored ``ensemble`` section of a bundle of ``ensemble_size`` networks, checked against that size (checked
+    first); :class:`BundleError` with one sentence otherwise."""
+    _check_ensemble_size(ensemble_size)
+    try:
+        return Ensemble.from_dict(values, ensemble_size)
+    except EnsembleError as error:
+        raise _malformed_ensemble(error) from None
+
+
 def _section(name: str, section_class: type, values: Any) -> Any:
     """One settings section of ``bundle.json`` as its dataclass; :class:`BundleError` on a wrong shape or field."""
     if not isinstance(values, dict):
@@ -86,9 +105,9 @@ class BundleMetadata:
     where absent; ``channel_names`` the input channels in the order the network takes them (a ``dataset.json``'s;
     None: one channel, the image); ``ensemble_size`` how many networks of the declared kind the weights hold (1:
     one network; more: an ensemble whose probabilities are averaged, its members' weights ``members.<m>.…``) and
-    ``ensemble`` where they came from (:class:`CalibSegLib.bundle.ensemble.Ensemble`'s stored form: the folds, their
-    validation patients and temperatures, a sub-ensemble's origin; None for one network);
-    ``function_intervals`` the interval rule of cardiac function (:class:`CalibSegLib.cardiac.intervals.IntervalRule`,
+    ``ensemble`` where they came from (:class:`CalibSegLib.bundle.ensemble.Ensemble`: the folds, their validation
+    patients and temperatures, a sub-ensemble's origin; None for one network);
+    ``function_intervals`` the interval rule of cardiac function (:class:`CalibSegLib.interval_rule.IntervalRule`,
     fitted by ``python -m Evaluation.function_intervals``), None where none was fitted. The
     library version, weights dtype and checksum are filled in by :func:`save_bundle`.
     """
@@ -113,7 +132,7 @@ class BundleMetadata:
     input_statistics: dict[str, Any] | None = None
     channel_names: list[str] | None = None
     ensemble_size: int = 1
-    ensemble: dict[str, Any] | None = None
+    ensemble: Ensemble | None = None
     function_intervals: dict[str, Any] | None = None
     schema_version: int = SCHEMA_VERSION
     library_version: str = __version__
@@ -121,8 +140,11 @@ class BundleMetadata:
     weights_sha256: str = ""
 
     def to_json(self) -> str:
-        """``bundle.json`` text; tensors, arrays and tuples in the free-form sections become lists."""
-        return json.dumps(_plain(dataclasses.asdict(self)), indent=2, sort_keys=True)
+        """``bundle.json`` text; tensors, arrays and tuples in the free-form sections become lists, the ensemble
+        its stored form (:meth:`~CalibSegLib.bundle.ensemble.Ensemble.to_dict`: no ``selected_from`` where None)."""
+        values = dataclasses.asdict(self)
+        values["ensemble"] = None if self.ensemble is None else self.ensemble.to_dict()
+        return json.dumps(_plain(values), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "BundleMetadata":
@@ -141,6 +163,8 @@ class BundleMetadata:
         for section, section_class in _SECTIONS.items():
             if section in known:
                 known[section] = _section(section, section_class, known[section])
+        if known.get("ensemble") is not None:
+            known["ensemble"] = _read_ensemble(known["ensemble"], known.get("ensemble_size", 1))
         if isinstance(known["class_colors"], list):
             known["class_colors"] = [
                 tuple(color) if isinstance(color, list) else color for color in known["class_colors"]
@@ -173,31 +197,25 @@ class BundleMetadata:
         newer = self.ensemble_size > 1 or (is_int(statistics_version) and statistics_version >= 3)
         return SCHEMA_VERSION if newer else SINGLE_NETWORK_SCHEMA_VERSION
 
-    def _origin(self) -> SelectedFrom | None:
-        """``ensemble.selected_from`` checked (:class:`~CalibSegLib.bundle.ensemble.SelectedFrom`); None where absent.
-
-        Raises:
-            BundleError: it is malformed (metadata read from a file was checked on load already).
-        """
-        stored = (self.ensemble or {}).get("selected_from")
-        try:
-            return None if stored is None else SelectedFrom.from_dict(stored)
-        except EnsembleError as error:
-            raise _malformed_ensemble(error) from None
-
     @property
-    def selected_from(self) -> dict[str, Any]:
+    def selected_from(self) -> SelectedFrom | None:
         """A sub-ensemble's origin (``python -m Training.sub_ensemble``): the ensemble's ``bundle`` name, its
-        ``weights_sha256`` and the ``members`` kept, by their numbers there; empty for every other bundle."""
-        origin = self._origin()
-        return {} if origin is None else origin.to_dict()
+        ``weights_sha256`` and the ``members`` kept, by their numbers there; None for every other bundle."""
+        return None if self.ensemble is None else self.ensemble.selected_from
 
     @property
     def out_of_fold_weights_sha256(self) -> str:
         """The weights whose fold networks made this ensemble's out-of-fold choices: a sub-ensemble's are those of
         the ensemble it keeps members of (:attr:`selected_from`), every other bundle's its own."""
-        origin = self._origin()
+        origin = self.selected_from
         return self.weights_sha256 if origin is None else origin.weights_sha256
+
+    def out_of_fold_member(self, member: int) -> int:
+        """Network ``member``'s number among the fold networks of :attr:`out_of_fold_weights_sha256` (what the store
+        files their predictions under): a sub-ensemble's in the ensemble it keeps members of (:attr:`selected_from`),
+        every other bundle's its own."""
+        origin = self.selected_from
+        return member if origin is None else origin.members[member]
 
     def _check_dimensions(self) -> None:
         """A 2D network's target spacing and window are in-plane pairs, a 3D one's (z, y, x) triples."""
@@ -218,7 +236,7 @@ class BundleMetadata:
         """
         if not isinstance(self.network, str) or not isinstance(self.network_kwargs, dict):
             raise BundleError("The bundle's network must be a name and its network_kwargs an object.")
-        for name in ("in_channels", "num_classes", "spatial_dims", "ensemble_size"):
+        for name in ("in_channels", "num_classes", "spatial_dims"):
             if not is_int(getattr(self, name)):
                 raise BundleError(f"The bundle's {name} must be an integer, got {getattr(self, name)!r}.")
         if (
@@ -230,14 +248,13 @@ class BundleMetadata:
                 f"The bundle declares in_channels={self.in_channels}, num_classes={self.num_classes}, "
                 f"spatial_dims={self.spatial_dims}; need >= 1, 2..{_MAX_CLASSES} and 2 or 3."
             )
-        if not 1 <= self.ensemble_size <= MAX_ENSEMBLE_SIZE:
-            raise BundleError(f"The bundle declares ensemble_size={self.ensemble_size}; an ensemble holds 1 to "
-                              f"{MAX_ENSEMBLE_SIZE} networks.")
-        if self.ensemble is not None:  # read by key by the ensemble tools: its whole shape is checked here
-            try:
-                Ensemble.from_dict(self.ensemble, self.ensemble_size)
-            except EnsembleError as error:
-                raise _malformed_ensemble(error) from None
+        _check_ensemble_size(self.ensemble_size)
+        if self.ensemble is not None:
+            if not isinstance(self.ensemble, Ensemble):
+                raise BundleError("The bundle's ensemble must be an Ensemble object.")
+            # Built in memory (calibseg-ensemble, a sub-ensemble), it is held to what a reader accepts: its stored
+            # form, read back.
+            _read_ensemble(self.ensemble.to_dict(), self.ensemble_size)
         if (
             not isinstance(self.class_names, (list, tuple))
             or not isinstance(self.class_colors, (list, tuple))

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from CalibSegLib.cardiac.indices import STRUCTURES, CardiacError, PhaseVolumes
-from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES
+from CalibSegLib.interval_rule import INDEX_LABELS, INDICES
 
 __all__ = ["INDEX_RANGES", "STRUCTURE_NAMES", "check_distinct", "check_suitable", "check_structures", "check_order",
            "clip_interval", "check_result"]

@@ -3,7 +3,7 @@
 :func:`measure_function` segments the two phases, :func:`measure_cine` every phase of a cine (ED and ES chosen by
 :func:`~CalibSegLib.cardiac.phases.choose_phases`); both read the structures' volumes from the bundle's prediction
 (an ensemble's: the mean of its members' probabilities) and apply the bundle's interval rule
-(``metadata.function_intervals``, :class:`~CalibSegLib.cardiac.intervals.IntervalRule`) to them: its point estimate
+(``metadata.function_intervals``, :class:`~CalibSegLib.interval_rule.IntervalRule`) to them: its point estimate
 (hard label volumes or probability sums), its recalibration of the volumes when it has one, and its per-case
 scale. A bundle without a fitted rule still gives every value, with the intervals absent and a sentence saying why.
 
@@ -32,12 +32,14 @@ from CalibSegLib.cardiac.checks import (STRUCTURE_NAMES, check_distinct, check_o
                                         check_suitable, clip_interval)
 from CalibSegLib.cardiac.indices import (STRUCTURES, CardiacClasses, CardiacError, PhaseVolumes, ProbabilityTally,
                                          cardiac_classes, phase_volumes)
-from CalibSegLib.cardiac.intervals import INDEX_LABELS, INDICES, LEVEL, IntervalRule, case_indices, unmapped_volumes
+from CalibSegLib.cardiac.intervals import case_indices, rule_indices, unmapped_volumes
 from CalibSegLib.cardiac.phases import choose_phases, phase_order
 from CalibSegLib.features import feature_distance
-from CalibSegLib.inference import Prediction, Predictor
+from CalibSegLib.inference import Predictor
 from CalibSegLib.input_check import check_input
+from CalibSegLib.interval_rule import INDEX_LABELS, INDICES, LEVEL, IntervalRule
 from CalibSegLib.io import ImageGeometry
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.quality import quality_summary
 from CalibSegLib.quality.review_rule import flagged
 
@@ -58,7 +60,7 @@ def _number(value: float) -> float | None:
 class FunctionResult:
     """The measured function.
 
-    ``values`` and ``intervals`` per index of :data:`~CalibSegLib.cardiac.intervals.INDICES` (mL, %, g; an
+    ``values`` and ``intervals`` per index of :data:`~CalibSegLib.interval_rule.INDICES` (mL, %, g; an
     interval is ``(low, high)``, None when absent, NaN ends when an EF is undefined); ``level`` 0.9;
     ``intervals_absent`` the sentence saying why there are none (None when there are); ``estimate`` the volumes
     the values come from (``hard`` label voxels or ``soft`` probability sums), ``recalibrated`` whether the rule
@@ -215,7 +217,7 @@ def function_result(metadata: BundleMetadata, ed: PhaseVolumes, es: PhaseVolumes
     check_order(ed, es)
     rule, absent = stored_rule(metadata)
     estimate = rule.estimate if rule is not None else _DEFAULT_ESTIMATE
-    values, scales = rule.indices(ed, es) if rule is not None else case_indices(ed, es, estimate, "constant")
+    values, scales = rule_indices(rule, ed, es) if rule is not None else case_indices(ed, es, estimate, "constant")
     intervals = {index: None if rule is None else clip_interval(index, rule.interval(index, values[index],
                                                                                     scales[index]))
                  for index in INDICES}

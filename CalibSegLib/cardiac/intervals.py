@@ -1,9 +1,9 @@
 """The cardiac indices of an ED/ES pair, their per-case scale, and the interval rule that turns both into 90 %
 intervals (split-conformal, scaled per case).
 
-**Indices** (:data:`INDICES`), from the structures' volumes of the two phases (:class:`~.indices.PhaseVolumes`,
-read as ``hard`` label volumes or ``soft`` probability sums): LV EDV, ESV, SV = EDV − ESV, EF = 100 · SV / EDV;
-RV EDV, ESV, EF; myocardial mass = 1.05 g/mL × the myocardium's volume at ED.
+**Indices** (:data:`~CalibSegLib.interval_rule.INDICES`), from the structures' volumes of the two phases
+(:class:`~.indices.PhaseVolumes`, read as ``hard`` label volumes or ``soft`` probability sums): LV EDV, ESV,
+SV = EDV − ESV, EF = 100 · SV / EDV; RV EDV, ESV, EF; myocardial mass = 1.05 g/mL × the myocardium's volume at ED.
 
 **Scale** (per case, in the index's unit): each volume gets a band b in mL, propagated to the index to first
 order, adding the magnitudes (a boundary drawn too wide at ED is not independent of one drawn too wide at ES):
@@ -14,10 +14,10 @@ it in about 2 (1 − D) V voxels, an upper bound of the volume error, so the ban
 and ``spread_dice_geometric``, the two bands' sum and geometric mean. ``constant`` is 1 for every case (plain
 split-conformal, one width for all).
 
-**Recalibration** (optional): each of the five volumes the indices need (:data:`VOLUMES`) mapped by a line
-``intercept + slope · volume`` fitted by least squares on the calibration patients (a network that draws the RV
-too large at ES in most patients has that bias taken out); the indices are then made of the mapped volumes, the
-bands scaled by |slope|. A line that would map a volume to 0 mL or below is not applied to it
+**Recalibration** (optional): each of the five volumes the indices need (:data:`~CalibSegLib.interval_rule.VOLUMES`)
+mapped by a line ``intercept + slope · volume`` fitted by least squares on the calibration patients (a network that
+draws the RV too large at ES in most patients has that bias taken out); the indices are then made of the mapped
+volumes, the bands scaled by |slope|. A line that would map a volume to 0 mL or below is not applied to it
 (:func:`unmapped_volumes`): that volume stays as measured, and ``function.json``'s ``review`` says so.
 
 **Rule** (split-conformal, Vovk et al. 2005; Lei et al., JASA 2018, for the scaled form): on n calibration
@@ -26,34 +26,24 @@ patients the score of an index is |reference − estimate| / scale; q is the ⌈
 with the calibration patients it covers the reference with probability ≥ level, by construction
 (:func:`conformal_quantile`). The calibration patients must be predicted the way the rule is applied
 (out-of-fold single networks, :mod:`Evaluation.function_intervals`; how an ensemble applies it: docs/function.md).
+:func:`fit_rule` fits it and :func:`rule_indices` reads a case as it does; the fitted rule as a bundle stores it,
+checked on read, is :class:`CalibSegLib.interval_rule.IntervalRule`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from CalibSegLib.cardiac.indices import MYOCARDIUM_DENSITY_G_PER_ML, PhaseVolumes, StructureVolume
+from CalibSegLib.interval_rule import INDICES, LEVEL, VOLUMES, IntervalRule, Recalibration
 
-__all__ = ["INDICES", "INDEX_LABELS", "LEVEL", "ESTIMATES", "BANDS", "SCALES", "DICE_SCALES", "RECALIBRATIONS",
-           "VOLUMES", "RECALIBRATION_SLOPE", "RECALIBRATION_INTERCEPT_ML", "MAX_QUANTILE", "IntervalRuleError",
-           "Recalibration", "index_values", "unmapped_volumes", "phase_pair_volumes", "case_indices", "index_scales",
-           "reference_volumes", "fit_recalibration", "conformal_quantile", "IntervalRule", "fit_rule"]
+__all__ = ["BANDS", "RECALIBRATIONS", "index_values", "unmapped_volumes", "phase_pair_volumes", "case_indices",
+           "index_scales", "rule_indices", "reference_volumes", "fit_recalibration", "conformal_quantile", "fit_rule"]
 
-INDICES: tuple[str, ...] = ("lv_edv_ml", "lv_esv_ml", "lv_sv_ml", "lv_ef_percent", "rv_edv_ml", "rv_esv_ml",
-                            "rv_ef_percent", "myocardium_mass_g")
-# What the printout, the report and the sentences of refusals call each index, with its unit.
-INDEX_LABELS: dict[str, tuple[str, str]] = {
-    "lv_edv_ml": ("LV end-diastolic volume", "mL"), "lv_esv_ml": ("LV end-systolic volume", "mL"),
-    "lv_sv_ml": ("LV stroke volume", "mL"), "lv_ef_percent": ("LV ejection fraction", "%"),
-    "rv_edv_ml": ("RV end-diastolic volume", "mL"), "rv_esv_ml": ("RV end-systolic volume", "mL"),
-    "rv_ef_percent": ("RV ejection fraction", "%"), "myocardium_mass_g": ("Myocardial mass (1.05 g/mL, ED)", "g"),
-}
-LEVEL = 0.9
-ESTIMATES = ("hard", "soft")  # label volumes, probability sums
+RECALIBRATIONS = ("none", "linear")  # the volumes as measured, or mapped by lines fitted on calibration patients
 
 
 def _dice_band(volume: StructureVolume) -> float:
@@ -61,29 +51,14 @@ def _dice_band(volume: StructureVolume) -> float:
     return math.nan if volume.predicted_dice is None else (1.0 - volume.predicted_dice) * volume.hard
 
 
-# Each scale's band of a structure (mL): Σ p (1 − p), the quality model's (1 − D̂) × label volume, or both.
+# Each scale's band of a structure (mL), by the name of the scale (SCALES but "constant"): Σ p (1 − p), the quality
+# model's (1 − D̂) × label volume, or both.
 BANDS: dict[str, Callable[[StructureVolume], float]] = {
     "spread": lambda volume: volume.spread,
     "dice": _dice_band,
     "spread_dice_sum": lambda volume: volume.spread + _dice_band(volume),
     "spread_dice_geometric": lambda volume: math.sqrt(volume.spread * _dice_band(volume)),
 }
-SCALES = (*BANDS, "constant")
-DICE_SCALES = ("dice", "spread_dice_sum", "spread_dice_geometric")  # those that need the predicted Dice
-RECALIBRATIONS = ("none", "linear")  # the volumes as measured, or mapped by lines fitted on calibration patients
-# The volumes the indices are made of: structure and phase (the myocardium's at ED gives the mass).
-VOLUMES = ("lv_ed", "lv_es", "rv_ed", "rv_es", "myocardium_ed")
-# What a stored rule may hold (checked on read). A recalibration line corrects a network's bias: a slope of 0 would
-# give every heart one volume, a negative one reverse the order of hearts, and a slope beyond 2 or below 0.5 or an
-# intercept beyond ±100 mL (a whole normal LV) undo more than any segmentation's bias. A score quantile is a number
-# of per-case scales; 1000 of them is an interval no reader could use.
-RECALIBRATION_SLOPE = (0.5, 2.0)
-RECALIBRATION_INTERCEPT_ML = (-100.0, 100.0)
-MAX_QUANTILE = 1000.0
-
-
-class IntervalRuleError(ValueError):
-    """A stored interval rule is malformed; the message says why in a phrase."""
 
 
 def _ejection_fraction(diastole: float, systole: float) -> float:
@@ -101,10 +76,6 @@ def index_values(ed: Mapping[str, float], es: Mapping[str, float]) -> dict[str, 
 
 def _ef_scale(diastole: float, systole: float, band_diastole: float, band_systole: float) -> float:
     return 100.0 * (systole * band_diastole + diastole * band_systole) / diastole ** 2 if diastole > 0 else math.nan
-
-
-Recalibration = dict[str, tuple[float, float]]
-"""Per volume of :data:`VOLUMES` the ``(intercept, slope)`` of the line mapping the estimate to the reference."""
 
 
 def _measured(ed: PhaseVolumes, es: PhaseVolumes, key: str) -> StructureVolume:
@@ -194,90 +165,11 @@ def conformal_quantile(scores: Sequence[float], level: float = LEVEL) -> float:
     return float(finite[rank - 1]) if rank <= len(finite) else math.inf
 
 
-@dataclass(frozen=True)
-class IntervalRule:
-    """A fitted rule: point ``estimate`` (``hard`` or ``soft`` volumes), per-case ``scale`` (:data:`SCALES`), the
-    ``level``, one score quantile per index (``quantiles``), the volumes' ``recalibration``
-    (None: the volumes as measured) and what it was fitted on (``fitted_on``: free JSON, e.g. patients and
-    networks)."""
-
-    estimate: str
-    scale: str
-    quantiles: dict[str, float]
-    level: float = LEVEL
-    fitted_on: dict[str, Any] = field(default_factory=dict)
-    recalibration: Recalibration | None = None
-
-    def indices(self, ed: PhaseVolumes, es: PhaseVolumes) -> tuple[dict[str, float], dict[str, float]]:
-        """A case's index values and scales as this rule reads them (:func:`case_indices`)."""
-        return case_indices(ed, es, self.estimate, self.scale, self.recalibration)
-
-    def interval(self, index: str, value: float, scale: float) -> tuple[float, float]:
-        """``value ± q · scale`` of ``index``; NaN ends when the value or the scale is not finite."""
-        half = self.quantiles[index] * scale
-        if not (math.isfinite(value) and math.isfinite(half)):
-            return math.nan, math.nan
-        return value - half, value + half
-
-    @property
-    def needs_predicted_dice(self) -> bool:
-        """Whether its scale reads the quality model's predicted Dice (:data:`DICE_SCALES`)."""
-        return self.scale in DICE_SCALES
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"estimate": self.estimate, "scale": self.scale, "level": self.level,
-                "quantiles": dict(self.quantiles), "fitted_on": dict(self.fitted_on),
-                "recalibration": None if self.recalibration is None else
-                {key: list(line) for key, line in self.recalibration.items()}}
-
-    @classmethod
-    def from_dict(cls, values: Any) -> "IntervalRule":
-        """The rule stored by :meth:`to_dict`.
-
-        Raises:
-            IntervalRuleError: a missing or unknown estimate, scale or level, a quantile that is not a finite
-                number from 0 to :data:`MAX_QUANTILE`, or a recalibration line whose intercept or slope lies outside
-                :data:`RECALIBRATION_INTERCEPT_ML` or :data:`RECALIBRATION_SLOPE` (a phrase naming the field).
-        """
-        if not isinstance(values, dict):
-            raise IntervalRuleError(f"it must be an object, got {type(values).__name__}")
-        if values.get("estimate") not in ESTIMATES or values.get("scale") not in SCALES:
-            raise IntervalRuleError(f"its estimate must be one of {', '.join(ESTIMATES)} and its scale one of "
-                                    f"{', '.join(SCALES)}, got {values.get('estimate')!r} and {values.get('scale')!r}")
-        level = values.get("level")
-        if not _is_number(level) or not 0 < level < 1:
-            raise IntervalRuleError(f"its level must be a number in (0, 1), got {level!r}")
-        quantiles = values.get("quantiles")
-        if not isinstance(quantiles, dict) or set(quantiles) != set(INDICES):
-            raise IntervalRuleError(f"its quantiles must give each of {', '.join(INDICES)} a number")
-        for index in INDICES:
-            _check_bounded(quantiles[index], f"quantile of {index}", (0.0, MAX_QUANTILE))
-        fitted_on = values.get("fitted_on", {})
-        if not isinstance(fitted_on, dict):
-            raise IntervalRuleError("its fitted_on must be an object")
-        lines = values.get("recalibration")
-        if lines is not None:
-            if not isinstance(lines, dict) or set(lines) != set(VOLUMES) or not all(
-                    isinstance(line, list) and len(line) == 2 for line in lines.values()):
-                raise IntervalRuleError(f"its recalibration must be null or give each of {', '.join(VOLUMES)} an "
-                                        "[intercept, slope]")
-            for key in VOLUMES:
-                _check_bounded(lines[key][0], f"recalibration intercept of {key}", RECALIBRATION_INTERCEPT_ML)
-                _check_bounded(lines[key][1], f"recalibration slope of {key}", RECALIBRATION_SLOPE)
-        return cls(values["estimate"], values["scale"], {key: float(quantiles[key]) for key in INDICES},
-                   float(level), fitted_on,
-                   None if lines is None else {key: (float(lines[key][0]), float(lines[key][1])) for key in VOLUMES})
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _check_bounded(value: Any, name: str, bounds: tuple[float, float]) -> None:
-    """Raise :class:`IntervalRuleError` naming ``name`` unless ``value`` is a finite number within ``bounds``."""
-    if not (_is_number(value) and math.isfinite(value) and bounds[0] <= value <= bounds[1]):
-        raise IntervalRuleError(f"its {name} must be a finite number from {bounds[0]:g} to {bounds[1]:g}, got "
-                                f"{value!r}")
+def rule_indices(rule: IntervalRule, ed: PhaseVolumes, es: PhaseVolumes
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+    """A case's index values and scales as ``rule`` reads them: :func:`case_indices` with its estimate, scale and
+    recalibration."""
+    return case_indices(ed, es, rule.estimate, rule.scale, rule.recalibration)
 
 
 def _scores(values: Mapping[str, float], scales: Mapping[str, float], reference: Mapping[str, float]

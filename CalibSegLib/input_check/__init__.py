@@ -16,20 +16,22 @@ every training volume. Five parts, one concept:
 - **Check** (``check.py``): a case's ``input_check`` (:func:`check_input`: those sentences, the network's feature
   distance, impossible Hounsfield values) and what a reader sees of it (:func:`input_check_lines`).
 
-The schema imports neither the bundle nor the predictor: ``CalibSegLib.bundle`` validates stored statistics with it,
-and the fitting and the check, which read a bundle's metadata, sit above. Pure NumPy: no torch, no bundle.
+Nothing here imports the bundle or the predictor: ``CalibSegLib.bundle`` validates stored statistics with the schema,
+and the fitting and the check read a bundle's metadata through the few fields they name (:class:`ObservationMetadata`,
+:class:`CheckMetadata`), so the whole package sits below the bundle.
 """
 
 from CalibSegLib.input_check.check import (FEATURES_NOT_MEASURED, FEATURES_NOT_STORED, HOUNSFIELD_RANGE, NOT_CHECKED,
-                                           OUTDATED, check_input, feature_lines, input_check_lines)
+                                           OUTDATED, CheckMetadata, check_input, feature_lines, input_check_lines)
 from CalibSegLib.input_check.excursions import RESAMPLING_RANGE, excursions, input_reasons
 from CalibSegLib.input_check.fitting import THRESHOLDS, fit_input_statistics, statistics_of_cases, with_features
-from CalibSegLib.input_check.observation import VolumeObservation, check_intensities, observe_volume
+from CalibSegLib.input_check.observation import (ObservationMetadata, VolumeObservation, check_intensities,
+                                                 observe_volume)
 from CalibSegLib.input_check.statistics import (FAMILIES, INPUT_STATISTICS_VERSION, QUANTILE_LEVELS, InputStatistics,
                                                 InputStatisticsError)
 
-__all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "VolumeObservation",
-           "InputStatistics", "check_intensities", "observe_volume", "fit_input_statistics", "statistics_of_cases",
-           "THRESHOLDS", "excursions", "input_reasons", "check_input", "input_check_lines", "NOT_CHECKED",
-           "OUTDATED", "HOUNSFIELD_RANGE", "RESAMPLING_RANGE", "FEATURES_NOT_STORED", "FEATURES_NOT_MEASURED",
-           "feature_lines", "with_features"]
+__all__ = ["INPUT_STATISTICS_VERSION", "QUANTILE_LEVELS", "FAMILIES", "InputStatisticsError", "ObservationMetadata",
+           "CheckMetadata", "VolumeObservation", "InputStatistics", "check_intensities", "observe_volume",
+           "fit_input_statistics", "statistics_of_cases", "THRESHOLDS", "excursions", "input_reasons", "check_input",
+           "input_check_lines", "NOT_CHECKED", "OUTDATED", "HOUNSFIELD_RANGE", "RESAMPLING_RANGE",
+           "FEATURES_NOT_STORED", "FEATURES_NOT_MEASURED", "feature_lines", "with_features"]

@@ -20,21 +20,18 @@ of the members find it so.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from CalibSegLib.feature_statistics import MemberFeatureStatistics
 from CalibSegLib.input_check.excursions import input_reasons
-from CalibSegLib.input_check.observation import observe_volume
+from CalibSegLib.input_check.observation import ObservationMetadata, observe_volume
 from CalibSegLib.input_check.statistics import InputStatistics, InputStatisticsError
 from CalibSegLib.preprocessing import Preprocessing, as_channels
 
-if TYPE_CHECKING:
-    from CalibSegLib.bundle import BundleMetadata
-
-__all__ = ["NOT_CHECKED", "OUTDATED", "FEATURES_NOT_STORED", "FEATURES_NOT_MEASURED", "HOUNSFIELD_RANGE",
-           "feature_lines", "check_input", "input_check_lines"]
+__all__ = ["CheckMetadata", "NOT_CHECKED", "OUTDATED", "FEATURES_NOT_STORED", "FEATURES_NOT_MEASURED",
+           "HOUNSFIELD_RANGE", "feature_lines", "check_input", "input_check_lines"]
 
 # Hounsfield units a CT file can hold: air is -1000, padding outside the field of view down to -3024 on some
 # scanners, and the extended scale for metal reaches about 30,000 (16-bit storage); anything beyond is not CT.
@@ -46,6 +43,25 @@ FEATURES_NOT_STORED = ("not checked against the network's features: this bundle 
 FEATURES_NOT_MEASURED = "not checked against the network's features: no distance was computed for this volume"
 OUTDATED = ("input not checked: this bundle's statistics of its training inputs scaled its CT channels per image, "
             "not over their Hounsfield window (refit them with python -m Training.fit_input_check --bundle <bundle>)")
+
+
+class CheckMetadata(ObservationMetadata, Protocol):
+    """What :func:`check_input` reads of a bundle's metadata (:class:`CalibSegLib.bundle.BundleMetadata` is one):
+    besides its classes and preprocessing, its stored ``input_statistics`` (None without), its input channels'
+    count and names (None: one channel, the image) and how many networks it holds, which the statistics are read
+    against."""
+
+    @property
+    def input_statistics(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def in_channels(self) -> int: ...
+
+    @property
+    def channel_names(self) -> Sequence[str] | None: ...
+
+    @property
+    def ensemble_size(self) -> int: ...
 
 
 def _feature_entry(statistics: InputStatistics, distance: float | Sequence[float] | None) -> dict[str, Any]:
@@ -110,7 +126,7 @@ def feature_lines(entry: Mapping[str, Any]) -> list[str]:
             f"≤ {threshold:.3g})"]
 
 
-def check_input(metadata: "BundleMetadata", image: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float],
+def check_input(metadata: CheckMetadata, image: np.ndarray | Sequence[np.ndarray], spacing: Sequence[float],
                 labels: np.ndarray, feature_distance: float | Sequence[float] | None = None) -> dict[str, Any]:
     """Is ``image`` like the bundle's training inputs? The ``input_check`` of a case's summary.
 

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from CalibSegLib.feature_statistics import FeatureStatistics, MemberFeatureStatistics
-from CalibSegLib.input_check.observation import VolumeObservation, observe_volume
+from CalibSegLib.input_check.observation import ObservationMetadata, VolumeObservation, observe_volume
 from CalibSegLib.input_check.statistics import FAMILIES, InputStatistics, InputStatisticsError
-
-if TYPE_CHECKING:
-    from CalibSegLib.bundle import BundleMetadata
 
 __all__ = ["THRESHOLDS", "fit_input_statistics", "statistics_of_cases", "with_features"]
 
@@ -61,7 +58,7 @@ def fit_input_statistics(observations: Sequence[VolumeObservation], thresholds: 
     )
 
 
-def statistics_of_cases(metadata: "BundleMetadata", cases: Sequence[Any],
+def statistics_of_cases(metadata: ObservationMetadata, cases: Sequence[Any],
                         thresholds: Mapping[str, float] = THRESHOLDS,
                         features: FeatureStatistics | MemberFeatureStatistics | None = None) -> dict[str, Any]:
     """``bundle.json``'s ``input_statistics`` from a bundle's training ``cases`` (each with ``image``, ``label``

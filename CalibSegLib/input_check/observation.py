@@ -24,14 +24,26 @@ the thresholds were decided in. What is compared, per family of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from CalibSegLib.input_check.statistics import QUANTILE_LEVELS
 from CalibSegLib.preprocessing import Preprocessing, as_channels, in_plane_spacing, intensity_range, scale_intensity
 
-__all__ = ["VolumeObservation", "check_intensities", "observe_volume"]
+__all__ = ["ObservationMetadata", "VolumeObservation", "check_intensities", "observe_volume"]
+
+
+class ObservationMetadata(Protocol):
+    """What observing a model's volumes reads of its bundle's metadata (:class:`CalibSegLib.bundle.BundleMetadata` is
+    one): its classes, background first, and its preprocessing. Named here, the input check needs no bundle: the
+    bundle stores the check's statistics, so it sits above the check."""
+
+    @property
+    def class_names(self) -> Sequence[str]: ...
+
+    @property
+    def preprocessing(self) -> Preprocessing: ...
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Three parts, one concept:
 
 - **Features** (``features.py``): per predicted structure, from the labels, confidence and
-  normalised entropy of a :class:`~CalibSegLib.inference.Prediction`; the most uncertain slices.
+  normalised entropy of a :class:`~CalibSegLib.prediction.Prediction`; the most uncertain slices.
 - **Quality model** (``model.py``, its schema; ``fitting.py``): per structure, a predicted Dice
   from the mean of one linear fit per feature — monotone in each, scored on held-out patients
   (:func:`fit_quality_model` on the validation cases, or :func:`fit_from_observations` on any predictions),
@@ -13,18 +13,19 @@ Three parts, one concept:
   table the CLI writes as ``<case>_summary.json`` and the Slicer module shows. An ensemble whose model was
   fitted on its single fold networks shows the mean of its members' predicted Dice (``members.py``).
 
-The model's schema imports neither the bundle nor the predictor: ``CalibSegLib.bundle`` validates a
-stored model with it, and the summary and the fitting, which read bundles and run predictors, sit above.
+Nothing here imports the bundle or the predictor: ``CalibSegLib.bundle`` validates a stored model with the schema,
+and the summary and the fitting read a bundle's metadata and run a predictor through the few fields and the one call
+they name (:class:`SummaryMetadata`, :class:`CasePredictor`), so the whole package sits below the bundle.
 """
 
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, MAX_UNCERTAIN_SLICES, structure_features, uncertain_slices
-from CalibSegLib.quality.fitting import (Observation, QualityCase, check_references, fit_from_observations,
-                                         fit_quality_model, held_out_predictions, observe_cases)
+from CalibSegLib.quality.fitting import (CasePredictor, Observation, PredictedClasses, QualityCase, check_references,
+                                         fit_from_observations, fit_quality_model, held_out_predictions, observe_cases)
 from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
                                        MIRROR_AGREEMENT, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
                                        QualityModel, QualityModelError, StructureQuality, structure_key)
-from CalibSegLib.quality.summary import (quality_summary, review_sentence,
-                                         summary_columns, with_predicted_dice)
+from CalibSegLib.quality.summary import (SummaryMetadata, quality_summary, review_sentence, summary_columns,
+                                         with_predicted_dice)
 
 __all__ = [
     "LOW_CONFIDENCE_THRESHOLD",
@@ -41,6 +42,9 @@ __all__ = [
     "StructureQuality",
     "QualityModel",
     "QualityCase",
+    "PredictedClasses",
+    "CasePredictor",
+    "SummaryMetadata",
     "Observation",
     "structure_key",
     "structure_features",

@@ -1,21 +1,19 @@
 """Uncertainty features of a predicted volume: per structure (:func:`structure_features`) and per slice
 (:func:`uncertain_slices`), from the labels, confidence and normalised entropy of a
-:class:`~CalibSegLib.inference.Prediction`. Definitions: :mod:`CalibSegLib.quality.summary`.
+:class:`~CalibSegLib.prediction.Prediction`. Definitions: :mod:`CalibSegLib.quality.summary`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 from scipy import ndimage
 
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.quality.model import BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, MIRROR_AGREEMENT
 from CalibSegLib.uncertainty_levels import HOT_SPOT_LEVEL
-
-if TYPE_CHECKING:
-    from CalibSegLib.inference import Prediction
 
 __all__ = ["HOT_SPOT_LEVEL", "MAX_UNCERTAIN_SLICES", "structure_features", "uncertain_slices"]
 
@@ -34,7 +32,7 @@ def _class_sums(labels: np.ndarray, values: np.ndarray | None, num_classes: int)
 
 
 def structure_features(
-    prediction: "Prediction",
+    prediction: Prediction,
     num_classes: int,
     low_confidence_threshold: float = LOW_CONFIDENCE_THRESHOLD,
     boundary_ring: int = BOUNDARY_RING,
@@ -106,7 +104,7 @@ def structure_features(
     return features
 
 
-def _expected_counts(prediction: "Prediction") -> np.ndarray | None:
+def _expected_counts(prediction: Prediction) -> np.ndarray | None:
     """Σ of each class's probability over the volume ``(C,)``, or None when the prediction cannot tell."""
     if prediction.probability_sums is not None:
         return prediction.probability_sums

@@ -25,21 +25,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from CalibSegLib.metrics import dice as dice_scores
+from CalibSegLib.prediction import Prediction
 from CalibSegLib.quality.features import structure_features
 from CalibSegLib.quality.model import (AVERAGED, AVERAGED_FEATURES, FEATURES, INTERVAL_COVERAGE, OPTIONAL_FEATURES,
                                        PARAMETER_BOUND, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
                                        QualityModel, QualityModelError, StructureQuality, evaluate_form)
 
-if TYPE_CHECKING:
-    from CalibSegLib.inference import Predictor
-
-__all__ = ["MIN_FIT_CASES", "QualityCase", "Observation", "check_references", "observe_cases", "fit_from_observations",
-           "held_out_predictions", "fit_quality_model"]
+__all__ = ["MIN_FIT_CASES", "QualityCase", "PredictedClasses", "CasePredictor", "Observation", "check_references",
+           "observe_cases", "fit_from_observations", "held_out_predictions", "fit_quality_model"]
 
 MIN_FIT_CASES = 3
 
@@ -54,6 +52,28 @@ class QualityCase(Protocol):
     label: np.ndarray
     spacing: tuple[float, float, float]
     patient_id: str
+
+
+class PredictedClasses(Protocol):
+    """The classes a predictor labels (its ``metadata``; :class:`CalibSegLib.bundle.BundleMetadata` is one):
+    ``class_names``, background first, and their count."""
+
+    @property
+    def class_names(self) -> Sequence[str]: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+
+class CasePredictor(Protocol):
+    """What the fit predicts its cases with (:class:`CalibSegLib.inference.Predictor` is one): a volume's
+    prediction under the settings, temperature and post-processing it will be used with, and the classes it labels.
+    Named here, the fit needs no predictor or bundle, which store its model and so sit above quality."""
+
+    @property
+    def metadata(self) -> PredictedClasses: ...
+
+    def predict(self, image: np.ndarray, spacing: Sequence[float]) -> Prediction: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +102,7 @@ def check_references(cases: Sequence[QualityCase], class_names: Sequence[str]) -
                 "are needed), so its Dice there would say nothing about the model; check the validation labels.")
 
 
-def observe_cases(predictor: "Predictor", cases: Sequence[QualityCase]) -> list[Observation]:
+def observe_cases(predictor: CasePredictor, cases: Sequence[QualityCase]) -> list[Observation]:
     """Predict every case with ``predictor`` (its bundle's settings, temperature and post-processing) and measure
     it against its label."""
     metadata = predictor.metadata
@@ -237,7 +257,7 @@ def fit_from_observations(observations: Sequence[Observation], class_names: Sequ
                         review_below_by_structure=dict(review_below_by_structure or {}))
 
 
-def fit_quality_model(predictor: "Predictor", cases: Sequence[QualityCase],
+def fit_quality_model(predictor: CasePredictor, cases: Sequence[QualityCase],
                       review_below: float = REVIEW_BELOW) -> QualityModel:
     """Predict every validation case with ``predictor`` (at the temperature it will be used with), measure its
     Dice per structure and fit the quality model (:func:`fit_from_observations`).

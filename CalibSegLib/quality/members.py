@@ -4,7 +4,7 @@ An ensemble's quality model is fitted on its fold networks' out-of-fold predicti
 ensemble's settings (:func:`Training.ensemble.out_of_fold_quality`, which records it: ``validation["applied_to"]`` is
 ``"members"``): it has seen single networks' features, never those of the five networks' average, whose confidence
 and entropy are smoother. So it is applied as it was fitted:
-each member's own prediction of the volume (:attr:`CalibSegLib.inference.Prediction.members`) gives that member's
+each member's own prediction of the volume (:attr:`CalibSegLib.prediction.Prediction.members`) gives that member's
 features and its predicted Dice, and the ensemble's predicted Dice is their mean (:func:`combined_predicted_dice`).
 
 Why the mean: each member's prediction estimates that member's Dice, without bias on patients like the

@@ -51,24 +51,43 @@ Definitions (every number a reader sees is one of these):
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from CalibSegLib.prediction import Prediction
+from CalibSegLib.preprocessing import Preprocessing
 from CalibSegLib.quality.features import HOT_SPOT_LEVEL, structure_features, uncertain_slices
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, MEAN_DISAGREEMENT, REVIEW_BELOW,
                                        QualityModel, StructureQuality, structure_key, thresholds_text)
 from CalibSegLib.quality.review_rule import flagged
 
-if TYPE_CHECKING:
-    from CalibSegLib.bundle import BundleMetadata
-    from CalibSegLib.inference import Prediction
-
-__all__ = ["quality_summary", "review_sentence", "summary_columns",
-           "with_predicted_dice"]
+__all__ = ["SummaryMetadata", "quality_summary", "review_sentence", "summary_columns", "with_predicted_dice"]
 
 _SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")  # in the summary as they are
+
+
+class SummaryMetadata(Protocol):
+    """What :func:`quality_summary` reads of a bundle's metadata (:class:`CalibSegLib.bundle.BundleMetadata` is one):
+    its classes, background first, its preprocessing (the slice axis), how many networks it holds and its parsed
+    quality model, None without one. Named here, the summary needs no bundle: the bundle stores the quality model,
+    so it sits above quality."""
+
+    @property
+    def class_names(self) -> Sequence[str]: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def preprocessing(self) -> Preprocessing: ...
+
+    @property
+    def ensemble_size(self) -> int: ...
+
+    @property
+    def quality(self) -> QualityModel | None: ...
 
 
 
@@ -82,7 +101,7 @@ def _missing_inputs(model: QualityModel, features: Sequence[dict[str, float] | N
                          f"bundle's own CalibSegLib.inference.Predictor.")
 
 
-def _members_dice(prediction: "Prediction", metadata: "BundleMetadata", model: QualityModel,
+def _members_dice(prediction: Prediction, metadata: SummaryMetadata, model: QualityModel,
                   spacing: Sequence[float]) -> np.ndarray:
     """An ensemble's ``(C - 1,)`` predicted Dice: the mean over its members' own predictions
     (:mod:`CalibSegLib.quality.members`)."""
@@ -120,7 +139,7 @@ def _case_review(flags: Sequence[bool | None]) -> bool | None:
     return None if any(flag is None for flag in flags) else False
 
 
-def quality_summary(prediction: "Prediction", spacing: Sequence[float], metadata: "BundleMetadata",
+def quality_summary(prediction: Prediction, spacing: Sequence[float], metadata: SummaryMetadata,
                     hot_spot_level: float = HOT_SPOT_LEVEL) -> dict[str, Any]:
     """The per-structure quality summary of one predicted volume, without a reference.
 

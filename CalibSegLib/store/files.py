@@ -2,18 +2,25 @@
 
 ``<store>/<weights_sha256[:16]>/<case>.<member>.json``: one folder per bundle weights (a rewritten bundle with new
 weights gets a new folder, its old records stay for the weights they describe), one small JSON file per record,
-written under a temporary name and renamed, so an interrupted pass leaves whole records only and resumes.
+written under a temporary name and renamed, so an interrupted pass leaves whole records only and resumes. The input
+check's records (:class:`~CalibSegLib.store.inputs.InputRecord`, one per case) lie in its ``inputs/`` subfolder.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
-from CalibSegLib.io import write_json_atomic
+from CalibSegLib.io import atomic_output, write_json_atomic
+from CalibSegLib.store.inputs import InputRecord
 from CalibSegLib.store.record import StoreError, StoreRecord
 
-__all__ = ["record_path", "write_record", "read_records", "stored_keys"]
+__all__ = ["record_path", "write_record", "read_records", "stored_keys", "input_record_path", "write_input_record",
+           "read_input_records", "stored_input_cases"]
+
+INPUTS = "inputs"  # the subfolder of a weights folder holding its input records
+Record = TypeVar("Record", StoreRecord, InputRecord)
 
 _DIGEST_CHARACTERS = 16  # 64 bits of the SHA-256 name a folder; the records inside carry the whole digest
 
@@ -40,17 +47,8 @@ def _record_files(folder: Path) -> list[Path]:
         else []
 
 
-def read_records(store: str | Path, weights_sha256: str) -> list[StoreRecord]:
-    """Every record of the bundle weights ``weights_sha256``, sorted by case and member.
-
-    Raises:
-        StoreError: the store holds no record of these weights, or one cannot be read (one sentence).
-    """
-    folder = _folder(store, weights_sha256)
-    paths = _record_files(folder)
-    if not paths:
-        raise StoreError(f"{store} holds no record of the weights {weights_sha256[:12]}…; fill it with "
-                         f"calibseg-store --bundle <bundle> --store {store}.")
+def _read_folder(paths: list[Path], weights_sha256: str, parse: Callable[[Any, str], Record]) -> list[Record]:
+    """The records of ``paths``, each checked to be of ``weights_sha256``."""
     records = []
     for path in paths:
         try:
@@ -58,11 +56,25 @@ def read_records(store: str | Path, weights_sha256: str) -> list[StoreRecord]:
         except (OSError, ValueError) as error:
             raise StoreError(f"{path} cannot be read as JSON ({error}); delete it and run calibseg-store again, "
                              "which writes it anew.") from None
-        record = StoreRecord.from_dict(values, str(path))
+        record = parse(values, str(path))
         if record.weights_sha256 != weights_sha256:
             raise StoreError(f"{path} is a record of other weights ({record.weights_sha256[:12]}…); delete it and "
                              "run calibseg-store again.")
         records.append(record)
+    return records
+
+
+def read_records(store: str | Path, weights_sha256: str) -> list[StoreRecord]:
+    """Every record of the bundle weights ``weights_sha256``, sorted by case and member.
+
+    Raises:
+        StoreError: the store holds no record of these weights, or one cannot be read (one sentence).
+    """
+    paths = _record_files(_folder(store, weights_sha256))
+    if not paths:
+        raise StoreError(f"{store} holds no record of the weights {weights_sha256[:12]}…; fill it with "
+                         f"calibseg-store --bundle <bundle> --store {store}.")
+    records = _read_folder(paths, weights_sha256, StoreRecord.from_dict)
     return sorted(records, key=lambda record: (record.case, str(record.member)))
 
 
@@ -71,3 +83,34 @@ def stored_keys(store: str | Path, weights_sha256: str) -> set[tuple[str, str]]:
     pass skips."""
     return {tuple(path.name[:-len(".json")].rsplit(".", 1))
             for path in _record_files(_folder(store, weights_sha256))}
+
+
+def input_record_path(store: str | Path, weights_sha256: str, case: str) -> Path:
+    """The file of the input record of ``case`` for the bundle weights ``weights_sha256``."""
+    return _folder(store, weights_sha256) / INPUTS / f"{case}.json"
+
+
+def write_input_record(store: str | Path, record: InputRecord) -> Path:
+    """Write ``record`` atomically to its file, compact (every member's vector: a few hundred numbers); its path."""
+    path = input_record_path(store, record.weights_sha256, record.case)
+    with atomic_output(path) as temporary:
+        temporary.write_text(json.dumps(record.to_dict(), separators=(",", ":")))
+    return path
+
+
+def read_input_records(store: str | Path, weights_sha256: str) -> list[InputRecord]:
+    """Every input record of the bundle weights ``weights_sha256``, sorted by case.
+
+    Raises:
+        StoreError: the store holds no input record of these weights, or one cannot be read (one sentence).
+    """
+    paths = _record_files(_folder(store, weights_sha256) / INPUTS)
+    if not paths:
+        raise StoreError(f"{store} holds no input record of the weights {weights_sha256[:12]}…; fill them with "
+                         f"calibseg-store --bundle <bundle> --store {store} --part inputs.")
+    return sorted(_read_folder(paths, weights_sha256, InputRecord.from_dict), key=lambda record: record.case)
+
+
+def stored_input_cases(store: str | Path, weights_sha256: str) -> set[str]:
+    """The cases whose input record these weights have: what a resumed pass skips."""
+    return {path.name[:-len(".json")] for path in _record_files(_folder(store, weights_sha256) / INPUTS)}

@@ -1,11 +1,11 @@
 """What the ensemble is for, measured: the shipped five-member ensemble against each member alone and every
 three-member sub-ensemble, on the bundle's test patients (issue 63, item 4).
 
-    OMP_NUM_THREADS=1 nice -n 5 python -m scripts.ensemble_value pass acdc_ce_dice --data "$CALIBSEG_ACDC" \\
+    OMP_NUM_THREADS=1 nice -n 5 python -m studies.ensemble_value pass acdc_ce_dice --data "$CALIBSEG_ACDC" \\
         --out <folder>
-    python -m scripts.ensemble_value report acdc_ce_dice --records <folder> \\
+    python -m studies.ensemble_value report acdc_ce_dice --records <folder> \\
         --record docs/records/quality/acdc_ce_dice_ensemble_value.json
-    python -m scripts.ensemble_value table acdc_ce_dice --record docs/records/quality/acdc_ce_dice_ensemble_value.json
+    python -m studies.ensemble_value table acdc_ce_dice --record docs/records/quality/acdc_ce_dice_ensemble_value.json
 
 ``pass``: every test volume is predicted once by each member alone under the ensemble's settings
 (:func:`Training.ensemble.member_metadata`: its window, mirroring and post-processing) at the ensemble's temperature,
@@ -24,6 +24,9 @@ ensemble's paired differences against the members' mean and the three-member sub
 and false flags at the bundle's threshold, predicted-Dice MAE, cost, and the single networks' out-of-fold numbers
 from the bundle's metrics file (no ensemble prediction of a cross-validation patient exists: four of the five
 members trained on each one).
+
+It runs the networks rather than reading the store: its sub-ensembles, calibration sums, HD95 and voxel AUROCs are
+made of the members' probability maps, which the store does not keep.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ def _volume_record(case: Any, metadata: Any, member_predictors: Sequence[Predict
     """Every configuration's statistics of one volume (module docstring)."""
     num_classes = metadata.num_classes
     reference = np.asarray(case.label).astype(np.int64)
-    own = [float(entry["own_temperature"]) for entry in metadata.ensemble["members"]]
+    own = [member.own_temperature for member in metadata.ensemble.members]
     temperatures = {"ensemble": [], "own": [], "one": []}  # each member's probabilities at T_ens, its own T, T = 1
     seconds, features = [], []
     for index, predictor in enumerate(member_predictors):
@@ -478,7 +481,7 @@ def table(record: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Returns 0; bad input exits with one sentence."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.ensemble_value", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m studies.ensemble_value", description=__doc__.split("\n\n")[0])
     parser.add_argument("step", choices=("pass", "report", "table"))
     parser.add_argument("bundle", help="a shipped ensemble's name or a .calibseg path")
     parser.add_argument("--data", type=Path, default=None, help="pass: the data folder (else CALIBSEG_ACDC)")
@@ -504,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.records is None or arguments.record is None:
             raise DataError("The report needs --records (the pass's folder) and --record (the JSON to write).")
         metrics = arguments.metrics or resolve_bundle_path(arguments.bundle).with_suffix(".metrics.json")
-        command = (f"python -m scripts.ensemble_value report {arguments.bundle} --records <folder> "
+        command = (f"python -m studies.ensemble_value report {arguments.bundle} --records <folder> "
                    f"--record {recorded_path(arguments.record)}")
         write_json_atomic(arguments.record, report(arguments.bundle, arguments.records, metrics, command))
     except (BundleError, DataError, OSError) as error:

@@ -1,9 +1,9 @@
 """The input check on a split's volumes, clean, shifted and resampled, through a bundle (docs/input_check.md).
 
-    python -m scripts.input_check_table --bundle acdc_ce_dice --split test --data "$CALIBSEG_ACDC"
-    python -m scripts.input_check_table --bundle acdc_ce_dice --split val --data "$CALIBSEG_ACDC"
-    python -m scripts.input_check_table --bundle acdc_ce_dice --inputs "clean;gamma 3;k-space undersampling"
-    python -m scripts.input_check_table --bundle acdc_crac --record docs/records/input_check/acdc_crac_test.json
+    python -m studies.input_check_table --bundle acdc_ce_dice --split test --data "$CALIBSEG_ACDC"
+    python -m studies.input_check_table --bundle acdc_ce_dice --split val --data "$CALIBSEG_ACDC"
+    python -m studies.input_check_table --bundle acdc_ce_dice --inputs "clean;gamma 3;k-space undersampling"
+    python -m studies.input_check_table --bundle acdc_crac --record docs/records/input_check/acdc_crac_test.json
 
 Every input is analysed as ``calibseg-predict`` analyses it (:func:`CalibSegLib.analysis.analyse_case`:
 the prediction, then the input check with the network's feature distance): the split's clean volumes;
@@ -28,6 +28,9 @@ segmentation: minutes instead of an hour); each input's Dice and the four famili
 record of the same split made with the same weights and prediction settings (where ``OLD`` records the weights'
 checksum it must be this bundle's). For a bundle whose feature judge changed and nothing else: e.g. ``acdc_ce_dice``
 judged by every member, its predictions those of the table recorded through its first member.
+
+It runs the networks rather than reading the store: its inputs are shifted and resampled copies, not the out-of-fold
+or test volumes the store holds. Tables recorded before it moved here name the former ``scripts.input_check_table``.
 """
 
 from __future__ import annotations
@@ -275,7 +278,7 @@ def make_record(bundle: str, bundle_sha256: str, split: str, outcomes: Sequence[
     judge = "" if judged_by == "the network" else f" ({judged_by})"
     if reused is not None:
         judge += f"; Dice and the statistics' verdicts from {reused}, the same weights"
-    caption = (f"`python -m scripts.input_check_table --bundle {bundle} --split {split} --record ...`: "
+    caption = (f"`python -m studies.input_check_table --bundle {bundle} --split {split} --record ...`: "
                f"{len(outcomes)} inputs, feature threshold {feature_threshold:.1f}{judge}, {seconds / 60:.0f} min on "
                f"{'' if machine['device'] == 'cpu' else machine['device'] + ' and '}{machine['cpu_count']} CPU "
                f"cores, recorded {recorded}.")
@@ -288,7 +291,7 @@ def make_record(bundle: str, bundle_sha256: str, split: str, outcomes: Sequence[
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m studies.input_check_table", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default="acdc_ce_dice")
     parser.add_argument("--split", choices=tuple(SEEDS), default="test")
     parser.add_argument("--data", type=Path, default=None)

@@ -1,7 +1,7 @@
 """How well ``function.json``'s review list marks the patients whose LV ejection fraction is off, out of fold and on
 the test patients.
 
-    python -m scripts.function_review_mark --bundle acdc_ce_dice --data ../shared/data/acdc \
+    python -m studies.function_review_mark --bundle acdc_ce_dice --data ../shared/data/acdc \
         --record docs/records/function_review/acdc_ce_dice.json
 
 Out of fold, each of the bundle's members measures the patients it never saw (its ``ensemble.members[m].validation``)
@@ -20,6 +20,11 @@ of the predicted cavity would add) and, per part and mark, the marked share amon
 points and among those within 3, with Clopper-Pearson 95 % intervals, overall and per ACDC group. The quality model
 was fitted on these same out-of-fold predictions (its threshold too), so the out-of-fold share is optimistic; the
 test share is not.
+
+It runs the networks rather than reading the store: what it measures is the command's own path (the review list as
+``function.json`` writes it, a refusal by that path, the cavity's holes from the label maps), none of which the
+store's records hold. Its store reader is :mod:`studies.function_review` (the same marks from the stored volumes,
+each out-of-fold predicted Dice held out).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from scipy import ndimage, stats
 from CalibSegLib.bundle import BundleMetadata, load_bundle, member_metadata
 from CalibSegLib.cardiac.function import measure_function
 from CalibSegLib.cardiac.indices import CardiacError, cardiac_classes, label_volumes_ml
-from CalibSegLib.cardiac.intervals import VOLUMES, index_values
+from CalibSegLib.cardiac.intervals import index_values
+from CalibSegLib.interval_rule import VOLUMES
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
@@ -44,16 +50,11 @@ from CalibSegLib.quality.review_rule import flagged
 from Datasets.acdc import ACDC_SPACING
 from Datasets.layouts import find_cases
 from Datasets.loading import load_cases
+from Datasets.splits.make_splits import GROUPS, group_of
 
-__all__ = ["OFF_ABOVE", "WITHIN", "GROUPS", "MARKS", "measure_patients", "marked_share", "summarise", "main"]
+__all__ = ["OFF_ABOVE", "WITHIN", "MARKS", "measure_patients", "marked_share", "summarise", "main"]
 
 OFF_ABOVE, WITHIN = 8.0, 3.0  # LV EF points: the patients the mark must catch, and those it should leave alone
-GROUPS = {"DCM": range(1, 21), "HCM": range(21, 41), "MINF": range(41, 61), "NOR": range(61, 81), "RV": range(81, 101)}
-
-
-def _group(patient: str) -> str:
-    number = int(patient.removeprefix("patient"))
-    return next(name for name, numbers in GROUPS.items() if number in numbers)
 
 
 def _single_member(metadata: BundleMetadata) -> BundleMetadata:
@@ -64,7 +65,7 @@ def _single_member(metadata: BundleMetadata) -> BundleMetadata:
 
 
 def _flags(metadata: BundleMetadata, result: Any, classes) -> list[str]:
-    """Every volume an index is made of (:data:`~CalibSegLib.cardiac.intervals.VOLUMES`) whose structure the
+    """Every volume an index is made of (:data:`~CalibSegLib.interval_rule.VOLUMES`) whose structure the
     bundle's review flag marks at its phase: the wider mark the shipped list was chosen against."""
     model = metadata.quality
     marked = []
@@ -92,7 +93,7 @@ def _patient_row(predictor: Predictor, cases: Sequence[Any], classes) -> dict[st
     geometry = ImageGeometry(spacing=ACDC_SPACING)
     reference = index_values(label_volumes_ml(ed.label, ACDC_SPACING, classes),
                              label_volumes_ml(es.label, ACDC_SPACING, classes))["lv_ef_percent"]
-    row: dict[str, Any] = {"patient": ed.patient_id, "group": _group(ed.patient_id), "reference_lv_ef": reference}
+    row: dict[str, Any] = {"patient": ed.patient_id, "group": group_of(ed.patient_id), "reference_lv_ef": reference}
     try:
         result = measure_function(predictor, (ed.image, geometry), (es.image, geometry))
     except CardiacError as error:
@@ -114,9 +115,9 @@ def measure_patients(bundle_path: Path, data: Path, test_patients: Sequence[str]
         by_patient.setdefault(file.patient_id, []).append(file)
     rows = []
     members = bundle.build_model().members if metadata.ensemble_size > 1 else [bundle.build_model()]
-    for number, (member, entry) in enumerate(zip(members, metadata.ensemble["members"])):
+    for number, (member, entry) in enumerate(zip(members, metadata.ensemble.members)):
         predictor = Predictor.from_network(member, _single_member(metadata), device="cpu")
-        for patient in entry["validation"]:
+        for patient in entry.validation:
             cases = load_cases(by_patient[patient], metadata.num_classes)
             rows.append({"part": "out_of_fold", "member": number, **_patient_row(predictor, cases, classes)})
             print(f"out of fold, member {number}: {patient}", file=sys.stderr, flush=True)
@@ -164,7 +165,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m scripts.function_review_mark",
+    parser = argparse.ArgumentParser(prog="python -m studies.function_review_mark",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default="acdc_ce_dice", help="a bundle or a shipped model's name")
     parser.add_argument("--data", type=Path, required=True, help="the ACDC HDF5 folder")
@@ -175,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     test_patients = json.loads(arguments.split.read_text())["test"]
     bundle_path = resolve_bundle_path(arguments.bundle)
     rows = measure_patients(bundle_path, arguments.data, test_patients)
-    record = {"bundle": arguments.bundle, "command": "python -m scripts.function_review_mark " + " ".join(
+    record = {"bundle": arguments.bundle, "command": "python -m studies.function_review_mark " + " ".join(
         argv if argv is not None else sys.argv[1:]), "data": recorded_path(arguments.data),
         "off_above": OFF_ABOVE, "within": WITHIN, "summary": summarise(rows), "patients": rows}
     write_json_atomic(arguments.record, record)
