@@ -93,3 +93,34 @@ def test_reused_predictions_keep_the_dice_and_statistics_and_judge_the_features_
     assert (unlike.suitable, unlike.by_features, unlike.distance, unlike.dice) == (False, True, 11.0, 0.9)
     assert (like.suitable, like.by_features, like.distance, like.member_distances) == (
         True, False, 6.0, [5.0, 6.0, 11.0])
+
+
+def test_the_spacing_study_pairs_each_resampled_copy_with_its_native_verdict():
+    """studies/input_check_spacing.py: a shifted copy resampled is the table's own draw resampled, and the agreement
+    counts per shift are those of the paired outcomes."""
+    from Evaluation.shifts import SHIFTS, at_pixel_spacing
+    from studies.input_check_spacing import agreement, resampled_shifts
+    from tiny_bundles import disc_case
+
+    cases = [disc_case(seed) for seed in range(input_check_table.OTHER_INPUTS)]  # the noise volumes take as many
+    for case in cases:
+        case.case_id = f"{case.patient_id}_frame01"
+    resampled = list(resampled_shifts(cases, 0.75))
+    native = list(input_check_table.inputs(cases, "test", list(SHIFTS)))
+    assert [(item.kind, item.name) for item in resampled] == [(item.kind, item.name) for item in native]
+    for first, second in zip(native, resampled):
+        expected, spacing = at_pixel_spacing(first.image, first.spacing, 0.75)
+        np.testing.assert_array_equal(second.image, expected)
+        assert spacing == second.spacing == (10.0, 0.75, 0.75)
+        assert second.label.shape == second.image.shape == (4, 160, 192)
+    kinds = list(SHIFTS)[:2]
+    by_input = {(kind, name): Outcome(kind, name, suitable, not suitable, False, 40.0, 0.5)
+                for kind, name, suitable in ((kinds[0], "a", True), (kinds[0], "b", False), (kinds[1], "a", False))}
+    again = [Outcome(kinds[0], "a", True, False, False, 41.0, 0.5),
+             Outcome(kinds[0], "b", True, False, False, 41.0, 0.5),
+             Outcome(kinds[1], "a", False, True, False, 41.0, 0.5)]
+    rows = agreement(by_input, again)
+    assert rows[0] == {"shift": kinds[0], "copies": 2, "unsuitable_native": 1, "unsuitable_resampled": 0,
+                       "same_verdict": 1}
+    assert rows[-1] == {"shift": "all shifts", "copies": 3, "unsuitable_native": 2, "unsuitable_resampled": 1,
+                        "same_verdict": 2}

@@ -62,8 +62,9 @@ from Datasets.loading import Case, load_cases
 from Datasets.splits import recorded_split, select_patients
 from Evaluation.shifts import SHIFTS, at_pixel_spacing
 
-__all__ = ["FAILED_BELOW", "Outcome", "ct_like_volume", "noise_volume", "input_kinds", "inputs", "table",
-           "read_record", "feature_judge", "reused_outcomes", "features_only", "make_record", "main"]
+__all__ = ["FAILED_BELOW", "Input", "Outcome", "bundle_digest", "analyse_input", "ct_like_volume", "noise_volume",
+           "input_kinds", "inputs", "table", "read_record", "feature_judge", "reused_outcomes", "features_only",
+           "make_record", "main"]
 
 SEEDS = {"val": 1, "test": 2}
 PIXELS_MM = {"val": (0.375, 0.75, 3.0, 4.5), "test": (0.75,)}
@@ -207,7 +208,7 @@ def table(outcomes: Sequence[Outcome], kinds: Sequence[str] | None = None) -> li
     return lines
 
 
-def _digest(path: Path) -> str:
+def bundle_digest(path: Path) -> str:
     """The SHA-256 of the whole bundle file: a record belongs to these weights and these thresholds (a refit changes
     only ``bundle.json``), not to a name."""
     with open(path, "rb") as stream:
@@ -314,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          + "; ".join(known) + ".")
     started = time.monotonic()
     bundle_path = resolve_bundle_path(arguments.bundle)
-    bundle_sha256 = _digest(bundle_path)
+    bundle_sha256 = bundle_digest(bundle_path)
     outcomes, seconds_before = read_record(arguments.record, bundle_sha256, arguments.split)
     recorded = {(outcome.kind, outcome.name) for outcome in outcomes}
     bundle = load_bundle(bundle_path)
@@ -339,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{item.kind} | {item.name} | (reused) | {outcome.distance:.1f} | {outcome.suitable} | "
                   f"{outcome.dice:.3f}", flush=True)
         else:
-            _analyse(predictor, statistics, item, outcomes)
+            analyse_input(predictor, statistics, item, outcomes)
         if arguments.record is not None:
             write_json_atomic(arguments.record, make_record(
                 bundle_path.stem, bundle_sha256, arguments.split, outcomes, feature_threshold,
@@ -351,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _analyse(predictor: Predictor, statistics: InputStatistics, item: Input, outcomes: list[Outcome]) -> None:
+def analyse_input(predictor: Predictor, statistics: InputStatistics, item: Input, outcomes: list[Outcome]) -> None:
     """One input analysed as calibseg-predict does; its outcome appended and its line printed."""
     metadata = predictor.metadata
     analysis = analyse_case(predictor, item.image, item.spacing)
