@@ -123,11 +123,24 @@ def evaluate_variants(
         image, spacing, temperatures, progress=progress, cancel=cancel,
         probability_sinks=[streamer(*pair) for pair in zip(foreground, everywhere)])
     regions = reference_regions(reference, axis)
-    return [_case_evaluation(prediction, reference, spacing, num_classes, statistics, on_all, regions)
+    measured: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
+
+    def segmentation_of(labels: np.ndarray) -> dict[str, np.ndarray]:
+        """The segmentation metrics of ``labels``, measured once for labels several temperatures share (a scalar
+        temperature never moves a single network's argmax, and the surface distances are most of the time)."""
+        for seen, metrics in measured:
+            if np.array_equal(seen, labels):
+                return {name: values.copy() for name, values in metrics.items()}
+        metrics = {**segmentation_metrics(labels, reference, num_classes, spacing),
+                   "hd95_voxels": hd95(labels, reference, num_classes, (1.0, 1.0, 1.0))}
+        measured.append((labels, metrics))
+        return {name: values.copy() for name, values in metrics.items()}
+
+    return [_case_evaluation(prediction, reference, segmentation_of(prediction.labels), statistics, on_all, regions)
             for prediction, statistics, on_all in zip(predictions, foreground, everywhere)]
 
 
-def _case_evaluation(prediction: Prediction, reference: np.ndarray, spacing: Sequence[float], num_classes: int,
+def _case_evaluation(prediction: Prediction, reference: np.ndarray, segmentation: dict[str, np.ndarray],
                      statistics: CalibrationStatistics, on_all: CalibrationStatistics,
                      regions: dict[str, np.ndarray]) -> CaseEvaluation:
     correct = prediction.labels == reference
@@ -145,8 +158,6 @@ def _case_evaluation(prediction: Prediction, reference: np.ndarray, spacing: Seq
     for region, mask in regions.items():
         confidence[f"confidence_{region}"] = float(prediction.confidence[mask].mean()) if mask.any() else float("nan")
         confidence[f"accuracy_{region}"] = float(correct[mask].mean()) if mask.any() else float("nan")
-    segmentation = segmentation_metrics(prediction.labels, reference, num_classes, spacing)
-    segmentation["hd95_voxels"] = hd95(prediction.labels, reference, num_classes, (1.0, 1.0, 1.0))
     calibration = statistics.metrics()
     calibration["ece_all"] = on_all.ece()
     return CaseEvaluation(prediction=prediction, segmentation=segmentation, calibration=calibration,

@@ -168,6 +168,16 @@ def cross_validation(sample_acdc_dir, tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def ensembled(cross_validation, tmp_path_factory):
+    """A copy of :func:`cross_validation` with its ensemble: ``calibseg-ensemble`` run on it once, into the folder
+    (``ensemble.calibseg``, ``ensemble.json``), for the tests that read the ensemble and the one that ships it."""
+    folder = tmp_path_factory.mktemp("ensembled") / "ce_dice-cv"
+    shutil.copytree(cross_validation, folder)
+    assert ensemble_cli.main([str(folder), "--device", "cpu"]) == 0
+    return folder
+
+
 def test_fold_all_predicts_every_labelled_patient_once_out_of_fold(cross_validation, sample_acdc_dir):
     folds = load_folds(cross_validation / "folds.json")
     sample = load_split(SPLITS / "acdc_sample.json")
@@ -221,15 +231,14 @@ def test_crossval_command_compares_two_cross_validations(cross_validation, tmp_p
     assert "| `ce_dice-cv` |" in printed and "Paired differences at T = 1" in printed
 
 
-def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fold_choices(cross_validation,
+def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fold_choices(cross_validation, ensembled,
                                                                                         sample_acdc_dir, tmp_path):
     from CalibSegLib.inference import Predictor
     from Datasets.layouts import find_cases
     from Datasets.loading import load_cases
     from Datasets.splits import select_patients
 
-    out = tmp_path / "ensemble.calibseg"
-    assert ensemble_cli.main([str(cross_validation), "--out", str(out), "--device", "cpu"]) == 0
+    out = ensembled / "ensemble.calibseg"
     ensemble = load_bundle(out)
     metadata = ensemble.metadata
     folds = [load_bundle(cross_validation / f"fold_{fold}" / "model.calibseg") for fold in range(5)]
@@ -255,7 +264,7 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
     assert [(member["layer"], member["training_volumes"], member["validation_volumes"]) for member in again] == [
         (member["layer"], member["training_volumes"], member["validation_volumes"]) for member in judges["members"]]
     assert again[0]["threshold"] == pytest.approx(judges["members"][0]["threshold"], rel=1e-4)
-    record = json.loads((tmp_path / "ensemble.json").read_text())
+    record = json.loads((ensembled / "ensemble.json").read_text())
     assert record["choices"]["volumes"] == 16 and record["choices"]["temperature"]["fitted_on"] in (
         "none", "all", "foreground")
     assert metadata.temperature == pytest.approx(record["choices"]["temperature"]["candidates"][
@@ -290,19 +299,21 @@ def test_ensemble_of_the_folds_predicts_their_average_and_records_its_out_of_fol
     assert not (tmp_path / "twice.calibseg").exists()
 
 
-def test_shipping_a_cross_validation_ships_its_ensemble_with_what_the_folds_measured(cross_validation,
-                                                                                      sample_acdc_dir, tmp_path):
+def test_shipping_a_cross_validation_ships_its_ensemble_with_what_the_folds_measured(ensembled, sample_acdc_dir,
+                                                                                      tmp_path):
     from Reporting import ship as ship_cli
 
     folder = tmp_path / "ce_dice-cv"
-    shutil.copytree(cross_validation, folder)
+    shutil.copytree(ensembled, folder)
     models = tmp_path / "models"
-    with pytest.raises(SystemExit) as caught:  # no ensemble.json yet: one sentence, nothing shipped
-        (folder / "ensemble.calibseg").write_bytes(b"")
+    record = folder / "ensemble.json"
+    kept = record.read_bytes()
+    record.unlink()
+    with pytest.raises(SystemExit) as caught:  # no ensemble.json: one sentence, nothing shipped
         ship_cli.main(["--runs", str(folder), "--prefix", "tiny", "--out", str(models)])
     assert_one_sentence(str(caught.value.code), "^error: ", "ensemble.json is missing", "run calibseg-ensemble")
     assert not models.exists() or not list(models.iterdir())
-    assert ensemble_cli.main([str(folder), "--device", "cpu"]) == 0
+    record.write_bytes(kept)
     assert ship_cli.main(["--runs", str(folder), "--prefix", "tiny", "--out", str(models),
                           "--data", str(sample_acdc_dir)]) == 0
     shipped = load_bundle(models / "tiny_ce_dice.calibseg")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from monai.metrics import DiceMetric, HausdorffDistanceMetric, SurfaceDistanceMetric
 
-from CalibSegLib.metrics import asd, dice, hd95, segmentation_metrics, summarize
+from CalibSegLib.metrics import asd, dice, hd95, segmentation_metrics, summarize, surface_metrics
 
 
 def blobs(seed, shape=(8, 20, 18), classes=3):
@@ -39,6 +39,23 @@ def test_against_monai_metric_classes_with_anisotropic_spacing(seed):
     np.testing.assert_allclose(dice(prediction, reference, 3), expected_dice, rtol=1e-6)
     np.testing.assert_allclose(hd95(prediction, reference, 3, spacing), expected_hd, rtol=1e-6)
     np.testing.assert_allclose(asd(prediction, reference, 3, spacing), expected_asd, rtol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_one_surface_computation_gives_monais_two_functions_numbers_exactly(seed):
+    """HD95 and ASD are read off one computation of the surface distances: the very numbers MONAI's
+    compute_hausdorff_distance and compute_average_surface_distance give, each computing them on its own."""
+    from monai.metrics.hausdorff_distance import compute_hausdorff_distance
+    from monai.metrics.surface_distance import compute_average_surface_distance
+
+    prediction, reference = blobs(seed), blobs(seed + 100)
+    spacing = (5.0, 1.25, 0.8)
+    metrics = surface_metrics(prediction, reference, 3, spacing)
+    for k in (1, 2):
+        masks = [torch.from_numpy(labels == k)[None, None] for labels in (prediction, reference)]
+        assert metrics["hd95"][k - 1] == float(compute_hausdorff_distance(*masks, percentile=95, spacing=spacing))
+        assert metrics["asd"][k - 1] == float(compute_average_surface_distance(*masks, symmetric=True,
+                                                                              spacing=spacing))
 
 
 def test_spacing_scales_distances():

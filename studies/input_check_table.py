@@ -149,8 +149,10 @@ def inputs(cases: Sequence[Case], split: str, kinds: Sequence[str] | None = None
             image, spacing = at_pixel_spacing(case.image, case.spacing, pixel)
             yield Input(_resampled(pixel), case.case_id, image, spacing,
                         at_pixel_spacing(case.label, case.spacing, pixel, labels=True)[0])
+    if not any(wanted(kind) for kind in NO_HEART):
+        return
     rng = np.random.default_rng(SEEDS[split])
-    # Drawn even when not wanted: the CT-like volumes come after them from the same generator.
+    # Drawn even when only the CT-like volumes are wanted: they come after the noise from the same generator.
     noise = [noise_volume(rng, cases[index].image.shape) for index in range(OTHER_INPUTS)]
     for index, image in enumerate(noise if wanted(NO_HEART[0]) else ()):
         yield Input(NO_HEART[0], f"noise{index}", image, ACDC_SPACING, None)

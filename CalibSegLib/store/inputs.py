@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from CalibSegLib.input_check.observation import VolumeObservation
-from CalibSegLib.store.record import STORE_VERSION, StoreError
+from CalibSegLib.store.record import STORE_VERSION, StoreError, check_header
 
 __all__ = ["InputRecord", "MemberEncoding"]
 
@@ -93,14 +93,7 @@ class InputRecord:
             StoreError: another version, a missing or mistyped field, members' vectors of different lengths (one
                 sentence naming ``source``).
         """
-        if not isinstance(values, Mapping):
-            raise StoreError(f"{source} is no JSON object; rebuild the store with calibseg-store.")
-        if values.get("version") != STORE_VERSION:
-            raise StoreError(f"{source} is store version {values.get('version')!r}, this CalibSeg reads version "
-                             f"{STORE_VERSION}; rebuild the store with calibseg-store.")
-        for name in ("case", "patient", "weights_sha256"):
-            if not isinstance(values.get(name), str) or not values[name]:
-                raise StoreError(f"{source} has no {name}.")
+        check_header(values, source)
         encoders = values.get("encoders")
         if not isinstance(encoders, list) or not encoders or not all(
                 isinstance(item, Mapping) and isinstance(item.get("layer"), str) and _finite_numbers(item.get("vector"))

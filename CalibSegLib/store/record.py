@@ -20,7 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["STORE_VERSION", "OUT_OF_FOLD", "TEST", "ROLES", "ENSEMBLE", "StoreError", "StoreRecord"]
+__all__ = ["STORE_VERSION", "OUT_OF_FOLD", "TEST", "ROLES", "ENSEMBLE", "StoreError", "StoreRecord",
+           "check_header"]
 
 STORE_VERSION = 1  # raised when a field changes meaning; a record of another version is refused, not guessed at
 OUT_OF_FOLD, TEST = "out_of_fold", "test"
@@ -30,6 +31,23 @@ ENSEMBLE = "ensemble"  # the member name of the ensemble's own prediction of a t
 
 class StoreError(ValueError):
     """A store record that cannot be read as this version writes it (one sentence: which file, which field)."""
+
+
+def check_header(values: Any, source: str) -> None:
+    """Check what every stored record begins with: a JSON object of this version naming its case, patient and
+    weights.
+
+    Raises:
+        StoreError: one sentence naming ``source`` and the field that is wrong.
+    """
+    if not isinstance(values, Mapping):
+        raise StoreError(f"{source} is no JSON object; rebuild the store with calibseg-store.")
+    if values.get("version") != STORE_VERSION:
+        raise StoreError(f"{source} is store version {values.get('version')!r}, this CalibSeg reads version "
+                         f"{STORE_VERSION}; rebuild the store with calibseg-store.")
+    for name in ("case", "patient", "weights_sha256"):
+        if not isinstance(values.get(name), str) or not values[name]:
+            raise StoreError(f"{source} has no {name}.")
 
 
 @dataclass(frozen=True)
@@ -63,19 +81,12 @@ class StoreRecord:
         Raises:
             StoreError: another version, a missing or mistyped field (one sentence naming ``source``).
         """
-        if not isinstance(values, Mapping):
-            raise StoreError(f"{source} is no JSON object; rebuild the store with calibseg-store.")
-        if values.get("version") != STORE_VERSION:
-            raise StoreError(f"{source} is store version {values.get('version')!r}, this CalibSeg reads version "
-                             f"{STORE_VERSION}; rebuild the store with calibseg-store.")
+        check_header(values, source)
         member = values.get("member")
         if not (member == ENSEMBLE or (isinstance(member, int) and not isinstance(member, bool) and member >= 0)):
             raise StoreError(f"{source} has member {member!r}, neither a member number nor {ENSEMBLE!r}.")
         if values.get("role") not in ROLES:
             raise StoreError(f"{source} has role {values.get('role')!r}, not one of {', '.join(ROLES)}.")
-        for name in ("case", "patient", "weights_sha256"):
-            if not isinstance(values.get(name), str) or not values[name]:
-                raise StoreError(f"{source} has no {name}.")
         dice, features = values.get("dice"), values.get("features")
         if not isinstance(dice, list) or not all(isinstance(value, (int, float)) for value in dice):
             raise StoreError(f"{source} has no list of measured Dice.")
