@@ -16,12 +16,13 @@ from CalibSegLib.bundle.ensemble import SelectedFrom
 from CalibSegLib.quality import Observation
 from CalibSegLib.quality.fitting import fit_from_observations
 from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
-from CalibSegLib.quality.review_rule import THRESHOLDS, choose_review_threshold, trade_off
+from CalibSegLib.quality.review_rule import THRESHOLDS, choose_review_threshold, fold_numbers, trade_off
 from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, record_path, write_record
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from fault_checks import assert_one_sentence
 from studies import ensemble_rules, review_rule_nested, review_rule_table
 from studies.store_study import held_out
+from Training.fit import out_of_fold_folds
 from test_store import _fixture_store
 from tiny_bundles import make_test_ensemble
 
@@ -148,19 +149,21 @@ def test_the_trade_off_table_counts_every_threshold(study, tmp_path, capsys):
 def test_each_choice_is_judged_on_folds_it_was_not_chosen_on(study, tmp_path, capsys):
     path, store, records = study
     held = held_out(records, ACDC_CLASS_NAMES)
-    folds = review_rule_nested.folds_of(records)
-    assert folds == [[f"oof{number:03d}" for number in range(14) if number % 5 == member] for member in range(5)]
+    folds = out_of_fold_folds(records)
+    assert held.folds == folds == [[f"oof{number:03d}" for number in range(14) if number % 5 == member]
+                                   for member in range(5)]
     names = list(ACDC_CLASS_NAMES[1:])
-    pooled = review_rule_nested.nested_thresholds(held, folds, review_rule_nested.CHOICES["pooled"], names)
+    numbers = fold_numbers(held.patients, folds)
+    pooled = review_rule_nested.nested(held, review_rule_nested.CHOICES["pooled"], names)
     for fold in folds:
         inside = np.isin(held.patients, fold)
         chosen = choose_review_threshold(trade_off(held.predicted[~inside], held.measured[~inside]))
         assert (pooled[inside] == chosen["review_below"]).all()
-    own = review_rule_nested.CHOICES["per_structure"](held.predicted, held.measured, names)
+    own = review_rule_nested.CHOICES["per_structure"](held.predicted, held.measured, names, numbers)
     poor = (held.measured < 0.8).sum(axis=0)
-    pooled_all = review_rule_nested.CHOICES["pooled"](held.predicted, held.measured, names)
+    pooled_all = review_rule_nested.CHOICES["pooled"](held.predicted, held.measured, names, numbers)
     pulled = pooled_all + poor / (poor + review_rule_nested.PRIOR_POOR) * (own - pooled_all)
-    shrunk = review_rule_nested.CHOICES["shrunk"](held.predicted, held.measured, names)
+    shrunk = review_rule_nested.CHOICES["shrunk"](held.predicted, held.measured, names, numbers)
     assert np.abs(shrunk - pulled).max() <= 0.005 + 1e-12 and set(shrunk) <= set(THRESHOLDS)
     result, printed = _run(review_rule_nested.main, path, store, tmp_path / "nested.json", capsys)
     marked = np.isnan(held.predicted) | (held.predicted < pooled)

@@ -127,7 +127,9 @@ def test_each_fit_reads_the_store_as_its_function_reads_its_inputs(tmp_path):
     section, _ = FITS["function_intervals"](inputs)
     assert section == fit_and_measure(with_dice)[0].to_dict()
     section, record = FITS["quality_model"](inputs)
-    expected, expected_record = quality_from_observations(observations, ACDC_CLASS_NAMES, 5)
+    folds = [sorted({record.patient for record in stored if record.role == OUT_OF_FOLD and record.member == member})
+             for member in range(5)]
+    expected, expected_record = quality_from_observations(observations, ACDC_CLASS_NAMES, folds)
     assert largest_difference(section, expected.to_dict()) == 0.0 and record == expected_record
     assert section["review_below"] == expected.review_below
 

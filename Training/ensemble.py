@@ -59,7 +59,7 @@ from CalibSegLib.io import check_output_file, os_error_sentence, recorded_path, 
 from CalibSegLib.quality import (Observation, QualityModel, QualityModelError, fit_from_observations,
                                  held_out_predictions, observe_cases, structure_key)
 from CalibSegLib.quality.model import APPLIED_TO, MEMBERS, thresholds_text
-from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_rule,
+from CalibSegLib.quality.review_rule import (GOOD_ABOVE, POOR_BELOW, TARGET_RECALL, choose_review_rule, fold_numbers,
                                              flagged, trade_off)
 from Datasets.errors import DataError
 from Datasets.loading import Case
@@ -212,20 +212,23 @@ def flag_record(predicted: np.ndarray, measured: np.ndarray, patients: np.ndarra
             **flag_counts(predicted, measured, patients, thresholds[None, :])}
 
 
-def quality_from_observations(observations: Sequence[Observation], class_names: Sequence[str], fold_networks: int
-                              ) -> tuple[QualityModel, dict[str, Any]]:
+def quality_from_observations(observations: Sequence[Observation], class_names: Sequence[str],
+                              folds: Sequence[Sequence[str]]) -> tuple[QualityModel, dict[str, Any]]:
     """The quality model and review rule of an ensemble fitted on its fold networks' out-of-fold ``observations``
-    (each volume by the member that never trained on it), and the record of the rule's table and the held-out
-    check (:func:`out_of_fold_quality`, which predicts them; ``calibseg-fit`` reads them from the store).
+    (each volume by the member that never trained on it; ``folds``: each fold network's out-of-fold patients, which
+    the rule is judged nested over), and the record of the rule's table and the held-out check
+    (:func:`out_of_fold_quality`, which predicts them; ``calibseg-fit`` reads them from the store).
 
     Raises:
         QualityModelError: too few out-of-fold volumes show some structure.
+        ValueError: an observation's patient in no fold, or fewer than two folds.
     """
     predicted = held_out_predictions(observations, class_names)
     measured = np.array([item.dice for item in observations])
     patients = np.array([item.patient for item in observations])
     table = trade_off(predicted, measured)
-    rule = choose_review_rule(predicted, measured, class_names[1:])
+    rule = choose_review_rule(predicted, measured, class_names[1:], fold_numbers(patients, folds))
+    fold_networks = len(folds)
     error = {}
     for index, name in enumerate(class_names[1:]):
         defined = ~np.isnan(predicted[:, index])
@@ -235,6 +238,7 @@ def quality_from_observations(observations: Sequence[Observation], class_names: 
     record = {"fold_networks": fold_networks, "volumes": len(observations), "patients": len(set(patients)),
               "rule": {"poor_below": POOR_BELOW, "good_above": GOOD_ABOVE, "target_recall": TARGET_RECALL},
               "table": table, "by_structure": rule["by_structure"],
+              "nested": {"pooled": rule["pooled_flags"], "per_structure": rule["per_structure_flags"]},
               "held_out": flag_record(predicted, measured, patients, rule, class_names[1:]), "held_out_mae": error}
     model = fit_from_observations(observations, class_names, review_below=rule["review_below"],
                                   validation={"fold_networks": fold_networks, "fold_patients": len(set(patients)),
@@ -254,7 +258,8 @@ def out_of_fold_quality(folds: Sequence[FoldRun], metadata: BundleMetadata, devi
         QualityModelError: too few out-of-fold volumes show some structure.
     """
     return quality_from_observations(_observations(folds, member_metadata(metadata), device, batch_size),
-                                     metadata.class_names, len(folds))
+                                     metadata.class_names,
+                                     [sorted({case.patient_id for case in fold.cases}) for fold in folds])
 
 
 def _own_temperature(temperature: float | Sequence[float]) -> float | tuple[float, ...]:

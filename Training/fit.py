@@ -51,8 +51,8 @@ from Evaluation.function_intervals import fit_and_measure, stored_records
 from Training.bundle_rewrite import rewrite_bundle, rewrite_destination
 from Training.ensemble import judging_patients, member_patients, quality_from_observations
 
-__all__ = ["FitInputs", "FITS", "out_of_fold_observations", "fit_quality_model", "fit_function_intervals",
-           "fit_input_statistics", "refit", "largest_difference", "main"]
+__all__ = ["FitInputs", "FITS", "out_of_fold_observations", "out_of_fold_folds", "fit_quality_model",
+           "fit_function_intervals", "fit_input_statistics", "refit", "largest_difference", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +75,22 @@ def out_of_fold_observations(records: Sequence[StoreRecord]) -> list[Observation
             for record in out_of_fold]
 
 
+def out_of_fold_folds(records: Sequence[StoreRecord]) -> list[list[str]]:
+    """The cross-validation folds of the out-of-fold records: per member, the patients it predicted because it never
+    trained on them (a sub-ensemble's records are those of the ensemble it was selected from, so its folds)."""
+    members = sorted({record.member for record in records if record.role == OUT_OF_FOLD})
+    return [sorted({record.patient for record in records if record.role == OUT_OF_FOLD and record.member == member})
+            for member in members]
+
+
 def fit_quality_model(inputs: FitInputs) -> tuple[dict[str, Any], dict[str, Any]]:
     """The ``quality_model`` section and its record (the review rule's table, the held-out check)."""
-    observations = out_of_fold_observations(inputs.records())
+    records = inputs.records()
+    observations = out_of_fold_observations(records)
     if not observations:
         raise DataError("The store holds no out-of-fold record of the bundle's weights (a sub-ensemble keeps the "
                         "rule of the ensemble it was selected from); refit that ensemble.")
-    model, record = quality_from_observations(observations, inputs.metadata.class_names,
-                                              len(inputs.metadata.ensemble.members))
+    model, record = quality_from_observations(observations, inputs.metadata.class_names, out_of_fold_folds(records))
     return model.to_dict(), record
 
 

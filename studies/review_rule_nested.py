@@ -13,7 +13,8 @@ chosen on the other folds' patients and count the flags of this fold's; the fold
 - ``pooled``: one threshold for every structure;
 - ``per_structure``: each structure's own;
 - ``pooled_unless``: the product's rule (:func:`~CalibSegLib.quality.review_rule.choose_review_rule`): per structure
-  only when the pooled threshold misses a target and the per-structure ones meet both;
+  only when, judged nested itself, the pooled threshold misses a target and the per-structure ones meet both (so
+  here it is nested twice: inside each fold's outside patients too);
 - ``shrunk``: each structure's threshold pulled toward the pooled one by how few poor cases placed it,
   ``pooled + n / (n + PRIOR_POOR) · (own − pooled)`` with ``n`` the structure's poor cases, on the grid.
 
@@ -30,14 +31,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from CalibSegLib.quality.model import thresholds_text
-from CalibSegLib.quality.review_rule import (POOR_BELOW, THRESHOLDS, choose_review_rule, choose_review_threshold,
-                                             trade_off)
-from CalibSegLib.store import OUT_OF_FOLD, StoreRecord
+from CalibSegLib.quality.review_rule import (POOR_BELOW, THRESHOLDS, choose_review_rule, fold_numbers,
+                                             nested_thresholds, per_structure_thresholds, pooled_thresholds)
 from Training.ensemble import flag_counts
 from studies.ensemble_rules import judged_on_test
 from studies.store_study import HeldOut, flag_cells, held_out_study, report_study, study_arguments
 
-__all__ = ["PRIOR_POOR", "CHOICES", "folds_of", "nested_thresholds", "judged_nested", "main"]
+__all__ = ["PRIOR_POOR", "CHOICES", "nested", "judged_nested", "main"]
 
 # How many poor cases a structure's own threshold must rest on before it counts as much as the pooled one: decided
 # before any nested count (a quarter of the about 40 poor structures 65 ACDC patients show, so a structure with 10
@@ -45,51 +45,40 @@ __all__ = ["PRIOR_POOR", "CHOICES", "folds_of", "nested_thresholds", "judged_nes
 PRIOR_POOR = 10
 
 
-def _pooled(predicted: np.ndarray, measured: np.ndarray, _names: Sequence[str]) -> np.ndarray:
-    threshold = choose_review_threshold(trade_off(predicted, measured))["review_below"]
-    return np.full(predicted.shape[1], threshold)
+def _pooled(predicted: np.ndarray, measured: np.ndarray, _names: Sequence[str], _folds: np.ndarray) -> np.ndarray:
+    return pooled_thresholds(predicted, measured)
 
 
-def _per_structure(predicted: np.ndarray, measured: np.ndarray, _names: Sequence[str]) -> np.ndarray:
-    return np.array([choose_review_threshold(trade_off(predicted[:, index], measured[:, index]))["review_below"]
-                     for index in range(predicted.shape[1])])
+def _per_structure(predicted: np.ndarray, measured: np.ndarray, _names: Sequence[str], _folds: np.ndarray
+                   ) -> np.ndarray:
+    return per_structure_thresholds(predicted, measured)
 
 
-def _pooled_unless(predicted: np.ndarray, measured: np.ndarray, names: Sequence[str]) -> np.ndarray:
-    rule = choose_review_rule(predicted, measured, names)
+def _pooled_unless(predicted: np.ndarray, measured: np.ndarray, names: Sequence[str], folds: np.ndarray
+                   ) -> np.ndarray:
+    rule = choose_review_rule(predicted, measured, names, folds)
     return np.array([rule["review_below_by_structure"].get(name, rule["review_below"]) for name in names])
 
 
-def _shrunk(predicted: np.ndarray, measured: np.ndarray, names: Sequence[str]) -> np.ndarray:
-    pooled, own = _pooled(predicted, measured, names), _per_structure(predicted, measured, names)
+def _shrunk(predicted: np.ndarray, measured: np.ndarray, _names: Sequence[str], _folds: np.ndarray) -> np.ndarray:
+    pooled, own = pooled_thresholds(predicted, measured), per_structure_thresholds(predicted, measured)
     poor = (measured < POOR_BELOW).sum(axis=0)
     pulled = pooled + poor / (poor + PRIOR_POOR) * (own - pooled)
     grid = np.asarray(THRESHOLDS)
     return grid[np.abs(pulled[:, None] - grid[None, :]).argmin(axis=1)]
 
 
-# Name → the thresholds ``(structures,)`` it chooses on ``(volumes, structures)`` held-out predicted and measured Dice.
-CHOICES: dict[str, Callable[[np.ndarray, np.ndarray, Sequence[str]], np.ndarray]] = {
+# Name → the thresholds ``(structures,)`` it chooses on ``(volumes, structures)`` held-out predicted and measured Dice
+# (with the structures' names and each volume's fold, which the product's rule judges itself nested over).
+CHOICES: dict[str, Callable[[np.ndarray, np.ndarray, Sequence[str], np.ndarray], np.ndarray]] = {
     "pooled": _pooled, "per_structure": _per_structure, "pooled_unless": _pooled_unless, "shrunk": _shrunk}
 
 
-def folds_of(records: Sequence[StoreRecord]) -> list[list[str]]:
-    """The cross-validation folds of the out-of-fold records: per member, the patients it predicted because it never
-    trained on them (a sub-ensemble's records are those of the ensemble it was selected from, so its folds)."""
-    members = sorted({record.member for record in records if record.role == OUT_OF_FOLD})
-    return [sorted({record.patient for record in records if record.role == OUT_OF_FOLD and record.member == member})
-            for member in members]
-
-
-def nested_thresholds(held: HeldOut, folds: Sequence[Sequence[str]], choose: Callable[..., np.ndarray],
-                      names: Sequence[str]) -> np.ndarray:
-    """``(volumes, structures)``: each out-of-fold volume's thresholds as ``choose`` sets them on the patients of
-    the other ``folds`` (lists of patients; every held-out patient in exactly one)."""
-    thresholds = np.full(held.predicted.shape, np.nan)
-    for fold in folds:
-        inside = np.isin(held.patients, list(fold))
-        thresholds[inside] = choose(held.predicted[~inside], held.measured[~inside], names)
-    return thresholds
+def nested(held: HeldOut, choose: Callable[..., np.ndarray], names: Sequence[str]) -> np.ndarray:
+    """``(volumes, structures)``: each out-of-fold volume's thresholds as ``choose`` (one of :data:`CHOICES`) sets
+    them on the patients of the other folds (:func:`~CalibSegLib.quality.review_rule.nested_thresholds`)."""
+    return nested_thresholds(held.predicted, held.measured, fold_numbers(held.patients, held.folds),
+                             lambda predicted, measured, folds: choose(predicted, measured, names, folds))
 
 
 def _rule(thresholds: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
@@ -100,16 +89,15 @@ def _rule(thresholds: np.ndarray, names: Sequence[str]) -> dict[str, Any]:
             "review_below_by_structure": {name: float(value) for name, value in zip(names, thresholds)}}
 
 
-def judged_nested(held: HeldOut, folds: Sequence[Sequence[str]], names: Sequence[str]
-                  ) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def judged_nested(held: HeldOut, names: Sequence[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """Per choice, its nested flags out of fold and the thresholds it chooses on every out-of-fold patient (what a
     bundle would ship, which the test part applies)."""
-    nested, shipped = {}, {}
+    counted, shipped = {}, {}
     for name, choose in CHOICES.items():
-        nested[name] = flag_counts(held.predicted, held.measured, held.patients,
-                                   nested_thresholds(held, folds, choose, names))
-        shipped[name] = _rule(choose(held.predicted, held.measured, names), names)
-    return nested, shipped
+        counted[name] = flag_counts(held.predicted, held.measured, held.patients, nested(held, choose, names))
+        shipped[name] = _rule(choose(held.predicted, held.measured, names,
+                                     fold_numbers(held.patients, held.folds)), names)
+    return counted, shipped
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
@@ -130,15 +118,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     bundle, records, held = held_out_study(arguments)
     metadata = bundle.metadata
     names = list(metadata.class_names[1:])
-    folds = folds_of(records)
-    nested, thresholds = judged_nested(held, folds, names)
+    counted, thresholds = judged_nested(held, names)
     result: dict[str, Any] = {
         "bundle": arguments.bundle, "weights_sha256": metadata.weights_sha256,
         "recorded": datetime.date.today().isoformat(), "prior_poor": PRIOR_POOR,
         "command": f"python -m studies.review_rule_nested --bundle {arguments.bundle} --store <store>"
                    + ("" if arguments.record is None else f" --record {arguments.record}"),
-        "folds": len(folds), "volumes": len(held.observations), "patients": len(set(held.patients)),
-        "nested": nested, "thresholds": thresholds}
+        "folds": len(held.folds), "volumes": len(held.observations), "patients": len(set(held.patients)),
+        "nested": counted, "thresholds": thresholds}
     tested = judged_on_test(metadata, records, thresholds)
     if tested is not None:
         result["test"] = {"volumes": tested["volumes"], "patients": tested["patients"],

@@ -18,7 +18,7 @@ from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import Observation, held_out_predictions
 from CalibSegLib.store import OUT_OF_FOLD, StoreRecord, read_records, stored_keys
 from Evaluation.function_intervals import stored_records
-from Training.fit import out_of_fold_observations
+from Training.fit import out_of_fold_folds, out_of_fold_observations
 
 __all__ = ["study_arguments", "function_study", "quality_study", "HeldOut", "held_out", "held_out_study",
            "flag_cells", "report_study"]
@@ -70,12 +70,12 @@ def quality_study(arguments: argparse.Namespace) -> tuple[Bundle, list[StoreReco
 @dataclass(frozen=True)
 class HeldOut:
     """The out-of-fold volumes as the quality fit reads them (each predicted by the member that never trained on its
-    patient; ``fold_networks``: how many members predicted them) and what a review rule is judged on there: each
+    patient; ``folds``: each member's out-of-fold patients) and what a review rule is judged on there: each
     volume's predicted Dice from a fit without its patient (``(volumes, structures)``, NaN where drawn nowhere), its
     measured Dice and its patient."""
 
     observations: list[Observation]
-    fold_networks: int
+    folds: list[list[str]]
     predicted: np.ndarray
     measured: np.ndarray
     patients: np.ndarray
@@ -90,7 +90,7 @@ def held_out(records: Sequence[StoreRecord], class_names: Sequence[str]) -> Held
     observations = out_of_fold_observations(records)
     if not observations:
         return None
-    return HeldOut(observations, len({record.member for record in records if record.role == OUT_OF_FOLD}),
+    return HeldOut(observations, out_of_fold_folds(records),
                    held_out_predictions(observations, class_names),
                    np.array([item.dice for item in observations]),
                    np.array([item.patient for item in observations]))
