@@ -128,12 +128,11 @@ def evaluate_variants(
     def segmentation_of(labels: np.ndarray) -> dict[str, np.ndarray]:
         """The segmentation metrics of ``labels``, measured once for labels several temperatures share (a scalar
         temperature never moves a single network's argmax, and the surface distances are most of the time)."""
-        for seen, metrics in measured:
-            if np.array_equal(seen, labels):
-                return {name: values.copy() for name, values in metrics.items()}
-        metrics = {**segmentation_metrics(labels, reference, num_classes, spacing),
-                   "hd95_voxels": hd95(labels, reference, num_classes, (1.0, 1.0, 1.0))}
-        measured.append((labels, metrics))
+        metrics = next((metrics for seen, metrics in measured if np.array_equal(seen, labels)), None)
+        if metrics is None:
+            metrics = {**segmentation_metrics(labels, reference, num_classes, spacing),
+                       "hd95_voxels": hd95(labels, reference, num_classes, (1.0, 1.0, 1.0))}
+            measured.append((labels, metrics))
         return {name: values.copy() for name, values in metrics.items()}
 
     return [_case_evaluation(prediction, reference, segmentation_of(prediction.labels), statistics, on_all, regions)

@@ -154,6 +154,7 @@ def test_each_choice_is_judged_on_folds_it_was_not_chosen_on(study, tmp_path, ca
                                    for member in range(5)]
     names = list(ACDC_CLASS_NAMES[1:])
     numbers = fold_numbers(held.patients, folds)
+    assert held.volume_folds.tolist() == numbers.tolist()
     pooled = review_rule_nested.nested(held, review_rule_nested.CHOICES["pooled"], names)
     for fold in folds:
         inside = np.isin(held.patients, fold)

@@ -35,7 +35,7 @@ from CalibSegLib.bundle import BundleMetadata
 from CalibSegLib.quality import QualityModel, structure_key
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from CalibSegLib.quality.model import thresholds_text
-from CalibSegLib.quality.review_rule import TARGET_FALSE_FLAGS, choose_review_rule, fold_numbers
+from CalibSegLib.quality.review_rule import TARGET_FALSE_FLAGS, choose_review_rule
 from CalibSegLib.store import ENSEMBLE, TEST, StoreRecord
 from Evaluation.bootstrap import mean_interval, spearman_interval
 from Training.ensemble import flag_record, quality_from_observations  # calibseg-ensemble's and calibseg-fit's
@@ -88,7 +88,7 @@ def judged_out_of_fold(metadata: BundleMetadata, held: HeldOut) -> tuple[dict[st
     refit_difference = max(abs(refit.structures[name].predict(values) - shipped.structures[name].predict(values))
                            for item in held.observations for name, values in zip(names, item.features)
                            if values is not None)
-    rule = choose_review_rule(held.predicted, held.measured, names, fold_numbers(held.patients, held.folds))
+    rule = choose_review_rule(held.predicted, held.measured, names, held.volume_folds)
     rules = {"shipped": shipped_rule(shipped), "pooled": {"review_below": rule["review_below"],
                                                           "review_below_by_structure": {}},
              "per_structure": {"review_below": rule["review_below"], "review_below_by_structure": {

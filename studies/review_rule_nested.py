@@ -31,8 +31,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from CalibSegLib.quality.model import thresholds_text
-from CalibSegLib.quality.review_rule import (POOR_BELOW, THRESHOLDS, choose_review_rule, fold_numbers,
-                                             nested_thresholds, per_structure_thresholds, pooled_thresholds)
+from CalibSegLib.quality.review_rule import (POOR_BELOW, THRESHOLDS, choose_review_rule, nested_thresholds,
+                                             per_structure_thresholds, pooled_thresholds)
 from Training.ensemble import flag_counts
 from studies.ensemble_rules import judged_on_test
 from studies.store_study import HeldOut, flag_cells, held_out_study, report_study, study_arguments
@@ -77,7 +77,7 @@ CHOICES: dict[str, Callable[[np.ndarray, np.ndarray, Sequence[str], np.ndarray],
 def nested(held: HeldOut, choose: Callable[..., np.ndarray], names: Sequence[str]) -> np.ndarray:
     """``(volumes, structures)``: each out-of-fold volume's thresholds as ``choose`` (one of :data:`CHOICES`) sets
     them on the patients of the other folds (:func:`~CalibSegLib.quality.review_rule.nested_thresholds`)."""
-    return nested_thresholds(held.predicted, held.measured, fold_numbers(held.patients, held.folds),
+    return nested_thresholds(held.predicted, held.measured, held.volume_folds,
                              lambda predicted, measured, folds: choose(predicted, measured, names, folds))
 
 
@@ -95,8 +95,7 @@ def judged_nested(held: HeldOut, names: Sequence[str]) -> tuple[dict[str, Any], 
     counted, shipped = {}, {}
     for name, choose in CHOICES.items():
         counted[name] = flag_counts(held.predicted, held.measured, held.patients, nested(held, choose, names))
-        shipped[name] = _rule(choose(held.predicted, held.measured, names,
-                                     fold_numbers(held.patients, held.folds)), names)
+        shipped[name] = _rule(choose(held.predicted, held.measured, names, held.volume_folds), names)
     return counted, shipped
 
 

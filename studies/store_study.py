@@ -16,6 +16,7 @@ from CalibSegLib.interval_rule import IntervalRule
 from CalibSegLib.io import write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import Observation, held_out_predictions
+from CalibSegLib.quality.review_rule import fold_numbers
 from CalibSegLib.store import OUT_OF_FOLD, StoreRecord, read_records, stored_keys
 from Evaluation.function_intervals import stored_records
 from Training.fit import out_of_fold_folds, out_of_fold_observations
@@ -72,13 +73,14 @@ class HeldOut:
     """The out-of-fold volumes as the quality fit reads them (each predicted by the member that never trained on its
     patient; ``folds``: each member's out-of-fold patients) and what a review rule is judged on there: each
     volume's predicted Dice from a fit without its patient (``(volumes, structures)``, NaN where drawn nowhere), its
-    measured Dice and its patient."""
+    measured Dice, its patient and the number of its fold in ``folds``."""
 
     observations: list[Observation]
     folds: list[list[str]]
     predicted: np.ndarray
     measured: np.ndarray
     patients: np.ndarray
+    volume_folds: np.ndarray
 
 
 def held_out(records: Sequence[StoreRecord], class_names: Sequence[str]) -> HeldOut | None:
@@ -90,10 +92,9 @@ def held_out(records: Sequence[StoreRecord], class_names: Sequence[str]) -> Held
     observations = out_of_fold_observations(records)
     if not observations:
         return None
-    return HeldOut(observations, out_of_fold_folds(records),
-                   held_out_predictions(observations, class_names),
-                   np.array([item.dice for item in observations]),
-                   np.array([item.patient for item in observations]))
+    folds, patients = out_of_fold_folds(records), np.array([item.patient for item in observations])
+    return HeldOut(observations, folds, held_out_predictions(observations, class_names),
+                   np.array([item.dice for item in observations]), patients, fold_numbers(patients, folds))
 
 
 def held_out_study(arguments: argparse.Namespace) -> tuple[Bundle, list[StoreRecord], HeldOut]:
