@@ -36,13 +36,13 @@ from CalibSegLib.analysis import analyse_case
 from CalibSegLib.bundle import Bundle
 from CalibSegLib.inference import Predictor
 from CalibSegLib.metrics import dice, error_detection_auroc
-from CalibSegLib.quality import structure_key, summary_columns
+from CalibSegLib.quality import QualityModel, structure_key, summary_columns
 from CalibSegLib.quality.review_rule import GOOD_ABOVE, POOR_BELOW
 from Datasets.loading import Case
 from Evaluation.bootstrap import spearman_interval
 
 __all__ = ["DEGRADATIONS", "ALL_STRUCTURES", "POOR_BELOW", "GOOD_ABOVE", "quality_statistics", "degraded_images",
-           "degraded_rows", "quality_report"]
+           "degraded_rows", "quality_section", "quality_report"]
 
 ALL_STRUCTURES = "all structures"
 NOISE_SEED = 2024
@@ -154,6 +154,30 @@ def degraded_rows(predictor: Predictor, cases: Sequence[Case], degradation: str)
     return rows
 
 
+def quality_section(model: QualityModel, class_names: Sequence[str], clean_rows: Sequence[dict[str, float]],
+                    degraded: dict[str, Sequence[dict[str, float]]], patients: Sequence[str]) -> dict:
+    """The quality section of an evaluation summary from its rows (:func:`quality_report`'s return value).
+
+    Args:
+        model: the evaluated bundle's quality model.
+        class_names: C names, background first.
+        clean_rows: the per-case rows on the test volumes (measured and predicted Dice columns).
+        degraded: per degradation, the rows of the degraded copies of the same volumes, in the same order.
+        patients: the patient of each clean row.
+    """
+    report: dict = {"review_below": model.review_below,
+                    "clean": quality_statistics(clean_rows, class_names, POOR_BELOW, patients), "degraded": {}}
+    if model.review_below_by_structure:
+        report["review_below_by_structure"] = {name: model.review_threshold(name) for name in class_names[1:]}
+    for degradation, rows in degraded.items():
+        report["degraded"][degradation] = quality_statistics(rows, class_names, POOR_BELOW, patients)
+    if len(degraded) > 1:
+        report["degraded"]["degraded (all)"] = quality_statistics(
+            [row for rows in degraded.values() for row in rows], class_names, POOR_BELOW,
+            list(patients) * len(degraded))
+    return report
+
+
 def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases: Sequence[Case],
                    degradations: Sequence[str] = (), device: str = "auto",
                    batch_size: int = 16) -> dict | None:
@@ -172,19 +196,7 @@ def quality_report(bundle: Bundle, clean_rows: Sequence[dict[str, float]], cases
     model = bundle.metadata.quality
     if model is None:
         return None
-    names = bundle.metadata.class_names
-    patients = [case.patient_id for case in cases]
-    clean = quality_statistics(clean_rows, names, POOR_BELOW, patients)
-    report: dict = {"review_below": model.review_below, "clean": clean, "degraded": {}}
-    if model.review_below_by_structure:
-        report["review_below_by_structure"] = {name: model.review_threshold(name) for name in names[1:]}
     predictor = Predictor(bundle, device=device, batch_size=batch_size) if degradations else None
-    pooled: list[dict[str, float]] = []
-    for degradation in degradations:
-        rows = degraded_rows(predictor, cases, degradation)
-        pooled += rows
-        report["degraded"][degradation] = quality_statistics(rows, names, POOR_BELOW, patients)
-    if len(degradations) > 1:
-        report["degraded"]["degraded (all)"] = quality_statistics(pooled, names, POOR_BELOW,
-                                                                  patients * len(degradations))
-    return report
+    return quality_section(model, bundle.metadata.class_names, clean_rows,
+                           {degradation: degraded_rows(predictor, cases, degradation) for degradation in degradations},
+                           [case.patient_id for case in cases])

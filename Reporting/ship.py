@@ -3,6 +3,7 @@
     calibseg-ship --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
     calibseg-ship --runs runs/cv/ce_dice runs/cv/crac --prefix acdc     # cross-validations: their ensembles
     calibseg-ship --rerecord acdc_ce_dice --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg   # metadata or members
+    calibseg-ship --rerecord acdc_nacl --bundle runs/acdc_nacl/acdc_nacl.calibseg --store ../store  # quality model
 
 For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
 (default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is
@@ -20,12 +21,19 @@ A cross-validation folder (``calibseg-train --fold all``) ships its ensemble (``
 ``ensemble.calibseg``), and its metrics JSON also records what was measured out of fold: the ensemble's out-of-fold
 choices and quality check (``ensemble.json``) and the folds' out-of-fold summary with its intervals
 (``crossval/summary.json``).
+
+A re-record whose bundle differs from the shipped one only in its quality model (and function intervals, which the
+metrics do not measure) reads the store with ``--store`` instead of running the networks: every metric row stays as
+measured, and the quality columns and the quality section are measured again from the stored member features of the
+test volumes and their degraded copies (:mod:`Evaluation.stored_quality`), in seconds. The store's own measured Dice
+must equal the recorded rows', so a store of other predictions is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -34,6 +42,7 @@ from typing import Sequence
 
 from CalibSegLib.bundle import BUNDLE_SUFFIX, Bundle, BundleError, load_bundle
 from CalibSegLib.io import recorded_path, write_json_atomic
+from CalibSegLib.metrics import summarize
 from CalibSegLib.pretrained import METRICS_SUFFIX, PRETRAINED_DIR
 from Datasets.dataset_names import data_folder, recorded_dataset
 from Datasets.errors import DataError
@@ -43,12 +52,19 @@ from Datasets.splits import recorded_split, select_patients
 from Evaluation.evaluate import evaluate_bundle
 from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.crossval import CROSSVAL_DIR
+from Evaluation.stored_quality import stored_quality
 from Evaluation.summary import EVALUATION_DIR, SUMMARY_NAME, VARIANTS
 from Training.bundle_rewrite import rewrite_bundle
 from Training.ensemble import ENSEMBLE_NAME, ENSEMBLE_RECORD
 from Training.records import BUNDLE_NAME
 
-__all__ = ["ship_run", "rerecord", "main"]
+__all__ = ["ROW_SECTIONS", "ship_run", "rerecord", "main"]
+
+# What a bundle's metric rows depend on beyond its quality model: a re-record from the store keeps the rows, so these
+# must be the shipped bundle's.
+ROW_SECTIONS = ("network", "network_kwargs", "in_channels", "num_classes", "spatial_dims", "class_names",
+                "preprocessing", "sliding_window", "postprocessing", "temperature", "input_statistics",
+                "ensemble_size", "weights_sha256")
 
 
 def _per_case(rows: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -129,11 +145,13 @@ def ship_run(run_dir: str | Path, prefix: str, out_dir: str | Path, data: str | 
 
 
 def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = PRETRAINED_DIR,
-             data: str | Path | None = None, device: str = "auto") -> tuple[Path, Path]:
+             data: str | Path | None = None, device: str = "auto",
+             store: str | Path | None = None) -> tuple[Path, Path]:
     """Re-ship the shipped model ``name`` after a change to its metadata or members: ``bundle`` (a rewrite of it
     with the same weights, e.g. by ``calibseg-fit-quality --keep-fit``, or some of its members,
     ``python -m Training.sub_ensemble``; default the shipped file itself) replaces the shipped file in ``out_dir``
-    and its metrics JSON is measured again; the run it came from and what its folds measured stay recorded.
+    and its metrics JSON is measured again; the run it came from and what its folds measured stay recorded. With
+    ``store``, only the quality model may differ, and its columns are measured from the store (module docstring).
 
     Raises:
         BundleError, DataError, ValueError: an unknown name, a bundle with other weights, a sub-ensemble keeping
@@ -156,16 +174,53 @@ def rerecord(name: str, bundle: str | Path | None = None, out_dir: str | Path = 
                          f"{name}, which holds members 0 to {size - 1}; make it again with python -m "
                          f"Training.sub_ensemble {name}.")
     previous = json.loads(metrics_path.read_text())
-    source_run = previous.get("source_run", "")
-    cases = _test_cases(replacement, data)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=f".{name}-") as staging:
         staged = rewrite_bundle(replacement, replacement.metadata, Path(staging) / bundle_path.name, half=True)
-        metrics = _shipped_metrics(load_bundle(staged), name, source_run, cases, Path(staging), device)
-        if "out_of_fold" in previous:  # what the folds measured does not change with the metadata
-            metrics["out_of_fold"] = previous["out_of_fold"]
+        if store is not None:
+            metrics = _requalified(previous, shipped, load_bundle(staged), store)
+        else:
+            metrics = _shipped_metrics(load_bundle(staged), name, previous.get("source_run", ""),
+                                       _test_cases(replacement, data), Path(staging), device)
+            if "out_of_fold" in previous:  # what the folds measured does not change with the metadata
+                metrics["out_of_fold"] = previous["out_of_fold"]
         os.replace(staged, bundle_path)
     write_json_atomic(metrics_path, metrics)
     return bundle_path, metrics_path
+
+
+def _requalified(previous: dict, shipped: Bundle, replacement: Bundle, store: str | Path) -> dict:
+    """The metrics record ``previous`` of ``shipped`` with the quality columns of its test rows, their means and
+    its quality section measured again for ``replacement``'s quality model from ``store`` (module docstring).
+
+    Raises:
+        ValueError, StoreError: a section that moves the rows changed, or the store lacks a record or holds other
+            predictions than the recorded rows (one sentence each).
+    """
+    changed = [section for section in ROW_SECTIONS
+               if getattr(shipped.metadata, section) != getattr(replacement.metadata, section)]
+    if changed:
+        raise ValueError(f"The bundle changes {', '.join(changed)}, which the recorded metric rows depend on; "
+                         "re-record it with its networks (without --store), or refit the quality model alone "
+                         "(calibseg-fit --sections quality_model).")
+    cases = previous["cases"]
+    rows, quality = stored_quality(replacement.metadata, str(store), cases,
+                                   [previous["case_patients"][case] for case in cases])
+    recorded = previous["per_case"]["scaled"]
+    for case, row in zip(cases, rows):
+        moved = [key for key, value in row.items() if key.startswith("dice_")
+                 and not math.isclose(value, recorded[case][key], rel_tol=0.0, abs_tol=1e-9)
+                 and not (math.isnan(value) and math.isnan(recorded[case][key]))]
+        if moved:
+            raise ValueError(f"The store's ensemble measures another {moved[0]} on {case} than the recorded "
+                             f"metrics; it holds other predictions, so fill a store for this bundle with "
+                             "calibseg-store.")
+    scaled = {case: {key: row.get(key, value) for key, value in recorded[case].items()}
+              for case, row in zip(cases, rows)}
+    columns = next(iter(scaled.values())).keys()
+    return {**previous, "per_case": {**previous["per_case"], "scaled": scaled},
+            "summary": {**previous["summary"], "scaled": {column: summarize([row[column] for row in scaled.values()])
+                                                          ["mean"] for column in columns}},
+            "quality": quality, "quality_measured_from": "store"}
 
 
 def _replace_folder(new: Path, destination: Path) -> None:
@@ -189,15 +244,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "weights, or a sub-ensemble of them) and measure its metrics again")
     parser.add_argument("--bundle", type=Path, default=None,
                         help="with --rerecord: the rewritten bundle or the sub-ensemble")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="with --rerecord: a bundle whose quality model alone changed is measured from this store "
+                             "(calibseg-store --part test and --part degraded) instead of its networks")
     parser.add_argument("--prefix", default="acdc", help="model names are <prefix>_<method> (default acdc)")
     parser.add_argument("--out", type=Path, default=PRETRAINED_DIR, help=f"default {PRETRAINED_DIR}")
     parser.add_argument("--data", type=Path, default=None,
                         help="data folder (default: found from the dataset each bundle records)")
     parser.add_argument("--device", default="auto")
     arguments = parser.parse_args(argv)
+    if arguments.store is not None and not arguments.rerecord:
+        parser.error("--store measures a re-record (--rerecord NAME); a new run is shipped with its networks")
     def ship_each():  # yields as it ships, so each shipped file is printed even when a later one fails
         if arguments.rerecord:
-            yield rerecord(arguments.rerecord, arguments.bundle, arguments.out, arguments.data, arguments.device)
+            yield rerecord(arguments.rerecord, arguments.bundle, arguments.out, arguments.data, arguments.device,
+                           arguments.store)
         for run_dir in arguments.runs or ():
             yield ship_run(run_dir, arguments.prefix, arguments.out, arguments.data, arguments.device)
 

@@ -18,6 +18,7 @@ from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from Datasets.layouts import find_cases
 from Datasets.loading import load_cases
 from Datasets.splits import select_patients
+from Evaluation.quality_report import DEGRADATIONS
 from Evaluation.function_intervals import (attach_predicted_dice, collect_volumes, fit_and_measure, read_collected,
                                            stored_collection, stored_records)
 from Training.ensemble import quality_from_observations
@@ -50,7 +51,13 @@ def test_the_pass_writes_one_record_per_out_of_fold_and_test_prediction(tiny_ens
     bundle = load_bundle(path)
     records = read_records(store, bundle.metadata.weights_sha256)
     assert len(records) == 2 * 2 + 2 * 3  # two volumes each: one member out of fold; two + ensemble
-    assert written == len(records) + len(read_input_records(store, bundle.metadata.weights_sha256)) == 10 + 6
+    degraded = {name: read_records(store, bundle.metadata.weights_sha256, name) for name in DEGRADATIONS}
+    assert {len(copies) for copies in degraded.values()} == {2 * 3}  # the test volumes' copies: two + ensemble
+    assert all(record.degradation == name and record.role == TEST for name, copies in degraded.items()
+               for record in copies)
+    inputs = read_input_records(store, bundle.metadata.weights_sha256)
+    assert written == len(records) + 3 * 6 + len(inputs) == 10 + 18 + 6
+    assert all(record.voxels is not None and len(record.voxels) == 3 for record in records)
     out_of_fold = {(record.patient, record.member) for record in records if record.role == OUT_OF_FOLD}
     assert out_of_fold == {("patient013", 0), ("patient016", 1)}
     tested = {record.member for record in records if record.role == TEST}

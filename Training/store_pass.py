@@ -2,7 +2,7 @@
 fits read it from, reduced to a :class:`CalibSegLib.store.StoreRecord` (resumable).
 
     calibseg-store --bundle acdc_crac --store ../store [--data DIR] [--device auto]
-        [--part out_of_fold|test|inputs|all]
+        [--part out_of_fold|test|degraded|inputs|all]
 
 - ``out_of_fold``: each cross-validation patient's volumes predicted by the one member that never trained on it
   (the bundle's ``ensemble.members[m].validation``), as that member alone under the ensemble's settings
@@ -10,12 +10,16 @@ fits read it from, reduced to a :class:`CalibSegLib.store.StoreRecord` (resumabl
   function intervals are fitted on (:mod:`Training.fit`).
 - ``test``: each test patient's volumes by every member, and by the ensemble (the mean of the members'
   probabilities, post-processed: what the shipped bundle gives): what the fits are measured on.
+- ``degraded``: the same for each degraded copy of the test volumes that the evaluation's quality check is measured on
+  (:data:`Evaluation.quality_report.DEGRADATIONS`, drawn as :func:`~Evaluation.quality_report.degraded_images` draws
+  them): what ``calibseg-ship --rerecord --store`` reads to measure a refitted quality model without the networks.
 - ``inputs``: each labelled and test case's image statistics against its reference and every member's encoder
   vector (:class:`CalibSegLib.store.InputRecord`; the encoder alone runs, no segmentation): what the input check's
   statistics are fitted on (a member's Gaussian from the patients it trained on, the threshold from those it never
   saw).
 
-A record already in the store for these weights is skipped, so an interrupted pass resumes where it stopped. The
+A record already in the store for these weights is skipped, so an interrupted pass resumes where it stopped (a test
+case whose ensemble record lacks its voxel counts is predicted again). The
 networks run once here; every fit and study reads the records afterwards.
 """
 
@@ -40,18 +44,19 @@ from CalibSegLib.io import os_error_sentence
 from CalibSegLib.metrics import dice as dice_scores
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import structure_features
-from CalibSegLib.store import (ENSEMBLE, OUT_OF_FOLD, TEST, InputRecord, MemberEncoding, StoreRecord,
-                               stored_input_cases, stored_keys, write_input_record, write_record)
+from CalibSegLib.store import (ENSEMBLE, OUT_OF_FOLD, TEST, InputRecord, MemberEncoding, StoreRecord, read_record,
+                               record_path, stored_input_cases, stored_keys, write_input_record, write_record)
 from Datasets.dataset_names import data_folder
 from Datasets.errors import DataError
 from Datasets.layouts import CaseFile, find_cases
 from Datasets.loading import Case, load_cases
 from Datasets.splits import select_patients
+from Evaluation.quality_report import DEGRADATIONS, degraded_images
 
-__all__ = ["INPUTS", "PARTS", "fill_store", "fill_inputs", "main"]
+__all__ = ["INPUTS", "DEGRADED", "PARTS", "fill_store", "fill_inputs", "main"]
 
-INPUTS = "inputs"
-PARTS = (OUT_OF_FOLD, TEST, INPUTS, "all")
+INPUTS, DEGRADED = "inputs", "degraded"
+PARTS = (OUT_OF_FOLD, TEST, DEGRADED, INPUTS, "all")
 
 
 def _classes(bundle: Bundle) -> CardiacClasses | None:
@@ -62,19 +67,26 @@ def _classes(bundle: Bundle) -> CardiacClasses | None:
         return None
 
 
-def _record(predictor: Predictor, case: Case, member: int, role: str, weights_sha256: str,
-            classes: CardiacClasses | None, keep: bool) -> tuple[StoreRecord, np.ndarray | None]:
-    """One member's prediction of ``case`` as a record, and (``keep``) its ``(C, z, y, x)`` probabilities."""
+def _voxels(labels: np.ndarray, num_classes: int) -> list[int]:
+    """How many voxels ``labels`` give each foreground class ``(C - 1,)``."""
+    return [int(count) for count in np.bincount(np.asarray(labels).ravel(), minlength=num_classes)[1:num_classes]]
+
+
+def _record(predictor: Predictor, case: Case, image: np.ndarray, member: int, role: str, weights_sha256: str,
+            classes: CardiacClasses | None, degradation: str | None) -> tuple[StoreRecord, np.ndarray | None]:
+    """One member's prediction of ``image`` (``case``'s own, or its ``degradation``'s copy) as a record, and (test
+    cases, whose ensemble record needs them) its ``(C, z, y, x)`` probabilities."""
     num_classes = predictor.num_classes
     tally = ProbabilityTally(num_classes)
-    prediction = predictor.predict(case.image, case.spacing, probability_sink=tally, keep_probabilities=keep)
+    prediction = predictor.predict(image, case.spacing, probability_sink=tally, keep_probabilities=role == TEST)
     reference = np.asarray(case.label).astype(np.int64)
     record = StoreRecord(
         case.case_id, str(case.patient_id), member, role, weights_sha256,
         [float(value) for value in dice_scores(prediction.labels, reference, num_classes)],
         structure_features(prediction, num_classes, spacing=case.spacing),
         None if classes is None else phase_volumes(prediction.labels, tally, case.spacing, classes).to_dict(),
-        None if classes is None else label_volumes_ml(case.label, case.spacing, classes))
+        None if classes is None else label_volumes_ml(case.label, case.spacing, classes),
+        _voxels(prediction.labels, num_classes), degradation)
     return record, prediction.probabilities
 
 
@@ -90,7 +102,36 @@ def _ensemble_record(bundle: Bundle, case: Case, members: Sequence[StoreRecord],
         [float(value) for value in dice_scores(labels, reference, num_classes)], [None] * (num_classes - 1),
         None if classes is None else phase_volumes(labels, ProbabilityTally(num_classes).add_volume(mean),
                                                    case.spacing, classes).to_dict(),
-        members[0].reference_ml)
+        members[0].reference_ml, _voxels(labels, num_classes), members[0].degradation)
+
+
+def _predict_case(bundle: Bundle, predictors: Sequence[Predictor], case: Case, image: np.ndarray,
+                  members: Sequence[int], role: str, classes: CardiacClasses | None,
+                  degradation: str | None = None) -> list[StoreRecord]:
+    """The records of ``members``' predictions of ``image`` (``case``'s, or its ``degradation``'s copy), and for a
+    test case the ensemble's."""
+    records, probabilities = [], []
+    for member in members:
+        record, kept = _record(predictors[member], case, image, member, role, bundle.metadata.weights_sha256,
+                               classes, degradation)
+        records.append(record)
+        probabilities.append(kept)
+    if role == TEST:
+        records.append(_ensemble_record(bundle, case, records, probabilities, classes))
+    return records
+
+
+def _done(store: Path, weights_sha256: str, degradation: str | None = None) -> Callable[[str, list[str]], bool]:
+    """Whether the store holds every wanted record of a case: those of ``members`` (the names their files carry),
+    an ensemble record with its voxel counts among them."""
+    stored = stored_keys(store, weights_sha256, degradation)
+
+    def done(case: str, members: list[str]) -> bool:
+        if not all((case, member) in stored for member in members):
+            return False
+        return ENSEMBLE not in members or read_record(record_path(store, weights_sha256, case, ENSEMBLE,
+                                                                  degradation)).voxels is not None
+    return done
 
 
 def _tasks(bundle: Bundle, files: Sequence[CaseFile], part: str) -> Iterator[tuple[str, CaseFile, list[int]]]:
@@ -158,37 +199,60 @@ def fill_store(bundle_name: str | Path, store: Path, data: str | Path | None = N
     bundle = _ensemble_bundle(bundle_name)
     metadata = bundle.metadata
     files = find_cases(data_folder(metadata.data, data))
-    written = 0 if part == INPUTS else _fill_predictions(bundle, store, files, device, part, batch_size, progress)
+    written = 0
+    if part in (OUT_OF_FOLD, TEST, DEGRADED, "all"):
+        predictors = member_predictors(bundle, device=device, batch_size=batch_size)
+        if part != DEGRADED:
+            written += _fill_predictions(bundle, store, files, predictors, part, progress)
+        if part in (DEGRADED, "all"):
+            written += _fill_degraded(bundle, store, files, predictors, progress)
     if part in (INPUTS, "all"):
         written += fill_inputs(bundle, store, files, device, batch_size, progress)
     return written
 
 
-def _fill_predictions(bundle: Bundle, store: Path, files: Sequence[CaseFile], device: str, part: str,
-                      batch_size: int, progress: Callable[[str], None]) -> int:
+def _fill_predictions(bundle: Bundle, store: Path, files: Sequence[CaseFile], predictors: Sequence[Predictor],
+                      part: str, progress: Callable[[str], None]) -> int:
     """Write every prediction record of ``part`` (out of fold, test or both) not yet in ``store``; how many."""
     metadata = bundle.metadata
     classes = _classes(bundle)
-    predictors = member_predictors(bundle, device=device, batch_size=batch_size)
-    done = stored_keys(store, metadata.weights_sha256)
+    done = _done(store, metadata.weights_sha256)
     written = 0
     for role, case_file, members in _tasks(bundle, files, part):
-        wanted = [str(member) for member in members] + ([ENSEMBLE] if role == TEST else [])
-        if all((case_file.case_id, member) in done for member in wanted):
+        if done(case_file.case_id, [str(member) for member in members] + ([ENSEMBLE] if role == TEST else [])):
             continue
         case = load_cases([case_file], metadata.num_classes)[0]
-        records, probabilities = [], []
-        for member in members:
-            record, kept = _record(predictors[member], case, member, role, metadata.weights_sha256, classes,
-                                   keep=role == TEST)
-            records.append(record)
-            probabilities.append(kept)
-        if role == TEST:
-            records.append(_ensemble_record(bundle, case, records, probabilities, classes))
+        records = _predict_case(bundle, predictors, case, case.image, members, role, classes)
         for record in records:
             write_record(store, record)
-            written += 1
+        written += len(records)
         progress(f"{role} {case.case_id}: {len(records)} record(s)")
+    return written
+
+
+def _fill_degraded(bundle: Bundle, store: Path, files: Sequence[CaseFile], predictors: Sequence[Predictor],
+                   progress: Callable[[str], None]) -> int:
+    """Write every record of the test volumes' degraded copies not yet in ``store``; how many."""
+    metadata = bundle.metadata
+    classes = _classes(bundle)
+    test_files = select_patients(files, list(metadata.data.get("test") or []))
+    members = list(range(metadata.ensemble_size))
+    wanted = [str(member) for member in members] + [ENSEMBLE]
+    written = 0
+    for degradation in DEGRADATIONS:
+        done = _done(store, metadata.weights_sha256, degradation)
+        if all(done(case_file.case_id, wanted) for case_file in test_files):
+            continue
+        # The noise runs on from one case to the next, as the evaluation draws it: every case is degraded in order.
+        cases = load_cases(test_files, metadata.num_classes)
+        for case, image in zip(cases, degraded_images(cases, degradation), strict=True):
+            if done(case.case_id, wanted):
+                continue
+            records = _predict_case(bundle, predictors, case, image, members, TEST, classes, degradation)
+            for record in records:
+                write_record(store, record)
+            written += len(records)
+            progress(f"{degradation} {case.case_id}: {len(records)} record(s)")
     return written
 
 

@@ -24,8 +24,8 @@ from CalibSegLib.quality.fitting import (CasePredictor, Observation, PredictedCl
 from CalibSegLib.quality.model import (BOUNDARY_RING, FEATURES, INTERVAL_COVERAGE, LOW_CONFIDENCE_THRESHOLD,
                                        MIRROR_AGREEMENT, REVIEW_BELOW, SIZE_FEATURE, UNCERTAINTY_FEATURES,
                                        QualityModel, QualityModelError, StructureQuality, structure_key)
-from CalibSegLib.quality.summary import (SummaryMetadata, quality_summary, review_sentence, summary_columns,
-                                         with_predicted_dice)
+from CalibSegLib.quality.summary import (SummaryMetadata, ensemble_summary_columns, quality_summary, review_sentence,
+                                         summary_columns, with_predicted_dice)
 
 __all__ = [
     "LOW_CONFIDENCE_THRESHOLD",
@@ -52,6 +52,7 @@ __all__ = [
     "quality_summary",
     "summary_columns",
     "with_predicted_dice",
+    "ensemble_summary_columns",
     "review_sentence",
     "check_references",
     "observe_cases",

@@ -63,7 +63,8 @@ from CalibSegLib.quality.model import (BOUNDARY_RING, LOW_CONFIDENCE_THRESHOLD, 
                                        QualityModel, StructureQuality, structure_key, thresholds_text)
 from CalibSegLib.quality.review_rule import flagged
 
-__all__ = ["SummaryMetadata", "quality_summary", "review_sentence", "summary_columns", "with_predicted_dice"]
+__all__ = ["SummaryMetadata", "quality_summary", "review_sentence", "summary_columns", "with_predicted_dice",
+           "ensemble_summary_columns"]
 
 _SHOWN_FEATURES = ("mean_confidence", "mean_entropy", "low_confidence_fraction")  # in the summary as they are
 
@@ -109,27 +110,60 @@ def _members_dice(prediction: Prediction, metadata: SummaryMetadata, model: Qual
         raise ValueError("An ensemble's quality model predicts Dice from each member's own prediction, which this "
                          "prediction does not carry; predict it with the bundle's own "
                          "CalibSegLib.inference.Predictor (keep_members left on).")
-    member_features = [structure_features(member, metadata.num_classes, model.low_confidence_threshold,
-                                          model.boundary_ring, spacing) for member in prediction.members]
+    return _combined_dice(model, [structure_features(member, metadata.num_classes, model.low_confidence_threshold,
+                                                     model.boundary_ring, spacing) for member in prediction.members],
+                          metadata.class_names)
+
+
+def _combined_dice(model: QualityModel, member_features: Sequence[Sequence[dict[str, float] | None]],
+                   class_names: Sequence[str]) -> np.ndarray:
+    """``(C - 1,)`` the mean of the members' predicted Dice from their features, each checked to give the model's
+    inputs."""
     for features in member_features:
         _missing_inputs(model, features)
-    return combined_predicted_dice(member_predicted_dice(model, member_features, metadata.class_names))
+    return combined_predicted_dice(member_predicted_dice(model, member_features, class_names))
+
+
+def _judged(model: StructureQuality | None, dice: float | None, review_below: float,
+            drawn: bool = True) -> dict[str, Any]:
+    """A structure's predicted Dice, its interval and its review flag. One predicted nowhere (``drawn`` False) has
+    nothing to judge and is flagged whatever the threshold; without a model a present structure's are null."""
+    if not drawn:
+        return {"predicted_dice": None, "predicted_dice_interval": None, "review": bool(flagged(None, review_below))}
+    if model is None or dice is None:
+        return {"predicted_dice": None, "predicted_dice_interval": None, "review": None}
+    return {"predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
+            "review": bool(flagged(dice, review_below))}
 
 
 def _structure_summary(features: dict[str, float] | None, voxel_mm3: float,
                        model: StructureQuality | None, review_below: float,
                        members_dice: float | None = None) -> dict[str, Any]:
-    if features is None:  # predicted nowhere: nothing to average, and flagged whatever the threshold
+    if features is None:
         return {"volume_ml": 0.0, "mean_confidence": None, "mean_entropy": None, "low_confidence_fraction": None,
-                "predicted_dice": None, "predicted_dice_interval": None, "review": bool(flagged(None, review_below))}
+                **_judged(model, None, review_below, drawn=False)}
     summary: dict[str, Any] = {"volume_ml": features["voxels"] * voxel_mm3 / 1000.0,
                                **{key: features[key] for key in (*_SHOWN_FEATURES, MEAN_DISAGREEMENT)
                                   if key in features}}
-    if model is None:
-        return {**summary, "predicted_dice": None, "predicted_dice_interval": None, "review": None}
-    dice = model.predict(features) if members_dice is None else members_dice
-    return {**summary, "predicted_dice": dice, "predicted_dice_interval": list(model.predict_interval(dice)),
-            "review": bool(flagged(dice, review_below))}
+    dice = None if model is None else model.predict(features) if members_dice is None else members_dice
+    return {**summary, **_judged(model, dice, review_below)}
+
+
+def ensemble_summary_columns(model: QualityModel, class_names: Sequence[str],
+                             member_features: Sequence[Sequence[dict[str, float] | None]],
+                             drawn: Sequence[bool]) -> dict[str, float]:
+    """The :func:`summary_columns` of an ensemble's prediction whose model was fitted on its members
+    (``per_member``), from what a store keeps of it: each of M members' :func:`structure_features` (C - 1 entries
+    each, computed with the model's low-confidence threshold and boundary ring) and whether the ensemble's own
+    prediction draws each structure anywhere ``(C - 1,)``. The same numbers :func:`quality_summary` gives it.
+
+    Raises:
+        ValueError: the features lack an input of the model (one sentence).
+    """
+    dice = _combined_dice(model, member_features, class_names)
+    return {column: value for name, value, present in zip(class_names[1:], dice, drawn, strict=True)
+            for column, value in _structure_columns(name, _judged(model.structures[name], float(value),
+                                                                  model.review_threshold(name), present)).items()}
 
 
 def _case_review(flags: Sequence[bool | None]) -> bool | None:

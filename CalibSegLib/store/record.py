@@ -8,8 +8,13 @@ post-processing, :func:`CalibSegLib.bundle.member_metadata`):
 - ``volumes``: for a cardiac bundle, each structure's volume in mL from the hard labels and from the probability
   sums with its spread Σ p (1 − p) (:class:`CalibSegLib.cardiac.indices.PhaseVolumes` as a dict), and
   ``reference_ml``, the reference label's volumes;
+- ``voxels``: how many voxels the prediction's labels give each foreground class ``(C - 1,)``: where the ensemble's
+  own prediction (whose quality features are left empty) draws a structure at all, which decides its review flag
+  (null in a record written without the count);
 - ``role``: ``out_of_fold`` (the member never trained on the case's patient) or ``test`` (a test patient; the
-  member ``"ensemble"`` is the ensemble's own prediction, the mean of its members' probabilities).
+  member ``"ensemble"`` is the ensemble's own prediction, the mean of its members' probabilities);
+- ``degradation``: None for the volume as it is; for a test patient's deliberately degraded copy, the name of the
+  degradation (:data:`Evaluation.quality_report.DEGRADATIONS`), which the evaluation's quality check is measured on.
 
 Everything is JSON numbers and strings: reading a store runs no code (no pickle).
 """
@@ -63,6 +68,8 @@ class StoreRecord:
     features: list[dict[str, float] | None]
     volumes: dict[str, dict[str, float | None]] | None = None
     reference_ml: dict[str, float] | None = None
+    voxels: list[int] | None = None
+    degradation: str | None = None
 
     @property
     def key(self) -> tuple[str, int | str]:
@@ -72,7 +79,8 @@ class StoreRecord:
     def to_dict(self) -> dict[str, Any]:
         return {"version": STORE_VERSION, "case": self.case, "patient": self.patient, "member": self.member,
                 "role": self.role, "weights_sha256": self.weights_sha256, "dice": list(self.dice),
-                "features": self.features, "volumes": self.volumes, "reference_ml": self.reference_ml}
+                "features": self.features, "volumes": self.volumes, "reference_ml": self.reference_ml,
+                "voxels": self.voxels, "degradation": self.degradation}
 
     @classmethod
     def from_dict(cls, values: Any, source: str = "a store record") -> "StoreRecord":
@@ -98,8 +106,15 @@ class StoreRecord:
         for name in ("volumes", "reference_ml"):
             if values.get(name) is not None and not isinstance(values[name], Mapping):
                 raise StoreError(f"{source} has {name} that is no JSON object.")
+        voxels, degradation = values.get("voxels"), values.get("degradation")
+        if voxels is not None and (not isinstance(voxels, list) or len(voxels) != len(dice) or not all(
+                isinstance(value, int) and not isinstance(value, bool) and value >= 0 for value in voxels)):
+            raise StoreError(f"{source} has voxels that are no count of each of its {len(dice)} classes.")
+        if degradation is not None and (not isinstance(degradation, str) or not degradation):
+            raise StoreError(f"{source} has degradation {degradation!r}, neither null nor a name.")
         return cls(values["case"], values["patient"], member, values["role"], values["weights_sha256"],
                    [float(value) for value in dice], [None if item is None else dict(item) for item in features],
                    None if values.get("volumes") is None else {key: dict(value)
                                                                for key, value in values["volumes"].items()},
-                   None if values.get("reference_ml") is None else dict(values["reference_ml"]))
+                   None if values.get("reference_ml") is None else dict(values["reference_ml"]),
+                   None if voxels is None else list(voxels), degradation)
