@@ -58,7 +58,7 @@ from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality.fitting import Observation, held_out_predictions
 from CalibSegLib.quality.members import combined_predicted_dice, member_predicted_dice
 from CalibSegLib.quality.model import QualityModel
-from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreRecord, read_records
+from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreRecord, read_fit_records
 from Datasets.acdc import ACDC_SPACING
 from Datasets.dataset_names import data_folder
 from Datasets.errors import DataError
@@ -194,11 +194,7 @@ def stored_records(bundle: Bundle, store: Path, predicted_dice: bool = False) ->
         StoreError: the store holds no record of the bundle's weights.
     """
     metadata = bundle.metadata
-    stored = read_records(store, metadata.weights_sha256)
-    if metadata.out_of_fold_weights_sha256 != metadata.weights_sha256:
-        stored = [record for record in stored if record.role != OUT_OF_FOLD] + [
-            record for record in read_records(store, metadata.out_of_fold_weights_sha256)
-            if record.role == OUT_OF_FOLD]
+    stored = read_fit_records(store, metadata.weights_sha256, metadata.out_of_fold_weights_sha256)
     records = stored_collection(stored)
     if not predicted_dice:
         return records
@@ -577,7 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": f"{machine['cpu_count']} cores ({machine['device']}), torch {machine['torch']}",
             "volumes": f"mL under ACDC's assumed {' x '.join(f'{value:g}' for value in ACDC_SPACING)} mm voxels "
                        "(the HDF5 files carry no spacing); ejection fractions do not depend on it",
-            "level": rule.level, "targets": TARGETS, **({} if arguments.quality_observations is None else {
+            "level": rule.level, "targets": TARGETS,
+            **({} if arguments.quality_observations is None and not arguments.with_predicted_dice else {
                 "predicted_dice": "out of fold: each volume's from the quality model fitted without its patient "
                                   "(leave-one-patient-out); test: the bundle's quality model on each member, the "
                                   "ensemble's the members' mean"}), **measured})

@@ -13,7 +13,7 @@ from CalibSegLib.bundle import load_bundle
 from CalibSegLib.cardiac.members import member_predictors
 from CalibSegLib.quality import Observation, observe_cases
 from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreError, StoreRecord, input_record_path, \
-    read_input_records, read_records, record_path, write_record
+    read_fit_records, read_input_records, read_records, record_path, write_record
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_TERMINOLOGY
 from Datasets.layouts import find_cases
 from Datasets.loading import load_cases
@@ -68,6 +68,11 @@ def test_the_pass_writes_one_record_per_out_of_fold_and_test_prediction(tiny_ens
     first.unlink()
     assert fill_store(path, store, sample_acdc_dir, **quiet) >= 1
     assert first.is_file()
+    ensemble = next(record for record in records if record.member == ENSEMBLE)
+    uncounted = record_path(store, bundle.metadata.weights_sha256, ensemble.case, ENSEMBLE)
+    uncounted.write_text(json.dumps({**ensemble.to_dict(), "voxels": None}))
+    assert fill_store(path, store, sample_acdc_dir, part="test", **quiet) == 3  # the case predicted anew
+    assert read_records(store, bundle.metadata.weights_sha256) == records
 
 
 def test_a_record_is_the_observation_and_the_collection_of_the_same_prediction(tiny_ensemble, sample_acdc_dir,
@@ -169,6 +174,23 @@ def test_a_record_is_read_only_as_its_version_writes_it(tmp_path):
     path.write_text('{"version": 1, "case"')
     with pytest.raises(StoreError, match="cannot be read as JSON"):
         read_records(tmp_path, "abc")
+
+
+def test_a_sub_ensemble_fits_on_the_out_of_fold_records_of_the_ensemble_it_keeps_members_of(tmp_path):
+    def record(case, member, role, weights):
+        return StoreRecord(case, case[:4], member, role, weights, [0.9], [{"voxels": 3.0}])
+
+    for item in (record("a_01", 0, OUT_OF_FOLD, "sub"), record("t_01", 0, TEST, "sub"),
+                 record("t_01", ENSEMBLE, TEST, "sub"), record("a_01", 0, OUT_OF_FOLD, "five"),
+                 record("b_01", 4, OUT_OF_FOLD, "five"), record("t_01", 0, TEST, "five")):
+        write_record(tmp_path, item)
+    read = read_fit_records(tmp_path, "sub", "five")
+    assert [(item.case, item.member, item.role, item.weights_sha256) for item in read] == [
+        ("a_01", 0, OUT_OF_FOLD, "five"), ("b_01", 4, OUT_OF_FOLD, "five"), ("t_01", 0, TEST, "sub"),
+        ("t_01", ENSEMBLE, TEST, "sub")]
+    assert read_fit_records(tmp_path, "five", "five") == read_records(tmp_path, "five")
+    with pytest.raises(StoreError, match="holds no record of the weights other"):
+        read_fit_records(tmp_path, "sub", "other")
 
 
 INPUT_FOLDS = (["patient013", "patient016", "patient022"], ["patient036", "patient041", "patient054"])

@@ -45,7 +45,7 @@ from CalibSegLib import input_check
 from CalibSegLib.io import os_error_sentence
 from CalibSegLib.pretrained import resolve_bundle_path
 from CalibSegLib.quality import Observation
-from CalibSegLib.store import OUT_OF_FOLD, InputRecord, StoreRecord, read_input_records, read_records
+from CalibSegLib.store import OUT_OF_FOLD, InputRecord, StoreRecord, read_fit_records, read_input_records
 from Datasets.errors import DataError
 from Evaluation.function_intervals import fit_and_measure, stored_records
 from Training.bundle_rewrite import rewrite_bundle, rewrite_destination
@@ -88,8 +88,8 @@ def fit_quality_model(inputs: FitInputs) -> tuple[dict[str, Any], dict[str, Any]
     records = inputs.records()
     observations = out_of_fold_observations(records)
     if not observations:
-        raise DataError("The store holds no out-of-fold record of the bundle's weights (a sub-ensemble keeps the "
-                        "rule of the ensemble it was selected from); refit that ensemble.")
+        raise DataError("The store holds no out-of-fold record of the bundle's weights (a sub-ensemble reads those "
+                        "of the ensemble it was selected from); fill them with calibseg-store --part out_of_fold.")
     model, record = quality_from_observations(observations, inputs.metadata.class_names, out_of_fold_folds(records))
     return model.to_dict(), record
 
@@ -151,7 +151,9 @@ def refit(bundle_name: str | Path, store: Path, sections: Sequence[str] = tuple(
     bundle = load_bundle(resolve_bundle_path(bundle_name))
     if bundle.metadata.ensemble is None:
         raise DataError(f"{bundle_name} is no cross-validation ensemble, so no store records are of it.")
-    inputs = FitInputs(bundle.metadata, lambda: read_records(store, bundle.metadata.weights_sha256),
+    metadata = bundle.metadata
+    inputs = FitInputs(metadata, lambda: read_fit_records(store, metadata.weights_sha256,
+                                                          metadata.out_of_fold_weights_sha256),
                        lambda: stored_records(bundle, store, predicted_dice),
                        lambda: read_input_records(store, bundle.metadata.weights_sha256))
     fitted, records = {}, {}

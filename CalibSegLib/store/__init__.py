@@ -13,11 +13,12 @@ The schema imports neither the bundle nor the predictor; the pass that fills the
 (:mod:`Training.store_pass`).
 """
 
-from CalibSegLib.store.files import (input_record_path, read_input_records, read_record, read_records, record_path,
-                                    stored_input_cases, stored_keys, write_input_record, write_record)
+from CalibSegLib.store.files import (input_record_path, read_fit_records, read_input_records, read_record,
+                                    read_records, record_path, stored_input_cases, stored_keys, write_input_record,
+                                    write_record)
 from CalibSegLib.store.inputs import InputRecord, MemberEncoding
 from CalibSegLib.store.record import ENSEMBLE, OUT_OF_FOLD, ROLES, STORE_VERSION, TEST, StoreError, StoreRecord
 
 __all__ = ["STORE_VERSION", "OUT_OF_FOLD", "TEST", "ROLES", "ENSEMBLE", "StoreError", "StoreRecord", "InputRecord",
-           "MemberEncoding", "record_path", "write_record", "read_record", "read_records", "stored_keys",
-           "input_record_path", "write_input_record", "read_input_records", "stored_input_cases"]
+           "MemberEncoding", "record_path", "write_record", "read_record", "read_records", "read_fit_records",
+           "stored_keys", "input_record_path", "write_input_record", "read_input_records", "stored_input_cases"]

@@ -17,10 +17,10 @@ from typing import Any, Callable, TypeVar
 
 from CalibSegLib.io import atomic_output, write_json_atomic
 from CalibSegLib.store.inputs import InputRecord
-from CalibSegLib.store.record import StoreError, StoreRecord
+from CalibSegLib.store.record import OUT_OF_FOLD, StoreError, StoreRecord
 
-__all__ = ["record_path", "write_record", "read_record", "read_records", "stored_keys", "input_record_path",
-           "write_input_record", "read_input_records", "stored_input_cases"]
+__all__ = ["record_path", "write_record", "read_record", "read_records", "read_fit_records", "stored_keys",
+           "input_record_path", "write_input_record", "read_input_records", "stored_input_cases"]
 
 INPUTS = "inputs"  # the subfolder of a weights folder holding its input records
 DEGRADED = "degraded"  # the subfolder holding one folder of records per degradation
@@ -114,6 +114,23 @@ def read_records(store: str | Path, weights_sha256: str, degradation: str | None
             raise StoreError(f"{path} is a record of {record.degradation or 'the volume as it is'}, not of "
                              f"{degradation or 'the volume as it is'}; delete it and run calibseg-store again.")
     return sorted(records, key=lambda record: (record.case, str(record.member)))
+
+
+def read_fit_records(store: str | Path, weights_sha256: str, out_of_fold_weights_sha256: str) -> list[StoreRecord]:
+    """The prediction records a bundle's fits read: its own, except that a sub-ensemble (whose
+    ``out_of_fold_weights_sha256``, the ensemble it keeps members of, differs from its weights) reads that
+    ensemble's out-of-fold records in place of its own: its out-of-fold choices were made on all of that ensemble's
+    folds. Sorted by case and member.
+
+    Raises:
+        StoreError: the store holds no record of either weights, or one cannot be read (one sentence).
+    """
+    records = read_records(store, weights_sha256)
+    if out_of_fold_weights_sha256 == weights_sha256:
+        return records
+    return sorted([record for record in records if record.role != OUT_OF_FOLD]
+                  + [record for record in read_records(store, out_of_fold_weights_sha256)
+                     if record.role == OUT_OF_FOLD], key=lambda record: (record.case, str(record.member)))
 
 
 def stored_keys(store: str | Path, weights_sha256: str, degradation: str | None = None) -> set[tuple[str, str]]:
