@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import shutil
 
 import numpy as np
@@ -27,6 +26,7 @@ from Evaluation.quality_report import DEGRADATIONS, degraded_rows
 from Evaluation.stored_quality import stored_quality, stored_rows
 from Reporting.ship import main as ship_main, rerecord
 from Training.bundle_rewrite import rewrite_bundle
+from Training.fit import largest_difference
 from Training.store_pass import fill_store
 from test_quality import _observations
 from tiny_bundles import make_test_ensemble
@@ -63,20 +63,6 @@ def shipped(tmp_path_factory, sample_acdc_dir):
     return pretrained, folder / "store"
 
 
-def _close(first, second, path="") -> list[str]:
-    """Where two JSON values differ by more than 1e-9 (NaN equal to NaN)."""
-    if isinstance(first, dict) and isinstance(second, dict):
-        if first.keys() != second.keys():
-            return [f"{path}: keys {sorted(set(first) ^ set(second))}"]
-        return [where for key in first for where in _close(first[key], second[key], f"{path}/{key}")]
-    if isinstance(first, list) and isinstance(second, list) and len(first) == len(second):
-        return [where for index, pair in enumerate(zip(first, second)) for where in _close(*pair, f"{path}/{index}")]
-    if isinstance(first, (int, float)) and isinstance(second, (int, float)):
-        same = (math.isnan(first) and math.isnan(second)) or math.isclose(first, second, rel_tol=0.0, abs_tol=1e-9)
-        return [] if same else [f"{path}: {first} != {second}"]
-    return [] if first == second else [f"{path}: {first!r} != {second!r}"]
-
-
 def test_the_store_gives_the_quality_columns_the_networks_give(shipped, sample_acdc_dir):
     """Each test volume and each degraded copy analysed by the shipped ensemble itself (its Predictor, as
     calibseg-evaluate and calibseg-predict do) against the rows read from the store."""
@@ -88,14 +74,15 @@ def test_the_store_gives_the_quality_columns_the_networks_give(shipped, sample_a
     predictor = Predictor(bundle, device="cpu")
     clean = [summary_columns(analyse_case(predictor, case.image, case.spacing).summary) for case in cases]
     stored = stored_rows(read_records(store, metadata.weights_sha256), metadata, names)
-    assert _close([{key: row[key] for key in columns} for row, columns in zip(stored, clean)], clean) == []
+    assert largest_difference([{key: row[key] for key in columns} for row, columns in zip(stored, clean)],
+                              clean) <= 1e-9
     for degradation in DEGRADATIONS:
         direct = degraded_rows(predictor, cases, degradation)
         from_store = stored_rows(read_records(store, metadata.weights_sha256, degradation), metadata, names)
-        assert _close([{key: row[key] for key in from_store[0]} for row in direct], from_store) == []
+        assert largest_difference([{key: row[key] for key in from_store[0]} for row in direct], from_store) <= 1e-9
     recorded = json.loads((pretrained / f"{NAME}.metrics.json").read_text())
     _, quality = stored_quality(metadata, str(store), names, [case.patient_id for case in cases])
-    assert _close(quality, recorded["quality"]) == []
+    assert largest_difference(quality, recorded["quality"]) <= 1e-9
 
 
 def test_a_rerecord_from_the_store_writes_what_the_networks_write(shipped, sample_acdc_dir, tmp_path):
@@ -121,10 +108,10 @@ def test_a_rerecord_from_the_store_writes_what_the_networks_write(shipped, sampl
     assert by_store.pop("quality_measured_from") == "store"
     for record in (by_store, by_networks):
         record.pop("environment")
-    assert _close(by_store, by_networks) == []
+    assert largest_difference(by_store, by_networks) <= 1e-9
     before = json.loads((pretrained / f"{NAME}.metrics.json").read_text())
     assert by_store["quality"]["review_below_by_structure"]["myocardium"] == 0.5
-    assert _close(before["quality"], by_store["quality"]) != []  # the thresholds moved the flags' counts
+    assert largest_difference(before["quality"], by_store["quality"]) > 1e-9  # the thresholds moved the flags' counts
 
 
 def test_a_rerecord_from_the_store_refuses_what_it_cannot_measure(shipped, tmp_path, capsys):

@@ -163,7 +163,8 @@ def refit(bundle_name: str | Path, store: Path, sections: Sequence[str] = tuple(
 
 
 def largest_difference(stored: Any, refitted: Any) -> float:
-    """The largest absolute difference between two JSON values' numbers (inf where their shapes or texts differ)."""
+    """The largest absolute difference between two JSON values' numbers (inf where their shapes or texts differ, or
+    where one number is NaN and the other is not)."""
     if isinstance(stored, dict) and isinstance(refitted, dict):
         if set(stored) != set(refitted):
             return math.inf
@@ -174,8 +175,8 @@ def largest_difference(stored: Any, refitted: Any) -> float:
         return max((largest_difference(*pair) for pair in zip(stored, refitted)), default=0.0)
     numbers = (int, float)
     if isinstance(stored, numbers) and isinstance(refitted, numbers) and not isinstance(stored, bool):
-        if math.isnan(stored) and math.isnan(refitted):
-            return 0.0
+        if math.isnan(stored) or math.isnan(refitted):  # a NaN difference would be lost in max()
+            return 0.0 if math.isnan(stored) and math.isnan(refitted) else math.inf
         return abs(float(stored) - float(refitted))
     return 0.0 if stored == refitted else math.inf
 
