@@ -5,24 +5,23 @@
         --record docs/records/function/acdc_crac.json              # seconds: fit, measure, record
     calibseg-fit --bundle acdc_crac --store ../store --sections function_intervals --out PATH   # into a bundle
 
-The fit reads the store (:mod:`CalibSegLib.store`); ``--cache`` reads (and fills) this module's own older
-per-volume collection instead, which holds the same volumes. The rule goes into a bundle through ``calibseg-fit``,
-the one rewrite of a bundle's fitted sections.
+The fit reads the store (:mod:`CalibSegLib.store`), which ``calibseg-store`` fills by running the networks once;
+nothing here predicts. The rule goes into a bundle through ``calibseg-fit``, the one rewrite of a bundle's fitted
+sections.
 
-1. **Collect** (the store's records, or with ``--cache`` one small JSON per volume there, resumable). Every
-   cross-validation patient's ED and ES volumes, each predicted by the one member of the ensemble that never saw
-   it (the bundle's ``ensemble.members[k].validation``): each structure's volume from hard labels and from
-   probability sums, and its spread Σ p (1 − p) (:mod:`CalibSegLib.cardiac.indices`). Every test patient's
-   volumes predicted by each member and by the ensemble (the mean of the members' probabilities, its argmax
-   post-processed: what the shipped bundle gives). The reference volumes come from the labels. A sub-ensemble
-   (``python -m Training.sub_ensemble``) keeps the rule of the ensemble it was selected from, fitted on that
-   ensemble's five fold networks: give it that ensemble's store (or a copy of its ``--cache``) and only its test
-   volumes are predicted anew.
+1. **Read** the store's records (:func:`stored_records`). Every cross-validation patient's ED and ES volumes, each
+   predicted by the one member of the ensemble that never saw it (the bundle's ``ensemble.members[k].validation``):
+   each structure's volume from hard labels and from probability sums, and its spread Σ p (1 − p)
+   (:mod:`CalibSegLib.cardiac.indices`). Every test patient's volumes predicted by each member and by the ensemble
+   (the mean of the members' probabilities, its argmax post-processed: what the shipped bundle gives). The reference
+   volumes come from the labels. A sub-ensemble (``python -m Training.sub_ensemble``) keeps the rule of the
+   ensemble it was selected from, fitted on that ensemble's five fold networks: its store holds that ensemble's
+   out-of-fold records too (:func:`CalibSegLib.store.read_fit_records`).
 2. **Fit** (:func:`CalibSegLib.cardiac.intervals.fit_rule`) on the out-of-fold patients; the choice of point
    estimate, scale and recalibration is made there, by the smallest sum of the LV and RV EF intervals' median
    widths when each patient is judged by the rule fitted on the others (leave-one-patient-out). The scales that
-   read the quality model's predicted Dice are candidates only with ``--quality-observations``
-   (:func:`attach_predicted_dice`: the same networks' quality features, out of fold cross-fitted).
+   read the quality model's predicted Dice are candidates only with ``--with-predicted-dice``
+   (:func:`attach_observed_dice`: the same networks' quality features, out of fold cross-fitted).
 3. **Measure** on the test patients (each predicted by the shipped ensemble): EF mean absolute error, coverage
    and median width of each index's interval, beside the members' min–max interval and the other point estimate,
    each with a patient-level bootstrap interval (:mod:`Evaluation.bootstrap`).
@@ -41,17 +40,14 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from CalibSegLib.bundle import Bundle, BundleError, load_bundle
-from CalibSegLib.cardiac.indices import (STRUCTURES, CardiacClasses, PhaseVolumes, ProbabilityTally,
-                                         cardiac_classes, label_volumes_ml, phase_volumes, voxel_volume_ml)
+from CalibSegLib.cardiac.indices import STRUCTURES, CardiacClasses, PhaseVolumes, cardiac_classes, voxel_volume_ml
 from CalibSegLib.cardiac.intervals import RECALIBRATIONS, fit_rule, index_values, rule_indices
-from CalibSegLib.cardiac.members import ensemble_labels, member_predictors
 from CalibSegLib.device import environment
-from CalibSegLib.inference import Predictor
 from CalibSegLib.interval_rule import DICE_SCALES, ESTIMATES, INDICES, SCALES, IntervalRule
 from CalibSegLib.io import recorded_path, write_json_atomic
 from CalibSegLib.pretrained import resolve_bundle_path
@@ -60,15 +56,11 @@ from CalibSegLib.quality.members import combined_predicted_dice, member_predicte
 from CalibSegLib.quality.model import QualityModel
 from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreRecord, read_fit_records
 from Datasets.acdc import ACDC_SPACING
-from Datasets.dataset_names import data_folder
 from Datasets.errors import DataError
-from Datasets.layouts import find_cases
-from Datasets.loading import Case, load_cases
-from Datasets.splits import select_patients
 from Evaluation.bootstrap import group_draws, mean_interval
 
-__all__ = ["REPORTED", "TARGETS", "collect_volumes", "read_collected", "attach_predicted_dice", "attach_observed_dice",
-           "stored_collection", "stored_observations", "stored_records", "PatientVolumes", "interval_rows",
+__all__ = ["REPORTED", "TARGETS", "attach_observed_dice", "stored_collection", "stored_observations", "stored_records",
+           "PatientVolumes", "interval_rows",
            "patient_volumes", "leave_one_out", "summarise", "fit_and_measure", "markdown_table", "models_table",
            "main"]
 
@@ -78,89 +70,15 @@ TARGETS = {"lv_ef_percent": {"mae_at_most": 5.0, "coverage_at_least": 0.8, "medi
            "rv_ef_percent": {"mae_at_most": 8.0}, "lv_edv_ml": {"coverage_at_least": 0.8}}
 
 
-def _member_phase(predictor: Predictor, case: Case, classes: CardiacClasses, keep: bool
-                  ) -> tuple[PhaseVolumes, np.ndarray | None]:
-    """One member's prediction of ``case``: its structures' volumes and (``keep``) its probabilities."""
-    tally = ProbabilityTally(predictor.num_classes)
-    prediction = predictor.predict(case.image, case.spacing, probability_sink=tally, keep_probabilities=keep)
-    return phase_volumes(prediction.labels, tally, case.spacing, classes), prediction.probabilities
-
-
-def _cases(bundle: Bundle, data: Path, patients: Sequence[str]) -> list[Case]:
-    return load_cases(select_patients(find_cases(data), list(patients)), bundle.metadata.num_classes)
-
-
-def _volume_order(bundle: Bundle, folder: Path, member_count: int, out_of_fold: bool
-                  ) -> Iterator[tuple[str, Case, list[int]]]:
-    """``(side, case, members)`` of every volume to collect, interleaved so that an interrupted collection holds
-    both sides, every fold alike: one test patient (every member), then (``out_of_fold``) one out-of-fold patient
-    of each fold (its own member), and so on."""
-    metadata = bundle.metadata
-    folds = [list(member.validation) if out_of_fold else [] for member in metadata.ensemble.members]
-    tests = list(metadata.data["test"])
-    for round_index in range(max(len(tests), *map(len, folds))):
-        if round_index < len(tests):
-            for case in _cases(bundle, folder, [tests[round_index]]):
-                yield "test", case, list(range(member_count))
-        for index, fold in enumerate(folds):
-            if round_index < len(fold):
-                for case in _cases(bundle, folder, [fold[round_index]]):
-                    yield "oof", case, [index]
-
-
-def _collected_by(path: Path) -> str | None:
-    """The weights a collected record at ``path`` was predicted by (None: nothing collected there)."""
-    return json.loads(path.read_text()).get("weights_sha256") if path.is_file() else None
-
-
-def collect_volumes(bundle: Bundle, cache: Path, data: str | Path | None = None, device: str = "cpu",
-                    progress: Callable[[str], None] = print) -> None:
-    """Write ``cache/<side>_<case>.json`` for every out-of-fold and test volume not yet collected by these weights
-    (module docstring, step 1): ``{"case", "patient", "side", "weights_sha256", "reference": {structure: mL},
-    "members": {k: PhaseVolumes}}`` and for a test volume ``"ensemble": PhaseVolumes``. A sub-ensemble
-    (``python -m Training.sub_ensemble``) collects its test volumes only, over those of the ensemble it keeps
-    members of: its rule was fitted on that ensemble's out-of-fold volumes, which ``cache`` must hold."""
-    metadata = bundle.metadata
-    classes = cardiac_classes(metadata.class_names, metadata.class_terminology)
-    folder = data_folder(metadata.data, data)
-    predictors = member_predictors(bundle, device=device)
-    cache.mkdir(parents=True, exist_ok=True)
-    own_folds = metadata.out_of_fold_weights_sha256 == metadata.weights_sha256
-    for side, case, members in _volume_order(bundle, folder, len(predictors), out_of_fold=own_folds):
-        path = cache / f"{side}_{case.case_id}.json"
-        if _collected_by(path) == metadata.weights_sha256:
-            continue
-        record: dict[str, Any] = {"case": case.case_id, "patient": case.patient_id, "side": side,
-                                  "weights_sha256": metadata.weights_sha256,
-                                  "reference": label_volumes_ml(case.label, case.spacing, classes),
-                                  "members": {}}
-        probabilities = []
-        for index in members:
-            volumes, kept = _member_phase(predictors[index], case, classes, keep=side == "test")
-            record["members"][str(index)] = volumes.to_dict()
-            probabilities.append(kept)
-        if side == "test":
-            mean, labels = ensemble_labels(probabilities, bundle)
-            record["ensemble"] = phase_volumes(labels, ProbabilityTally(len(mean)).add_volume(mean),
-                                               case.spacing, classes).to_dict()
-        write_json_atomic(path, record)
-        progress(f"{path.name} written")
-
-
-def read_collected(cache: Path, weights_sha256: str, out_of_fold_weights_sha256: str | None = None
-                   ) -> list[dict[str, Any]]:
-    """Every volume record :func:`collect_volumes` wrote for the weights ``weights_sha256``, its out-of-fold ones
-    for ``out_of_fold_weights_sha256`` (default the same; a sub-ensemble's are those of the ensemble it keeps
-    members of, :attr:`~CalibSegLib.bundle.BundleMetadata.out_of_fold_weights_sha256`), sorted by file name
-    (records of other weights are not read: a rewritten bundle with new weights is collected anew)."""
-    wanted = {"oof": out_of_fold_weights_sha256 or weights_sha256, "test": weights_sha256}
-    records = [json.loads(path.read_text()) for path in sorted(cache.glob("*.json"))]
-    return [record for record in records if record.get("weights_sha256") == wanted.get(record.get("side"))]
-
-
 def stored_collection(records: Sequence[StoreRecord]) -> list[dict[str, Any]]:
-    """The store's records (:mod:`CalibSegLib.store`, written by ``calibseg-store``) as :func:`collect_volumes`'
-    per-volume records, so that the fit reads a store as it reads a collection."""
+    """The store's records (:mod:`CalibSegLib.store`, written by ``calibseg-store``) as the fit's per-volume
+    records, one per side and case, sorted: ``{"case", "patient", "side" ("oof" or "test"), "weights_sha256",
+    "reference": {structure: mL}, "members": {k: PhaseVolumes}}`` and for a test volume ``"ensemble":
+    PhaseVolumes`` (:meth:`~CalibSegLib.cardiac.indices.PhaseVolumes.to_dict` each).
+
+    Raises:
+        DataError: a record holds no cardiac volumes (its bundle has no cardiac structures).
+    """
     collected: dict[tuple[str, str], dict[str, Any]] = {}
     for record in records:
         if record.volumes is None:
@@ -191,9 +109,12 @@ def stored_records(bundle: Bundle, store: Path, predicted_dice: bool = False) ->
     it keeps members of.
 
     Raises:
+        DataError: (``predicted_dice``) the bundle's quality model is absent or applied to the members' average.
         StoreError: the store holds no record of the bundle's weights.
     """
     metadata = bundle.metadata
+    if predicted_dice:
+        _member_quality_model(bundle)  # a model the observations cannot serve is the first sentence, before reading
     stored = read_fit_records(store, metadata.weights_sha256, metadata.out_of_fold_weights_sha256)
     records = stored_collection(stored)
     if not predicted_dice:
@@ -202,13 +123,6 @@ def stored_records(bundle: Bundle, store: Path, predicted_dice: bool = False) ->
     tested = [{**item, "member": metadata.out_of_fold_member(item["member"])}
               for item in stored_observations(stored, TEST)]
     return attach_observed_dice(records, stored_observations(stored, OUT_OF_FOLD), tested, bundle, str(store))
-
-
-def _read_observations(folder: Path) -> list[dict[str, Any]]:
-    if not folder.is_dir():
-        raise DataError(f"{folder} is no folder of quality observations; give the store instead (--store with "
-                        "--with-predicted-dice), which calibseg-store fills.")
-    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.member*.json"))]
 
 
 def _structure_dice(dice: np.ndarray, classes: CardiacClasses) -> dict[str, float]:
@@ -227,18 +141,8 @@ def _member_quality_model(bundle: Bundle) -> QualityModel:
     if model is None or not model.per_member:
         raise DataError("The bundle's quality model is absent or applied to the members' average, so its predicted "
                         "Dice at inference is not the members' mean these observations give; fit without "
-                        "--quality-observations.")
+                        "--with-predicted-dice.")
     return model
-
-
-def attach_predicted_dice(records: Sequence[dict[str, Any]], observations: Path, bundle: Bundle
-                          ) -> list[dict[str, Any]]:
-    """:func:`attach_observed_dice` with the observations of a folder ``observations`` (``out_of_fold/`` and
-    ``test/``, ``<case>.member<m>.json``, as the former ``scripts.ensemble_quality_pass`` wrote them; the store
-    gives the same observations, :func:`stored_records`)."""
-    _member_quality_model(bundle)  # before the folders are read: a model they cannot serve is the first sentence
-    return attach_observed_dice(records, _read_observations(observations / "out_of_fold"),
-                                _read_observations(observations / "test"), bundle, str(observations))
 
 
 def attach_observed_dice(records: Sequence[dict[str, Any]], fitted: Sequence[dict[str, Any]],
@@ -283,7 +187,7 @@ def attach_observed_dice(records: Sequence[dict[str, Any]], fitted: Sequence[dic
                 drawn = 0.0 if features is None else features["voxels"] * voxel
                 if not math.isclose(drawn, phase[structure]["hard"], rel_tol=1e-9, abs_tol=1e-9):
                     raise DataError(f"The quality observation of {record['case']} by member {member} draws "
-                                    f"{structure} at {drawn:.3f} mL where the collected prediction drew "
+                                    f"{structure} at {drawn:.3f} mL where the stored prediction drew "
                                     f"{phase[structure]['hard']:.3f} mL, so they are not of one prediction.")
                 phase[structure]["predicted_dice"] = _structure_dice(dice, classes)[structure]
             per_member.append(dice)
@@ -435,8 +339,8 @@ def fit_and_measure(records: Sequence[dict[str, Any]]) -> tuple[IntervalRule, di
     out_of_fold = patient_volumes(records, "oof")
     test = patient_volumes(records, "test")
     if len(out_of_fold) < 10:
-        raise ValueError(f"Only {len(out_of_fold)} out-of-fold patients are collected; a 90 % rule needs at least "
-                         "10, so collect more (the collection resumes).")
+        raise ValueError(f"Only {len(out_of_fold)} out-of-fold patients are stored; a 90 % rule needs at least "
+                         "10, so fill the store's out-of-fold part (calibseg-store --part out_of_fold, resumed).")
     with_dice = all(structure.predicted_dice is not None for patient in out_of_fold
                     for phase in _single(patient) for structure in (phase.lv, phase.rv, phase.myocardium))
     scales = [scale for scale in SCALES if with_dice or scale not in DICE_SCALES]
@@ -515,54 +419,35 @@ def models_table(records: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Collect (unless ``--no-collect`` or ``--store``), fit and measure, and write the record (``calibseg-fit
-    --sections function_intervals`` writes the rule into the bundle). Returns 0; bad input exits with one sentence."""
+    """Read the store, fit and measure, and write the record (``calibseg-fit --sections function_intervals`` writes
+    the rule into the bundle). Returns 0; bad input exits with one sentence."""
     parser = argparse.ArgumentParser(prog="python -m Evaluation.function_intervals",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", default="acdc_ce_dice", help="an ensemble bundle or a shipped model's name")
-    sources = parser.add_mutually_exclusive_group(required=True)
-    sources.add_argument("--cache", type=Path, help="folder of the per-volume records (resumed)")
-    sources.add_argument("--store", type=Path,
-                         help="the store calibseg-store filled for the bundle: read, nothing is predicted")
+    parser.add_argument("--store", type=Path, required=True,
+                        help="the store calibseg-store filled for the bundle: read, nothing is predicted")
     parser.add_argument("--record", type=Path, help="where to write the fit's record (JSON)")
-    parser.add_argument("--no-collect", action="store_true",
-                        help="fit on the volumes collected so far, predicting nothing")
-    parser.add_argument("--quality-observations", type=Path, default=None,
-                        help="folder of the same networks' quality observations (out_of_fold/, test/, as the "
-                             "former scripts.ensemble_quality_pass wrote them): gives each prediction the quality "
-                             "model's predicted Dice, so the scales that read it are candidates too")
     parser.add_argument("--with-predicted-dice", action="store_true",
-                        help="with --store: the store's quality observations give each prediction its predicted "
-                             "Dice (as --quality-observations does)")
-    parser.add_argument("--data", type=Path, default=None)
-    parser.add_argument("--device", default="cpu")
+                        help="the store's quality observations give each prediction the quality model's predicted "
+                             "Dice, so the scales that read it are candidates too")
     arguments = parser.parse_args(argv)
     try:
         bundle = load_bundle(resolve_bundle_path(arguments.bundle))
         if bundle.metadata.ensemble is None:
             raise DataError(f"{arguments.bundle} is no cross-validation ensemble, so it has no out-of-fold "
                             "networks to fit the rule on.")
-        if arguments.cache is not None and not arguments.no_collect:
-            collect_volumes(bundle, arguments.cache, arguments.data, arguments.device)
-        if arguments.record is None:
-            return 0
         metadata = bundle.metadata
-        if arguments.store is not None:
-            records = stored_records(bundle, arguments.store, arguments.with_predicted_dice)
-        else:
-            records = read_collected(arguments.cache, metadata.weights_sha256, metadata.out_of_fold_weights_sha256)
-        if arguments.quality_observations is not None:
-            records = attach_predicted_dice(records, arguments.quality_observations, bundle)
+        records = stored_records(bundle, arguments.store, arguments.with_predicted_dice)
         if metadata.out_of_fold_weights_sha256 != metadata.weights_sha256 and not any(
                 record["side"] == "oof" for record in records):
-            raise DataError(f"{arguments.cache} holds no out-of-fold volume of the ensemble {arguments.bundle} keeps "
-                            "members of, and its rule was fitted on them; give --cache a copy of that ensemble's "
-                            "collection.")
+            raise DataError(f"{arguments.store} holds no out-of-fold volume of the ensemble {arguments.bundle} keeps "
+                            "members of, and its rule was fitted on them; fill it with calibseg-store --bundle "
+                            "<that ensemble's file> --part out_of_fold (docs/training.md, \"The store\").")
         rule, measured = fit_and_measure(records)
     except (BundleError, ValueError) as error:  # DataError is a ValueError
         raise SystemExit(f"error: {error}") from None
     if arguments.record is not None:
-        machine = environment(arguments.device)
+        machine = environment("cpu")
         write_json_atomic(arguments.record, {
             "bundle": arguments.bundle, "weights_sha256": metadata.weights_sha256,
             **({} if metadata.out_of_fold_weights_sha256 == metadata.weights_sha256 else {
@@ -574,7 +459,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "volumes": f"mL under ACDC's assumed {' x '.join(f'{value:g}' for value in ACDC_SPACING)} mm voxels "
                        "(the HDF5 files carry no spacing); ejection fractions do not depend on it",
             "level": rule.level, "targets": TARGETS,
-            **({} if arguments.quality_observations is None and not arguments.with_predicted_dice else {
+            **({} if not arguments.with_predicted_dice else {
                 "predicted_dice": "out of fold: each volume's from the quality model fitted without its patient "
                                   "(leave-one-patient-out); test: the bundle's quality model on each member, the "
                                   "ensemble's the members' mean"}), **measured})

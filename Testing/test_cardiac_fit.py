@@ -1,9 +1,8 @@
-"""The interval rule's fit and measurement (Evaluation.function_intervals) on synthetic collected records."""
+"""The interval rule's fit and measurement (Evaluation.function_intervals) on synthetic per-volume records."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,8 +15,8 @@ from CalibSegLib.quality.fitting import Observation, fit_from_observations
 from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING
 from Datasets.errors import DataError
-from Evaluation.function_intervals import (attach_predicted_dice, fit_and_measure, markdown_table, models_table,
-                                           patient_volumes, read_collected)
+from Evaluation.function_intervals import (attach_observed_dice, fit_and_measure, markdown_table, models_table,
+                                           patient_volumes)
 from cardiac_standins import cardiac_metadata
 from tiny_bundles import ensemble_section
 
@@ -48,13 +47,9 @@ def _records(rng: np.random.Generator, side: str, patients: int, members: int) -
     return records
 
 
-def test_fit_chooses_on_out_of_fold_patients_and_measures_the_test_ones(tmp_path):
+def test_fit_chooses_on_out_of_fold_patients_and_measures_the_test_ones():
     rng = np.random.default_rng(0)
-    records = _records(rng, "oof", 40, 1) + _records(rng, "test", 8, 5)
-    for record in records + [{**records[0], "case": "stale_frame01", "weights_sha256": "other"}]:
-        (tmp_path / f"{record['side']}_{record['case']}.json").write_text(json.dumps(record))
-    collected = read_collected(tmp_path, "abc")
-    assert len(collected) == len(records)  # the other weights' record is not read
+    collected = _records(rng, "oof", 40, 1) + _records(rng, "test", 8, 5)
     assert len(patient_volumes(collected, "oof")) == 40
     rule, measured = fit_and_measure(collected)
     assert isinstance(rule, IntervalRule) and set(rule.quantiles) == set(INDICES)
@@ -77,24 +72,9 @@ def test_fit_chooses_on_out_of_fold_patients_and_measures_the_test_ones(tmp_path
     assert measured["test"]["patients"] == [f"test{number:03d}" for number in range(8)]
 
 
-def test_a_sub_ensemble_reads_the_out_of_fold_volumes_its_rule_was_fitted_on(tmp_path):
-    """A sub-ensemble's rule was fitted on the out-of-fold volumes of the ensemble it keeps members of: those are
-    read with its own test volumes, and neither that ensemble's test volumes nor its own out-of-fold ones."""
-    rng = np.random.default_rng(2)
-    oof = [{**record, "weights_sha256": "five"} for record in _records(rng, "oof", 12, 1)]
-    test = _records(rng, "test", 3, 3)
-    stale = [{**record, "case": f"five_{record['case']}", "weights_sha256": "five"} for record in test]
-    for record in oof + test + stale + [{**oof[0], "case": "own_frame01", "weights_sha256": "abc"}]:
-        (tmp_path / f"{record['side']}_{record['case']}.json").write_text(json.dumps(record))
-    collected = read_collected(tmp_path, "abc", "five")
-    assert sorted(record["case"] for record in collected) == sorted(record["case"] for record in oof + test)
-    assert sorted(record["case"] for record in read_collected(tmp_path, "abc")) == sorted(
-        ["own_frame01"] + [record["case"] for record in test])  # an ensemble's own: its weights on both sides
-
-
 def test_too_few_patients_is_one_sentence():
     rng = np.random.default_rng(1)
-    with pytest.raises(ValueError, match="^Only 6 out-of-fold patients are collected; a 90 % rule needs at least 10"):
+    with pytest.raises(ValueError, match="^Only 6 out-of-fold patients are stored; a 90 % rule needs at least 10"):
         fit_and_measure(_records(rng, "oof", 6, 1))
 
 
@@ -110,13 +90,13 @@ def test_the_documented_tables_are_the_recorded_ones(repo_root):
     assert "\n".join(models_table(records)) in (repo_root / "docs" / "results.md").read_text()
 
 
-def _observations(rng: np.random.Generator, records: list[dict], folder) -> None:
-    """Quality observations of the records' predictions (in the layout the former scripts.ensemble_quality_pass
-    wrote): features whose voxels are the collected label volumes, and a Dice that falls with the entropy."""
+def observations(rng: np.random.Generator, records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Quality observations of the records' predictions, out of fold and on the test volumes, as the store gives
+    them (:func:`Evaluation.function_intervals.stored_observations`): features whose voxels are the records' label
+    volumes, and a Dice that falls with the entropy."""
     voxel = float(np.prod(ACDC_SPACING)) / 1000.0
+    observed: dict[str, list[dict]] = {"oof": [], "test": []}
     for record in records:
-        side = "out_of_fold" if record["side"] == "oof" else "test"
-        (folder / side).mkdir(parents=True, exist_ok=True)
         for member, phase in record["members"].items():
             features, dice = [], []
             for structure in ("rv", "myocardium", "lv"):  # ACDC's class order after the background
@@ -126,58 +106,58 @@ def _observations(rng: np.random.Generator, records: list[dict], folder) -> None
                                  "boundary_entropy_ratio": 2 * entropy, "boundary_low_confidence_ratio": entropy,
                                  "expected_dice": 1 - entropy / 3, "log_volume_ml": 4.0})
                 dice.append(float(np.clip(0.98 - 0.5 * entropy + rng.normal(0, 0.02), 0, 1)))
-            (folder / side / f"{record['case']}.member{member}.json").write_text(json.dumps(
-                {"case": record["case"], "patient": record["patient"], "member": int(member), "features": features,
-                 "dice": dice}))
+            observed[record["side"]].append({"case": record["case"], "patient": record["patient"],
+                                             "member": int(member), "features": features, "dice": dice})
+    return observed["oof"], observed["test"]
 
 
-def test_predicted_dice_is_held_out_out_of_fold_and_the_members_mean_on_test(tmp_path):
+def test_predicted_dice_is_held_out_out_of_fold_and_the_members_mean_on_test():
     """Out of fold each volume's predicted Dice is the quality model's fitted without its patient (checked against
     a fit on the other patients); on a test volume each member's is the bundle's model on its features and the
     ensemble's their mean. Observations of another prediction, or a model applied to the average, are refused."""
     rng = np.random.default_rng(5)
     records = _records(rng, "oof", 12, 1) + _records(rng, "test", 2, 5)
-    _observations(rng, records, tmp_path)
-    fitted = [Observation(item["patient"], item["features"], np.asarray(item["dice"]))
-              for item in map(json.loads, map(Path.read_text, sorted((tmp_path / "out_of_fold").glob("*.json"))))]
-    model = fit_from_observations(fitted, ACDC_CLASS_NAMES, validation={APPLIED_TO: MEMBERS})
+    fitted, tested = observations(rng, records)
+    fitted_observations = [Observation(item["patient"], item["features"], np.asarray(item["dice"]))
+                           for item in fitted]
+    model = fit_from_observations(fitted_observations, ACDC_CLASS_NAMES, validation={APPLIED_TO: MEMBERS})
     bundle = SimpleNamespace(metadata=cardiac_metadata(quality_model=model.to_dict()))
-    attached = attach_predicted_dice(records, tmp_path, bundle)
+    attached = attach_observed_dice(records, fitted, tested, bundle, "the store")
     held = attached[0]  # patient oof000's ED, predicted by member 0
-    others = [item for item in fitted if item.patient != held["patient"]]
-    without = fit_from_observations(others, ACDC_CLASS_NAMES)
-    features = json.loads((tmp_path / "out_of_fold" / f"{held['case']}.member0.json").read_text())["features"]
+    without = fit_from_observations([item for item in fitted_observations if item.patient != held["patient"]],
+                                    ACDC_CLASS_NAMES)
+    features = next(item["features"] for item in fitted if item["case"] == held["case"])
     assert held["members"]["0"]["lv"]["predicted_dice"] == pytest.approx(
         without.structures["left ventricle"].predict(features[2]))
     assert held["members"]["0"]["lv"]["predicted_dice"] != pytest.approx(
         model.structures["left ventricle"].predict(features[2]))  # not the in-sample prediction
     test = next(record for record in attached if record["side"] == "test")
-    members = [json.loads((tmp_path / "test" / f"{test['case']}.member{member}.json").read_text())["features"]
-               for member in range(5)]
+    members = {item["member"]: item["features"] for item in tested if item["case"] == test["case"]}
     assert test["ensemble"]["rv"]["predicted_dice"] == pytest.approx(
-        np.mean([model.structures["right ventricle"].predict(features[0]) for features in members]))
+        np.mean([model.structures["right ventricle"].predict(members[member][0]) for member in range(5)]))
     assert {patient.patient for patient in patient_volumes(attached, "oof")} == {f"oof{n:03d}" for n in range(12)}
     # a sub-ensemble of members 4 and 1 reads their test observations under their numbers in the five
     selected_from = SelectedFrom("five.calibseg", "five", (4, 1))
     sub = SimpleNamespace(metadata=cardiac_metadata(quality_model=model.to_dict(), ensemble_size=2,
                                                     ensemble=ensemble_section(2, selected_from)))
     renumbered = {**test, "members": {"0": test["members"]["4"], "1": test["members"]["1"]}}
-    sub_test, = attach_predicted_dice([renumbered], tmp_path, sub)
+    sub_test, = attach_observed_dice([renumbered], fitted, tested, sub, "the store")
     assert sub_test["members"]["0"]["rv"]["predicted_dice"] == pytest.approx(
         test["members"]["4"]["rv"]["predicted_dice"])
     assert sub_test["ensemble"]["rv"]["predicted_dice"] == pytest.approx(np.mean(
         [model.structures["right ventricle"].predict(members[index][0]) for index in (4, 1)]))
     assert patient_volumes(attached, "oof")[0].members[0][0].lv.predicted_dice is not None
     averaged = SimpleNamespace(metadata=cardiac_metadata(quality_model=fit_from_observations(
-        fitted, ACDC_CLASS_NAMES).to_dict()))
+        fitted_observations, ACDC_CLASS_NAMES).to_dict()))
     with pytest.raises(DataError, match="^The bundle's quality model is absent or applied to the members' average"):
-        attach_predicted_dice(records, tmp_path, averaged)
-    moved = tmp_path / "out_of_fold" / f"{held['case']}.member0.json"
-    entry = json.loads(moved.read_text())
-    entry["features"][2]["voxels"] += 10
-    moved.write_text(json.dumps(entry))
+        attach_observed_dice(records, fitted, tested, averaged, "the store")
+    moved = [{**item, "features": [*item["features"][:2], {**item["features"][2],
+                                                           "voxels": item["features"][2]["voxels"] + 10}]}
+             if item["case"] == held["case"] else item for item in fitted]
     with pytest.raises(DataError, match=rf"^The quality observation of {held['case']} by member 0 draws lv at "):
-        attach_predicted_dice(records, tmp_path, bundle)
+        attach_observed_dice(records, moved, tested, bundle, "the store")
+    with pytest.raises(DataError, match=rf"^the store holds no quality observation of {held['case']} by member 0;"):
+        attach_observed_dice(records, fitted[1:], tested, bundle, "the store")
 
 
 def test_each_shipped_bundle_carries_the_rule_its_record_holds(repo_root):

@@ -19,11 +19,13 @@ import SimpleITK as sitk
 
 from CalibSegLib.cardiac import command
 from CalibSegLib.cardiac.function import measure_cine
+from CalibSegLib.bundle import read_metadata
 from CalibSegLib.cardiac.indices import CardiacError
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image
 from CalibSegLib.interval_rule import INDICES, IntervalRule
 from CalibSegLib.pretrained import resolve_bundle_path
+from CalibSegLib.store import ENSEMBLE, TEST, StoreRecord, write_record
 from Datasets.acdc import ACDC_CLASS_NAMES, ACDC_SPACING, ACDC_TERMINOLOGY
 from Datasets.dicom_series import write_cine, write_series
 from Datasets.layouts import find_cases
@@ -139,45 +141,42 @@ def _applied_to_the_average(folder: Path) -> str:
     return str(path)
 
 
-# The interval fit (Evaluation.function_intervals) given quality observations it cannot use → its sentence.
-BAD_QUALITY_OBSERVATIONS: dict[str, tuple[Callable[[Path], str], Callable[[Path], Path], str]] = {
+def _selected_members_only(folder: Path) -> Path:
+    """A store holding one record of the shipped acdc_ce_dice's own weights and none of the five-member ensemble
+    its members were selected from."""
+    metadata = read_metadata(resolve_bundle_path("acdc_ce_dice"))
+    write_record(folder / "store", StoreRecord("patient101_frame01", "patient101", ENSEMBLE, TEST,
+                                               metadata.weights_sha256, [0.9] * 3, [None] * 3))
+    return folder / "store"
+
+
+# The interval fit (Evaluation.function_intervals) given a store it cannot fit from → its sentence.
+BAD_FIT_INPUTS: dict[str, tuple[list[str], Callable[[Path], Path], str]] = {
     "a quality model applied to the members' average": (
-        _applied_to_the_average, lambda folder: folder,
+        ["--with-predicted-dice"], lambda folder: folder / "absent",
         r"^The bundle's quality model is absent or applied to the members' average, so its predicted Dice"),
-    "no folder of quality observations": (
-        lambda folder: "acdc_ce_dice", lambda folder: folder / "absent",
-        r"^.*absent/out_of_fold is no folder of quality observations; give the store instead \(--store with "
-        r"--with-predicted-dice\)"),
+    "an empty store": (
+        [], lambda folder: folder / "absent",
+        r"^.*absent holds no record of the weights [0-9a-f]{12}…; fill it with calibseg-store --bundle <bundle> "),
+    "a sub-ensemble's store without the out-of-fold records of the ensemble it was selected from": (
+        [], _selected_members_only,
+        r"^.*store holds no record of the ensemble these members were selected from \(weights 59fd4da5"),
 }
 
 
-@pytest.mark.parametrize("case", sorted(BAD_QUALITY_OBSERVATIONS))
-def test_the_interval_fit_refuses_quality_observations_it_cannot_use(case, tmp_path):
-    """``--quality-observations`` that cannot give the predicted Dice the bundle shows at inference: one sentence
-    after ``error:``, no record written."""
-    bundle, observations, pattern = BAD_QUALITY_OBSERVATIONS[case]
+@pytest.mark.parametrize("case", sorted(BAD_FIT_INPUTS))
+def test_the_interval_fit_refuses_a_store_it_cannot_fit_from(case, tmp_path):
+    """A store without the records the rule is fitted on, or a quality model whose predicted Dice the store's
+    observations cannot give as the bundle shows them at inference: one sentence after ``error:``, no record."""
+    options, store, pattern = BAD_FIT_INPUTS[case]
+    bundle = _applied_to_the_average(tmp_path) if "--with-predicted-dice" in options else "acdc_ce_dice"
     record = tmp_path / "record.json"
     with pytest.raises(SystemExit) as exit_status:
-        function_intervals.main(["--bundle", bundle(tmp_path), "--cache", str(tmp_path), "--no-collect", "--record",
-                                 str(record), "--quality-observations", str(observations(tmp_path))])
+        function_intervals.main(["--bundle", bundle, "--store", str(store(tmp_path)), "--record", str(record),
+                                 *options])
     message = str(exit_status.value.code)
     assert message.startswith("error: ")
     assert_one_sentence(message[len("error: "):], pattern)
-    assert not record.exists()
-
-
-def test_a_sub_ensembles_interval_fit_without_the_out_of_fold_volumes_is_one_sentence(tmp_path):
-    """The shipped acdc_ce_dice keeps three of five networks and the rule fitted on all five out of fold: a cache
-    without those five's out-of-fold volumes cannot refit it, and says so, no record written."""
-    record = tmp_path / "record.json"
-    (tmp_path / "cache").mkdir()
-    with pytest.raises(SystemExit) as exit_status:
-        function_intervals.main(["--bundle", "acdc_ce_dice", "--cache", str(tmp_path / "cache"), "--no-collect",
-                                 "--record", str(record)])
-    message = str(exit_status.value.code)
-    assert message.startswith("error: ")
-    assert_one_sentence(message[len("error: "):], r"^.*cache holds no out-of-fold volume of the ensemble acdc_ce_dice "
-                        r"keeps members of, and its rule was fitted on them; give --cache a copy of that ensemble's")
     assert not record.exists()
 
 

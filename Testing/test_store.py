@@ -1,5 +1,5 @@
 """The store (CalibSegLib.store, calibseg-store) and the fits that read it (calibseg-fit): a tiny ensemble's pass
-over sample ACDC patients against the collection and observations the fits read before the store, its records
+over sample ACDC patients against the volumes and observations the fits read, computed by their own code, its records
 validated on read, and each fit of the table from a small store fixture against its function called directly."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from CalibSegLib.bundle import load_bundle
+from CalibSegLib.cardiac.indices import ProbabilityTally, cardiac_classes, label_volumes_ml, phase_volumes
 from CalibSegLib.cardiac.members import member_predictors
+from CalibSegLib.inference import Predictor
 from CalibSegLib.quality import Observation, observe_cases
 from CalibSegLib.store import ENSEMBLE, OUT_OF_FOLD, TEST, StoreError, StoreRecord, input_record_path, \
     read_fit_records, read_input_records, read_records, record_path, write_record
@@ -19,13 +21,12 @@ from Datasets.layouts import find_cases
 from Datasets.loading import load_cases
 from Datasets.splits import select_patients
 from Evaluation.quality_report import DEGRADATIONS
-from Evaluation.function_intervals import (attach_predicted_dice, collect_volumes, fit_and_measure, read_collected,
-                                           stored_collection, stored_records)
+from Evaluation.function_intervals import attach_observed_dice, fit_and_measure, stored_collection, stored_records
 from Training.ensemble import quality_from_observations
 from Training.fit import FITS, FitInputs, largest_difference, main as fit_main, refit
 from Training.fit_input_check import refit_input_check
 from Training.store_pass import fill_store, main as store_main
-from test_cardiac_fit import _observations, _records
+from test_cardiac_fit import _records, observations
 from tiny_bundles import ensemble_section, make_test_bundle, make_test_ensemble
 
 OUT_OF_FOLD_PATIENTS = (["patient013"], ["patient016"])
@@ -75,42 +76,55 @@ def test_the_pass_writes_one_record_per_out_of_fold_and_test_prediction(tiny_ens
     assert read_records(store, bundle.metadata.weights_sha256) == records
 
 
-def test_a_record_is_the_observation_and_the_collection_of_the_same_prediction(tiny_ensemble, sample_acdc_dir,
-                                                                                tmp_path):
-    """What the quality fit read (observe_cases) and the function fit read (collect_volumes) before the store,
-    computed by their own code: the store gives both, number for number."""
+def test_a_record_is_the_observation_and_the_volumes_of_the_same_prediction(tiny_ensemble, sample_acdc_dir):
+    """What the quality fit reads (observe_cases) and the function fit reads (the structures' volumes, hard, soft
+    and spread, of a member's prediction and of the ensemble's own Predictor), computed by their own code: the
+    store gives both."""
     path, store, _ = tiny_ensemble
     bundle = load_bundle(path)
-    records = read_records(store, bundle.metadata.weights_sha256)
+    records = {record.key: record for record in read_records(store, bundle.metadata.weights_sha256)}
+    classes = cardiac_classes(bundle.metadata.class_names, bundle.metadata.class_terminology)
     predictor = member_predictors(bundle, device="cpu")[1]
     cases = load_cases(select_patients(find_cases(sample_acdc_dir), OUT_OF_FOLD_PATIENTS[1]), 4)
     for case, observation in zip(cases, observe_cases(predictor, cases)):
-        stored, = [record for record in records if record.key == (case.case_id, 1)]
+        stored = records[(case.case_id, 1)]
         assert stored.features == observation.features
         np.testing.assert_array_equal(stored.dice, observation.dice)
-    collect_volumes(bundle, tmp_path, sample_acdc_dir, device="cpu", progress=lambda line: None)
-    collected = read_collected(tmp_path, bundle.metadata.weights_sha256)
-    assert stored_collection(records) == [{key: value for key, value in record.items()} for record in collected]
+        tally = ProbabilityTally(4)
+        labels = predictor.predict(case.image, case.spacing, probability_sink=tally).labels
+        assert stored.volumes == phase_volumes(labels, tally, case.spacing, classes).to_dict()
+        assert stored.reference_ml == label_volumes_ml(case.label, case.spacing, classes)
+    ensemble = Predictor(bundle, device="cpu")
+    for case in load_cases(select_patients(find_cases(sample_acdc_dir), TEST_PATIENTS), 4):
+        prediction = ensemble.predict(case.image, case.spacing, keep_probabilities=True)
+        expected = phase_volumes(prediction.labels, ProbabilityTally(4).add_volume(prediction.probabilities),
+                                 case.spacing, classes).to_dict()
+        stored = records[(case.case_id, ENSEMBLE)].volumes
+        for structure, volumes in expected.items():
+            assert stored[structure]["hard"] == volumes["hard"] and stored[structure].keys() == volumes.keys()
+            for name in ("soft", "spread"):
+                assert stored[structure][name] == pytest.approx(volumes[name], rel=1e-6)
 
 
-def _fixture_store(tmp_path, rng: np.random.Generator) -> tuple[list[dict], list[StoreRecord]]:
-    """The function fit's synthetic collection with quality observations (test_cardiac_fit's), as store records."""
+def _fixture_store(tmp_path, rng: np.random.Generator) -> tuple[list[dict], list[StoreRecord], list[dict], list[dict]]:
+    """The function fit's synthetic per-volume records (test_cardiac_fit's) as store records, with their quality
+    observations out of fold and on the test volumes."""
     collected = _records(rng, "oof", 14, 1) + _records(rng, "test", 3, 5)
-    _observations(rng, collected, tmp_path / "observations")
+    fitted, tested = observations(rng, collected)
+    observed = {(item["case"], item["member"]): item for item in fitted + tested}
     records = []
     for entry in collected:
-        side = "out_of_fold" if entry["side"] == "oof" else "test"
+        role = OUT_OF_FOLD if entry["side"] == "oof" else TEST
         for member, volumes in entry["members"].items():
-            observed = json.loads((tmp_path / "observations" / side / f"{entry['case']}.member{member}.json")
-                                  .read_text())
-            records.append(StoreRecord(entry["case"], entry["patient"], int(member), side, "abc",
-                                       observed["dice"], observed["features"], volumes, entry["reference"]))
+            item = observed[(entry["case"], int(member))]
+            records.append(StoreRecord(entry["case"], entry["patient"], int(member), role, "abc", item["dice"],
+                                       item["features"], volumes, entry["reference"]))
         if "ensemble" in entry:
             records.append(StoreRecord(entry["case"], entry["patient"], ENSEMBLE, TEST, "abc", [0.0] * 3,
                                        [None] * 3, entry["ensemble"], entry["reference"]))
     for record in records:
         write_record(tmp_path / "store", record)
-    return collected, records
+    return collected, records, fitted, tested
 
 
 def test_each_fit_reads_the_store_as_its_function_reads_its_inputs(tmp_path):
@@ -122,7 +136,7 @@ def test_each_fit_reads_the_store_as_its_function_reads_its_inputs(tmp_path):
     from CalibSegLib.quality.fitting import fit_from_observations
     from CalibSegLib.quality.model import APPLIED_TO, MEMBERS
 
-    collected, records = _fixture_store(tmp_path, np.random.default_rng(3))
+    collected, records, fitted, tested = _fixture_store(tmp_path, np.random.default_rng(3))
     assert set(FITS) == {"quality_model", "function_intervals", "input_statistics"}
     stored = read_records(tmp_path / "store", "abc")
     assert stored_collection(stored) == collected
@@ -134,7 +148,7 @@ def test_each_fit_reads_the_store_as_its_function_reads_its_inputs(tmp_path):
                                 weights_sha256="abc")
     bundle = SimpleNamespace(metadata=metadata)
     with_dice = stored_records(bundle, tmp_path / "store", predicted_dice=True)
-    assert with_dice == attach_predicted_dice(collected, tmp_path / "observations", bundle)
+    assert with_dice == attach_observed_dice(collected, fitted, tested, bundle, "the store")
     inputs = FitInputs(metadata, lambda: stored, lambda: with_dice, lambda: [])
     section, _ = FITS["function_intervals"](inputs)
     assert section == fit_and_measure(with_dice)[0].to_dict()
@@ -148,7 +162,7 @@ def test_each_fit_reads_the_store_as_its_function_reads_its_inputs(tmp_path):
 
 def test_refit_checks_and_writes_through_the_one_rewrite(tiny_ensemble, tmp_path, capsys):
     path, store, _ = tiny_ensemble
-    with pytest.raises(SystemExit, match="^error: Only 2 out-of-fold patients are collected"):
+    with pytest.raises(SystemExit, match="^error: Only 2 out-of-fold patients are stored"):
         fit_main(["--bundle", str(path), "--store", str(store), "--sections", "function_intervals", "--check"])
     with pytest.raises(SystemExit, match="^error: .* holds no record of the weights"):
         fit_main(["--bundle", str(path), "--store", str(tmp_path / "empty")])
@@ -189,7 +203,8 @@ def test_a_sub_ensemble_fits_on_the_out_of_fold_records_of_the_ensemble_it_keeps
         ("a_01", 0, OUT_OF_FOLD, "five"), ("b_01", 4, OUT_OF_FOLD, "five"), ("t_01", 0, TEST, "sub"),
         ("t_01", ENSEMBLE, TEST, "sub")]
     assert read_fit_records(tmp_path, "five", "five") == read_records(tmp_path, "five")
-    with pytest.raises(StoreError, match="holds no record of the weights other"):
+    with pytest.raises(StoreError, match=r"holds no record of the ensemble these members were selected from "
+                                         r"\(weights other…\), whose out-of-fold predictions the fits read; fill it"):
         read_fit_records(tmp_path, "sub", "other")
 
 

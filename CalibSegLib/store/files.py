@@ -128,6 +128,11 @@ def read_fit_records(store: str | Path, weights_sha256: str, out_of_fold_weights
     records = read_records(store, weights_sha256)
     if out_of_fold_weights_sha256 == weights_sha256:
         return records
+    if not _record_files(_records_folder(store, out_of_fold_weights_sha256, None)):
+        raise StoreError(f"{store} holds no record of the ensemble these members were selected from (weights "
+                         f"{out_of_fold_weights_sha256[:12]}…), whose out-of-fold predictions the fits read; fill it "
+                         f"with calibseg-store --bundle <that ensemble's file> --store {store} --part out_of_fold "
+                         "(docs/training.md, \"The store\").")
     return sorted([record for record in records if record.role != OUT_OF_FOLD]
                   + [record for record in read_records(store, out_of_fold_weights_sha256)
                      if record.role == OUT_OF_FOLD], key=lambda record: (record.case, str(record.member)))
