@@ -44,7 +44,7 @@ def _ensemble(path, **overrides):
 def study(tmp_path):
     """The bundle (its quality model fitted on the out-of-fold records, flagging below 0.88), its store, and the
     records: test000-002 by each member and by the ensemble, whose measured Dice is the members' mean + 0.01."""
-    _, synthetic = _fixture_store(tmp_path / "synthetic", np.random.default_rng(11))
+    synthetic = _fixture_store(tmp_path / "synthetic", np.random.default_rng(11))[1]
     members = {}
     for record in synthetic:
         members.setdefault(record.case, []).append(record)
