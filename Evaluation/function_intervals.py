@@ -1,9 +1,9 @@
 """Fit the interval rule of cardiac function on out-of-fold predictions, and measure it on the test patients.
 
-    calibseg-store --bundle acdc_crac --store ../store            # the networks, once (resumable)
-    python -m Evaluation.function_intervals --bundle acdc_crac --store ../store \
+    calibseg-store --bundle acdc_crac --store store            # the networks, once (resumable)
+    python -m Evaluation.function_intervals --bundle acdc_crac --store store \
         --record docs/records/function/acdc_crac.json              # seconds: fit, measure, record
-    calibseg-fit --bundle acdc_crac --store ../store --sections function_intervals --out PATH   # into a bundle
+    calibseg-fit --bundle acdc_crac --store store --sections function_intervals --out PATH   # into a bundle
 
 The fit reads the store (:mod:`CalibSegLib.store`), which ``calibseg-store`` fills by running the networks once;
 nothing here predicts. The rule goes into a bundle through ``calibseg-fit``, the one rewrite of a bundle's fitted

@@ -3,7 +3,7 @@
     calibseg-ship --runs runs/acdc/ce_dice runs/acdc/nacl runs/acdc/crac --prefix acdc
     calibseg-ship --runs runs/cv/ce_dice runs/cv/crac --prefix acdc     # cross-validations: their ensembles
     calibseg-ship --rerecord acdc_ce_dice --bundle runs/acdc_ce_dice/acdc_ce_dice.calibseg   # metadata or members
-    calibseg-ship --rerecord acdc_nacl --bundle runs/acdc_nacl/acdc_nacl.calibseg --store ../store  # quality model
+    calibseg-ship --rerecord acdc_nacl --bundle runs/acdc_nacl/acdc_nacl.calibseg --store store  # quality model
 
 For every run, its bundle is re-saved with float16 weights as ``<out>/<prefix>_<method>.calibseg``
 (default ``--out``: :data:`CalibSegLib.pretrained.PRETRAINED_DIR`) and that float16 file is

@@ -1,7 +1,7 @@
 """Refit a bundle's post-hoc sections from the store, predicting nothing.
 
-    calibseg-fit --bundle acdc_crac --store ../store [--sections quality_model function_intervals] [--out PATH]
-    calibseg-fit --bundle acdc_crac --store ../store --check      # refit and compare, write nothing
+    calibseg-fit --bundle acdc_crac --store store [--sections quality_model function_intervals] [--out PATH]
+    calibseg-fit --bundle acdc_crac --store store --check      # refit and compare, write nothing
 
 Every fit is a pure function from the bundle's store records (:mod:`CalibSegLib.store`, filled once by
 ``calibseg-store``) and its metadata to one section of ``bundle.json`` and the record of how it was chosen, listed

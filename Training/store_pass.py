@@ -1,7 +1,7 @@
 """Fill the store: every out-of-fold and test case of an ensemble bundle predicted once by each member that the
 fits read it from, reduced to a :class:`CalibSegLib.store.StoreRecord` (resumable).
 
-    calibseg-store --bundle acdc_crac --store ../store [--data DIR] [--device auto]
+    calibseg-store --bundle acdc_crac --store store [--data DIR] [--device auto]
         [--part out_of_fold|test|degraded|inputs|all]
 
 - ``out_of_fold``: each cross-validation patient's volumes predicted by the one member that never trained on it

@@ -1,6 +1,6 @@
 """An ensemble's quality model and review rule, judged out of fold and on the test patients. Read from the store.
 
-    python -m studies.ensemble_rules --bundle acdc_crac --store ../store \
+    python -m studies.ensemble_rules --bundle acdc_crac --store store \
         --record docs/records/quality/acdc_crac_ensemble_rules.json
 
 - **Out of fold** (the quality model's own fit data): each volume predicted by the member that never trained on it

@@ -1,6 +1,6 @@
 """Does the function interval rule keep its 90 % in each ACDC group? Read from the store, predicting nothing.
 
-    python -m studies.function_groups --bundle acdc_crac --store ../store \
+    python -m studies.function_groups --bundle acdc_crac --store store \
         --record docs/records/function_groups/acdc_crac.json
 
 Split-conformal coverage holds for patients exchangeable with the calibration set, not within every subgroup.

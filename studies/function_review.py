@@ -1,6 +1,6 @@
 """Which review mark on the function catches the patients whose LV ejection fraction is off? Read from the store.
 
-    python -m studies.function_review --bundle acdc_crac --store ../store \
+    python -m studies.function_review --bundle acdc_crac --store store \
         --record docs/records/function_review/acdc_crac_store.json
 
 Per patient, out of fold (by the member that never trained on it, each volume's predicted Dice from the quality

@@ -1,6 +1,6 @@
 """How each way of choosing the review thresholds holds on patients it was not chosen on. Read from the store.
 
-    python -m studies.review_rule_nested --bundle acdc_crac --store ../store \
+    python -m studies.review_rule_nested --bundle acdc_crac --store store \
         --record docs/records/quality/acdc_crac_review_rule_nested.json
 
 The review rule is chosen on the out-of-fold patients' held-out predicted Dice (:mod:`CalibSegLib.quality.review_rule`)

@@ -1,7 +1,7 @@
 """The review rule's trade-off table on an ensemble's out-of-fold patients (docs/results.md, "The review rule:
 written before its numbers"). Read from the store.
 
-    python -m studies.review_rule_table --bundle acdc_crac --store ../store --record PATH
+    python -m studies.review_rule_table --bundle acdc_crac --store store --record PATH
 
 Each out-of-fold volume is predicted by the member that never trained on its patient (the store's ``out_of_fold``
 records) and its structures' predicted Dice come from a quality model fitted without that patient
