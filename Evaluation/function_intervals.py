@@ -438,11 +438,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "networks to fit the rule on.")
         metadata = bundle.metadata
         records = stored_records(bundle, arguments.store, arguments.with_predicted_dice)
-        if metadata.out_of_fold_weights_sha256 != metadata.weights_sha256 and not any(
-                record["side"] == "oof" for record in records):
-            raise DataError(f"{arguments.store} holds no out-of-fold volume of the ensemble {arguments.bundle} keeps "
-                            "members of, and its rule was fitted on them; fill it with calibseg-store --bundle "
-                            "<that ensemble's file> --part out_of_fold (docs/training.md, \"The store\").")
         rule, measured = fit_and_measure(records)
     except (BundleError, ValueError) as error:  # DataError is a ValueError
         raise SystemExit(f"error: {error}") from None

@@ -17,9 +17,9 @@ import pytest
 
 import SimpleITK as sitk
 
+from CalibSegLib.bundle import read_metadata
 from CalibSegLib.cardiac import command
 from CalibSegLib.cardiac.function import measure_cine
-from CalibSegLib.bundle import read_metadata
 from CalibSegLib.cardiac.indices import CardiacError
 from CalibSegLib.inference import Predictor
 from CalibSegLib.io import ImageGeometry, write_image

@@ -206,6 +206,10 @@ def test_a_sub_ensemble_fits_on_the_out_of_fold_records_of_the_ensemble_it_keeps
     with pytest.raises(StoreError, match=r"holds no record of the ensemble these members were selected from "
                                          r"\(weights other…\), whose out-of-fold predictions the fits read; fill it"):
         read_fit_records(tmp_path, "sub", "other")
+    write_record(tmp_path, record("t_01", 0, TEST, "tested"))  # an origin with records, none of them out of fold
+    with pytest.raises(StoreError, match=r"holds no record of the ensemble these members were selected from "
+                                         r"\(weights tested…\)"):
+        read_fit_records(tmp_path, "sub", "tested")
 
 
 INPUT_FOLDS = (["patient013", "patient016", "patient022"], ["patient036", "patient041", "patient054"])

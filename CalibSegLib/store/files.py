@@ -123,19 +123,22 @@ def read_fit_records(store: str | Path, weights_sha256: str, out_of_fold_weights
     folds. Sorted by case and member.
 
     Raises:
-        StoreError: the store holds no record of either weights, or one cannot be read (one sentence).
+        StoreError: the store holds no record of the bundle's weights, none of a sub-ensemble's origin out of fold,
+            or one cannot be read (one sentence).
     """
     records = read_records(store, weights_sha256)
     if out_of_fold_weights_sha256 == weights_sha256:
         return records
-    if not _record_files(_records_folder(store, out_of_fold_weights_sha256, None)):
+    origin = read_records(store, out_of_fold_weights_sha256) \
+        if _record_files(_records_folder(store, out_of_fold_weights_sha256, None)) else []
+    out_of_fold = [record for record in origin if record.role == OUT_OF_FOLD]
+    if not out_of_fold:
         raise StoreError(f"{store} holds no record of the ensemble these members were selected from (weights "
                          f"{out_of_fold_weights_sha256[:12]}…), whose out-of-fold predictions the fits read; fill it "
                          f"with calibseg-store --bundle <that ensemble's file> --store {store} --part out_of_fold "
                          "(docs/training.md, \"The store\").")
-    return sorted([record for record in records if record.role != OUT_OF_FOLD]
-                  + [record for record in read_records(store, out_of_fold_weights_sha256)
-                     if record.role == OUT_OF_FOLD], key=lambda record: (record.case, str(record.member)))
+    return sorted([record for record in records if record.role != OUT_OF_FOLD] + out_of_fold,
+                  key=lambda record: (record.case, str(record.member)))
 
 
 def stored_keys(store: str | Path, weights_sha256: str, degradation: str | None = None) -> set[tuple[str, str]]:
